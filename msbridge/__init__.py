@@ -1,0 +1,32 @@
+"""msbridge: one monitor callback for MindSpore training, one metric stream, pluggable sinks.
+
+Importing msbridge imports MindSpore lazily and never imports mlflow,
+tensorboardX or mindformers.
+
+Example:
+    >>> from msbridge import BridgeMonitor
+    >>> model.train(3, dataset, callbacks=[BridgeMonitor.from_yaml("monitor.yaml")])
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .config import Config, load_config
+from .errors import ConfigError, MissingDependencyError, MsbridgeError
+from .sink import Event, Record, RunInfo, Sink
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BridgeMonitor", "Config", "ConfigError", "Event", "MissingDependencyError", "MsbridgeError",
+    "Record", "RunInfo", "Sink", "load_config", "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # BridgeMonitor subclasses mindspore's Callback: import MindSpore only when it is asked for.
+    if name == "BridgeMonitor":
+        from .callback import BridgeMonitor
+
+        return BridgeMonitor
+    raise AttributeError(f"module 'msbridge' has no attribute {name!r}")

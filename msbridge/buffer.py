@@ -1,0 +1,122 @@
+"""Host-side step buffer: keeps each step's output tensors as they are, converts them at flush.
+
+On the step path it only appends references and host timestamps (O(1), no
+device->host sync). ``drain`` stacks each column into one tensor and copies it
+to the host once, then hands back a ``stream.Window``.
+
+The layout of a train step's output is read once, from its first step:
+
+- a scalar tensor: the loss;
+- ``(loss, overflow, loss_scale)``: MindSpore's ``TrainOneStepWithLossScaleCell``;
+- ``(loss, overflow, loss_scale, lr, global_norm[, ...])``: mindformers' train cells;
+- any other tuple: the first tensor is taken as the loss, and a warning says so once.
+
+Example:
+    >>> buf = StepBuffer()
+    >>> buf.append(step=1, epoch=1, outputs=loss_tensor, step_time_s=0.01, monitor_s=2e-6)
+    >>> window = buf.drain(lr_reader)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .stream import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW, Window
+
+log = logging.getLogger("msbridge")
+
+Layout = Tuple[Tuple[int, str], ...]  # (index in the output tuple, metric name)
+
+_MINDFORMERS_LAYOUT: Layout = ((0, LOSS), (1, OVERFLOW), (2, LOSS_SCALE), (3, LR), (4, GRAD_NORM))
+_LOSS_SCALE_LAYOUT: Layout = ((0, LOSS), (1, OVERFLOW), (2, LOSS_SCALE))
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "asnumpy") and hasattr(value, "shape")
+
+
+def detect_layout(outputs: Any) -> Layout:
+    """Which element of a train step's output holds which scalar (decided once)."""
+    if _is_tensor(outputs):
+        return ((-1, LOSS),)
+    if isinstance(outputs, (tuple, list)):
+        if len(outputs) >= 5 and _is_tensor(outputs[0]):
+            return tuple((i, name) for i, name in _MINDFORMERS_LAYOUT if _is_tensor(outputs[i]))
+        if len(outputs) == 3 and all(_is_tensor(o) for o in outputs):
+            return _LOSS_SCALE_LAYOUT
+        for i, item in enumerate(outputs):
+            if _is_tensor(item):
+                log.warning("msbridge: the network returns a %d-tuple; recording element %d "
+                            "(shape %s) as the loss", len(outputs), i, tuple(item.shape))
+                return ((i, LOSS),)
+    raise TypeError(f"msbridge: cannot find a loss tensor in the network output {type(outputs).__name__}")
+
+
+class StepBuffer:
+    """Collects per-step tensor references and host timings between flushes.
+
+    Args:
+        layout: output layout; detected from the first step when None.
+    """
+
+    def __init__(self, layout: Optional[Layout] = None) -> None:
+        self.layout = layout
+        self._steps: List[int] = []
+        self._epochs: List[int] = []
+        self._wall: List[float] = []
+        self._step_time: List[float] = []
+        self._monitor: List[float] = []
+        self._tensors: Dict[str, List[Any]] = {}
+        self._warned_shape = False
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
+        if self.layout is None:
+            self.layout = detect_layout(outputs)
+            self._tensors = {name: [] for _, name in self.layout}
+        for index, name in self.layout:
+            self._tensors[name].append(outputs if index < 0 else outputs[index])
+        self._steps.append(step)
+        self._epochs.append(epoch)
+        self._wall.append(time.time())
+        self._step_time.append(step_time_s)
+        self._monitor.append(monitor_s)
+
+    def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
+        """Everything since the last drain as a Window (None when empty)."""
+        if not self._steps:
+            return None
+        steps = np.asarray(self._steps, dtype=np.int64)
+        scalars = {name: self._to_host(name, tensors) for name, tensors in self._tensors.items()}
+        if LR not in scalars and lr_at is not None:
+            lr = lr_at(steps)
+            if lr is not None:
+                scalars[LR] = lr
+        window = Window(
+            steps=steps,
+            epochs=np.asarray(self._epochs, dtype=np.int64),
+            wall_time=np.asarray(self._wall, dtype=np.float64),
+            step_time_s=np.asarray(self._step_time, dtype=np.float64),
+            monitor_s=np.asarray(self._monitor, dtype=np.float64),
+            scalars=scalars,
+        )
+        self._steps, self._epochs, self._wall, self._step_time, self._monitor = [], [], [], [], []
+        self._tensors = {name: [] for name in self._tensors}
+        return window
+
+    def _to_host(self, name: str, tensors: List[Any]) -> np.ndarray:
+        """One stacked device->host copy per column; a non-scalar is reduced to its mean."""
+        from mindspore import ops
+
+        if any(t.shape != () for t in tensors):
+            if not self._warned_shape:
+                self._warned_shape = True
+                shape = next(tuple(t.shape) for t in tensors if t.shape != ())
+                log.warning("msbridge: %s has shape %s, not a scalar; recording its mean", name, shape)
+            tensors = [t.mean() if t.shape != () else t for t in tensors]
+        return ops.stack(tensors).asnumpy().astype(np.float64).reshape(len(tensors))

@@ -1,0 +1,32 @@
+"""The errors msbridge raises on purpose; each one says how to fix it."""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+
+class MsbridgeError(Exception):
+    """Base class of msbridge's own errors."""
+
+
+class ConfigError(MsbridgeError, ValueError):
+    """A config problem found before training starts.
+
+    ``problems`` holds one line per problem, each naming the file, line and key
+    where known, so every mistake in a file is reported at once.
+
+    Example:
+        >>> raise ConfigError(["run.yaml:4: monitor_config.intreval: unknown key; did you mean 'interval'?"])
+    """
+
+    def __init__(self, problems: "str | Iterable[str]") -> None:
+        self.problems: List[str] = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class MissingDependencyError(MsbridgeError, ImportError):
+    """An optional package a chosen sink needs is not installed."""
+
+    def __init__(self, sink: str, module: str, extra: str) -> None:
+        fix = f"pip install 'msbridge[{extra}]'" if extra else f"pip install {module}"
+        super().__init__(f"sink {sink!r} needs the Python package {module!r}, which is not installed; fix: {fix}")
+        self.fix = fix

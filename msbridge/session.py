@@ -1,0 +1,101 @@
+"""Plans a run before training (names, paths, ranks, sink classes) and starts it.
+
+Everything that can be wrong with a config is found in ``plan_run``, which the
+callback calls in its constructor: an unknown sink, a missing extra, an output
+dir that cannot be written. ``RunPlan.start`` then opens the sinks behind one
+dispatcher. The rank question is settled here, once: a rank that is not global
+never builds a global-only sink (MLflow).
+
+Example:
+    >>> plan = plan_run(load_config({"sinks": ["jsonl"]}))
+    >>> dispatcher, run = plan.start(expected_steps=300)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Sequence, Type
+
+from .config import Config
+from .dispatch import Dispatcher
+from .errors import ConfigError
+from .masking import mask_secrets
+from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
+from .progress import ConsoleSink
+from .ranks import Ranks, detect_ranks
+from .registry import resolve
+from .rundir import render_output_dir, render_template, timestamp
+from .sink import RunInfo, Sink
+
+log = logging.getLogger("msbridge")
+
+
+def check_writable(path: str, what: str = "output_dir") -> None:
+    """Create ``path`` and prove a file can be written there, or raise ConfigError naming it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".msbridge-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot write to {path!r}: {exc.strerror or exc}") from None
+
+
+@dataclass
+class RunPlan:
+    """Everything decided before the first step."""
+
+    config: Config
+    ranks: Ranks
+    run_name: str
+    run_dir: str
+    run_id: str
+    sink_classes: Dict[str, Type[Sink]]
+    extra_sinks: Sequence[Sink] = ()
+    progress: bool = True
+
+    def build_sinks(self) -> List[Sink]:
+        """jsonl first (the write-ahead log), then the others; global-only sinks on the global rank only."""
+        sinks: List[Sink] = []
+        for name, cls in self.sink_classes.items():
+            if cls.ranks == "global" and not self.ranks.is_global:
+                continue
+            sinks.append(cls(**dict(self.config.sinks[name])))
+        sinks.extend(self.extra_sinks)
+        if self.progress and self.ranks.is_global:
+            sinks.append(ConsoleSink(print_interval=self.config.print_interval))
+        return sinks
+
+    def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
+        cfg = self.config
+        sinks = self.build_sinks()
+        config_dict = mask_secrets(cfg.to_dict())
+        meta = collect_metadata(config_dict, self.ranks.world_size, expected_steps)
+        meta["batch_size"] = batch_size
+        run = RunInfo(run_id=self.run_id, run_name=self.run_name, experiment=cfg.experiment,
+                      rank=self.ranks.rank, world_size=self.ranks.world_size,
+                      is_global=self.ranks.is_global, run_dir=self.run_dir,
+                      config=config_dict, metadata=meta)
+        where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
+        readme = render_readme(self.run_name, self.run_id, meta, where, self.run_dir)
+        run = replace(run, readme=readme)
+        if self.ranks.is_global:
+            write_run_files(self.run_dir, dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=where), readme)
+        dispatcher = Dispatcher(sinks, run)
+        return dispatcher, run
+
+
+def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[Ranks] = None,
+             now: Optional[float] = None) -> RunPlan:
+    """Validate everything that can be checked before training and fix the run's names and paths."""
+    ranks = ranks or detect_ranks()
+    stamp = os.environ.get("MSBRIDGE_TIMESTAMP") or timestamp(now)
+    own = config.to_dict()
+    run_name = render_template(config.run_name, dict(config.params), own, {"timestamp": stamp, "rank": ranks.rank})
+    run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp)
+    check_writable(run_dir)
+    classes = {name: resolve(name) for name in config.sinks}
+    classes = dict(sorted(classes.items(), key=lambda kv: kv[0] != "jsonl"))
+    return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir,
+                   run_id=run_id_for(run_dir), sink_classes=classes, extra_sinks=list(extra_sinks))

@@ -1,0 +1,138 @@
+"""The sink contract and the plain data that crosses it.
+
+Sinks see only floats, strings and plain dicts: never MindSpore tensors. Every
+sink gets the same ``Record`` and ``Event`` objects, so metric names are the same
+in every tracker.
+
+Example:
+    >>> class PrintSink(Sink):
+    ...     name = "print"
+    ...     def write(self, records, events):
+    ...         for r in records:
+    ...             print(r.step, r.values)
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+SCHEMA_VERSION = 1
+
+# Final run states, as MLflow names them.
+FINISHED = "FINISHED"
+FAILED = "FAILED"
+KILLED = "KILLED"
+STATUSES = (FINISHED, FAILED, KILLED)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The metrics of one training step on one rank.
+
+    ``values`` maps a metric name (``train/loss``, ``perf/samples_per_s`` ...)
+    to a float; a non-finite float is kept as it is (sinks decide how to store it).
+
+    Example:
+        >>> Record(step=3, rank=0, time=1700000000.0, values={"train/loss": 2.5})
+    """
+
+    step: int
+    rank: int
+    time: float
+    values: Mapping[str, float]
+
+    def nonfinite(self) -> List[str]:
+        """Names whose value is NaN or +-inf."""
+        return [k for k, v in self.values.items() if not math.isfinite(v)]
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at a step: an anomaly, an action, a checkpoint, an end.
+
+    Example:
+        >>> Event(kind="anomaly", step=3700, rank=0, detail={"check": "nonfinite_loss"})
+    """
+
+    kind: str
+    step: int
+    rank: int
+    time: float = 0.0
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink learns when it is opened.
+
+    Attributes:
+        run_id: stable id of the training job, shared by all ranks and kept on resume.
+        run_name: human name, already rendered from the config template.
+        experiment: experiment name (MLflow experiment, TensorBoard/MindInsight parent dir).
+        rank / world_size: this process and the job size.
+        is_global: True on the one rank that writes global metrics and talks to trackers.
+        run_dir: the run's output directory (absolute).
+        config: the resolved config as a plain, secret-masked dict.
+        metadata: run metadata (versions, host, git, command line ...), secret-masked.
+        readme: the run README text.
+        resumed_from_step: the last step already recorded when a run is resumed, else 0.
+    """
+
+    run_id: str
+    run_name: str
+    experiment: str
+    rank: int
+    world_size: int
+    is_global: bool
+    run_dir: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    readme: str = ""
+    resumed_from_step: int = 0
+
+    @property
+    def experiment_dir(self) -> str:
+        """The run dir's parent: where trackers shared by an experiment's runs live by default
+        (``mlflow.db``, ``tensorboard/``, ``summary/``), so a sweep compares side by side."""
+        return os.path.dirname(self.run_dir.rstrip("/"))
+
+
+class Sink:
+    """Base class of every sink. The dispatcher calls it from one background thread.
+
+    Lifecycle: ``open(run)`` once, ``write(records, events)`` per batch,
+    ``flush()`` whenever everything handed over must be durable, and
+    ``close(status)`` once (it flushes first).
+
+    Subclasses set ``name`` and override what they need; ``options`` holds the
+    sink's own section of the config.
+    """
+
+    name = "sink"
+    #: Which ranks run this sink: "all" (local metrics per rank) or "global" (rank 0 only).
+    ranks = "all"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = dict(options)
+        self.run: Optional[RunInfo] = None
+
+    def open(self, run: RunInfo) -> None:
+        self.run = run
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make everything written so far durable."""
+
+    def close(self, status: str = FINISHED) -> None:
+        self.flush()
+
+    def describe(self, run: RunInfo) -> Dict[str, str]:
+        """Where this sink writes for ``run`` (before it is opened), for the run README.
+
+        Returns ``{"where": path or URI, "view": command to look at it}``; UIs bind to 127.0.0.1.
+        """
+        return {}
