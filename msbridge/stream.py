@@ -6,9 +6,11 @@ the global metrics; it keeps the small state that spans windows (EMA).
 
 Metric names, the same in every sink:
 
-    train/loss  train/global_loss  train/loss_ema  train/grad_norm  train/lr
-    train/loss_scale  train/overflow  train/epoch
+    train/loss  train/loss_ema  train/grad_norm  train/lr  train/loss_scale
+    train/overflow  train/epoch
     perf/step_time_ms  perf/samples_per_s  perf/tokens_per_s  perf/monitor_overhead
+    global (rank 0 only): train/global_loss  dist/loss_min  dist/loss_max
+    dist/loss_std  dist/outlier_rank  dist/loss/rank_{r}
 
 Example:
     >>> stream = Stream(rank=0, batch_size=8, seq_length=32, is_global=True)
@@ -37,6 +39,24 @@ STEP_TIME = "perf/step_time_ms"
 SAMPLES_PER_S = "perf/samples_per_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 MONITOR_OVERHEAD = "perf/monitor_overhead"
+
+# Cross-rank metrics, written by the global rank only.
+DIST_PREFIX = "dist/"
+LOSS_MIN = "dist/loss_min"
+LOSS_MAX = "dist/loss_max"
+LOSS_STD = "dist/loss_std"
+OUTLIER_RANK = "dist/outlier_rank"
+
+
+def rank_loss(rank: int) -> str:
+    """Name of one rank's local loss as the global rank logs it, so the curves overlay."""
+    return f"dist/loss/rank_{rank}"
+
+
+def is_global_metric(name: str) -> bool:
+    """True for metrics about the whole job (global loss, cross-rank spread), False for one rank's own."""
+    return name == GLOBAL_LOSS or name.startswith(DIST_PREFIX)
+
 
 #: The canonical per-step scalars a train step may hand over, in ring-buffer column order.
 STEP_SCALARS = (LOSS, GRAD_NORM, LR, LOSS_SCALE, OVERFLOW)
