@@ -26,7 +26,7 @@ from .dispatch import Dispatcher
 from .lr import LrReader, find_optimizer
 from .session import RunPlan, plan_run
 from .sink import FAILED, FINISHED, KILLED, Event, RunInfo, Sink
-from .stream import GLOBAL_LOSS, LOSS, Stream, Window
+from .stream import GLOBAL_LOSS, LOSS, Stream
 
 log = logging.getLogger("msbridge")
 
@@ -63,6 +63,7 @@ class BridgeMonitor(Callback):
         self._buffer = StepBuffer()
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
+        self._reducer: Optional[Any] = None
         self._last_end = 0.0
         self._last_flush = 0.0
         self._last_step = 0
@@ -93,6 +94,10 @@ class BridgeMonitor(Callback):
                                         ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")})
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
+        if self.run.world_size > 1:
+            from .collective import make_reducer
+
+            self._reducer = make_reducer(self.run, cfg, batch_size)
         self._last_step = int(getattr(cb, "cur_step_num", 0) or 0)
         self._last_end = self._last_flush = time.perf_counter()
 
@@ -107,8 +112,9 @@ class BridgeMonitor(Callback):
         self._last_step = step
         if step % self.config.step_interval == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
-        if (len(self._buffer) >= self.config.flush_steps
-                or start - self._last_flush >= self.config.flush_seconds):
+        if len(self._buffer) >= self.config.flush_steps or (
+                # Ranks must flush at the same steps (one collective each), so time triggers single processes only.
+                self._reducer is None and start - self._last_flush >= self.config.flush_seconds):
             self.flush()
         end = time.perf_counter()
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
@@ -133,7 +139,10 @@ class BridgeMonitor(Callback):
         window = self._buffer.drain(self._lr)
         if window is None or self._stream is None or self.dispatcher is None:
             return
-        self._add_global(window)
+        if self._reducer is not None:
+            self._reducer.reduce(window)
+        elif LOSS in window.scalars:  # a single process: the global loss is the local one
+            window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
         records = self._stream.records(window)
         self.steps_recorded += len(records)
         self.dispatcher.submit(records)
@@ -147,11 +156,6 @@ class BridgeMonitor(Callback):
             self.dispatcher.submit([], [event])
         self.dispatcher.close(status)
         self.dispatcher = None
-
-    def _add_global(self, window: Window) -> None:
-        """Single process: the global loss is the local one. (Distributed runs reduce across ranks.)"""
-        if self.run is not None and self.run.world_size == 1 and LOSS in window.scalars:
-            window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
 
 
 def _batch_size(cb: Any) -> Optional[int]:

@@ -1,0 +1,270 @@
+"""The TensorBoard sink: event files written with tensorboardX, one directory per run and per rank.
+
+Layout under ``logdir`` (default ``{experiment_dir}/tensorboard``, shared by an
+experiment's runs so a sweep compares side by side)::
+
+    {logdir}/{run_name}/           global metrics (train/global_loss, dist/...), README, hparams
+    {logdir}/{run_name}/rank_{r}/  rank r's own metrics (train/loss, perf/...) and events
+
+``tensorboard --logdir {logdir}`` then lists runs and ranks, and the ranks'
+curves of one tag overlay.
+
+Writing is synchronous, with no thread: the dispatcher already runs sinks off
+the training thread, and tensorboardX's ``SummaryWriter.flush()`` does not wait
+for events still in its queue. Every batch is flushed and fsynced before
+``write`` returns, like the jsonl log.
+
+- Tags are the metric names. A name TensorBoard would mangle is cleaned to a
+  valid tag (tensorboardX's rule: ``[-/\\w.]`` only, no leading ``/``), and one
+  warning per batch lists the mapping.
+- NaN and +-inf are written as they are. TensorBoard stores them and draws a
+  marker at a non-finite point; the curve is not cut and nothing raises.
+- TensorBoard stores scalars as float32.
+- At close the global rank writes the hparams: ``params`` flattened to dot
+  keys, plus ``msbridge.*`` settings. They go into the run's own directory,
+  where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
+  a new timestamped subdirectory. Next to them go ``hparams/final_loss``,
+  ``hparams/final_global_loss`` and ``hparams/best_loss``. No experiment
+  summary is written, so TensorBoard builds the table from every run's own
+  hparams and a sweep whose runs differ in keys still shows all of them.
+- On resume, steps up to ``run.resumed_from_step`` are skipped, and a new
+  event file is added next to the old ones.
+
+Example:
+    >>> sink = TensorBoardSink(logdir="/tmp/tb")
+    >>> sink.open(run)
+    >>> sink.write([Record(1, 0, time.time(), {"train/loss": 2.3})], [])
+    >>> sink.close("FINISHED")
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import MissingDependencyError
+from ..rundir import safe_component
+from ..sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
+from ..stream import GLOBAL_LOSS, LOSS, is_global_metric
+
+log = logging.getLogger("msbridge")
+
+_INVALID_TAG = re.compile(r"[^-/\w.]")
+#: msbridge settings logged with the hparams, as ``msbridge.<name>``.
+_SETTINGS = ("experiment", "sweep_id", "flush_steps", "step_interval", "seq_length")
+#: Run status -> hparams session status (the hparams proto has no "aborted"; run/status says KILLED).
+_STATUS = {FINISHED: "STATUS_SUCCESS", FAILED: "STATUS_FAILURE", KILLED: "STATUS_FAILURE"}
+
+
+def clean_tag(name: str) -> str:
+    """``name`` as a tag TensorBoard shows unchanged: only ``[-/\\w.]``, no leading ``/``."""
+    return _INVALID_TAG.sub("_", name).lstrip("/") or "_"
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested params as dot keys; values become str, bool, int or float (others as JSON), None is dropped.
+
+    Example:
+        >>> flatten({"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}})
+        {'optimizer.lr': 0.01, 'optimizer.betas': '[0.9, 0.95]'}
+    """
+    out: Dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        elif value is not None:
+            out[name] = json.dumps(value, default=str)
+    return out
+
+
+def _import_tensorboardx() -> SimpleNamespace:
+    try:
+        from tensorboardX import summary
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto import event_pb2, summary_pb2
+        from tensorboardX.proto.api_pb2 import Status
+        from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+    except ImportError:
+        raise MissingDependencyError("tensorboard", "tensorboardX", "tensorboard") from None
+    return SimpleNamespace(summary=summary, EventsWriter=EventsWriter, Event=event_pb2.Event,
+                           Summary=summary_pb2.Summary, Status=Status, HParamsPluginData=HParamsPluginData)
+
+
+class _EventFile:
+    """One event file in one directory, written synchronously (``flush`` is a real barrier)."""
+
+    def __init__(self, tbx: SimpleNamespace, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.tags: Dict[str, str] = {}  # tag -> the metric name written under it
+        self._tbx = tbx
+        # The pid in the name: a resume within the same second must not truncate the old file.
+        self._writer = tbx.EventsWriter(os.path.join(path, "events"), f".{os.getpid()}")
+
+    def summary(self, summary: Any, step: int, wall_time: float) -> None:
+        self._writer.write_event(self._tbx.Event(wall_time=wall_time, step=step, summary=summary))
+
+    def scalars(self, values: List[Any], step: int, wall_time: float) -> None:
+        self.summary(self._tbx.Summary(value=values), step, wall_time)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        summary = self._tbx.summary.text(tag, text)
+        summary.value[0].tag = tag  # tensorboardX appends "/text_summary"
+        self.summary(summary, step, time.time())
+
+    def flush(self) -> None:
+        self._writer.flush()  # file flush + fsync
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class TensorBoardSink(Sink):
+    """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
+
+    Args:
+        logdir: the directory to point ``tensorboard --logdir`` at. Default:
+            ``{experiment_dir}/tensorboard``, beside the experiment's run dirs.
+
+    Example:
+        >>> sinks:
+        ...   tensorboard: {logdir: ./tb}
+        >>> # then: tensorboard --logdir ./tb --host 127.0.0.1
+    """
+
+    name = "tensorboard"
+    ranks = "all"
+
+    def __init__(self, logdir: Optional[str] = None, **options: Any) -> None:
+        super().__init__(logdir=logdir, **options)
+        self._tbx = _import_tensorboardx()
+        self.logdir = logdir
+        self._local: Optional[_EventFile] = None
+        self._global: Optional[_EventFile] = None
+        self._routes: Dict[str, Tuple[str, _EventFile]] = {}
+        self._last_step = 0
+        self._final: Dict[str, float] = {}
+        self._best: Dict[str, float] = {}
+
+    def _logdir(self, run: RunInfo) -> str:
+        path = self.logdir or os.path.join(run.experiment_dir, "tensorboard")
+        return os.path.abspath(os.path.expanduser(path))
+
+    def run_dir(self, run: RunInfo) -> str:
+        """``{logdir}/{run_name}``: the run's global directory; ranks are its ``rank_{r}`` subdirs."""
+        return os.path.join(self._logdir(run), safe_component(run.run_name))
+
+    def open(self, run: RunInfo) -> None:
+        super().open(run)
+        self._last_step = run.resumed_from_step
+        run_dir = self.run_dir(run)
+        self._local = _EventFile(self._tbx, os.path.join(run_dir, f"rank_{run.rank}"))
+        if run.is_global:
+            self._global = _EventFile(self._tbx, run_dir)
+            if run.readme:
+                self._global.text("run/README", run.readme, run.resumed_from_step)
+        self.flush()
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        assert self._local is not None, "TensorBoardSink.write before open"
+        value_cls = self._tbx.Summary.Value
+        renamed: Dict[str, str] = {}
+        for rec in records:
+            if rec.step <= self._last_step:
+                continue  # already written by an earlier process (resume): never a step twice
+            batches: Dict[_EventFile, List[Any]] = {}
+            for name, value in rec.values.items():
+                tag, target = self._routes.get(name) or self._route(name, renamed)
+                batches.setdefault(target, []).append(value_cls(tag=tag, simple_value=value))
+            for target, values in batches.items():
+                target.scalars(values, rec.step, rec.time)
+            self._track(rec)
+            self._last_step = rec.step
+        for ev in events:
+            detail = json.dumps(dict(ev.detail), default=str, sort_keys=True)
+            self._local.text(clean_tag(f"events/{ev.kind}"), f"rank {ev.rank}, step {ev.step}: `{detail}`", ev.step)
+        if renamed:
+            mapping = ", ".join(f"{k!r} -> {v!r}" for k, v in renamed.items())
+            log.warning("msbridge: tensorboard: metric names that are not valid TensorBoard tags "
+                        "are written as: %s", mapping)
+        self.flush()
+
+    def flush(self) -> None:
+        for target in self._files():
+            target.flush()
+
+    def close(self, status: str = FINISHED) -> None:
+        if self._local is None:
+            return
+        if self._global is not None:
+            self._write_hparams(status)
+        for target in self._files():
+            target.text("run/status", status, self._last_step)
+            target.close()
+        self._local = self._global = None
+
+    def describe(self, run: RunInfo) -> Dict[str, str]:
+        return {"where": self.run_dir(run),
+                "view": f"tensorboard --logdir {shlex.quote(self._logdir(run))} --host 127.0.0.1"}
+
+    # -- internals ----------------------------------------------------------------
+    def _files(self) -> List[_EventFile]:
+        return [f for f in (self._global, self._local) if f is not None]
+
+    def _route(self, name: str, renamed: Dict[str, str]) -> Tuple[str, _EventFile]:
+        """The tag and directory of a metric, decided once per name."""
+        assert self._local is not None
+        target = self._global if self._global is not None and is_global_metric(name) else self._local
+        tag = base = clean_tag(name)
+        n = 1
+        while tag in target.tags:  # two names cleaned to one tag: keep both series apart
+            n += 1
+            tag = f"{base}_{n}"
+        if tag != name:
+            renamed[name] = tag
+        target.tags[tag] = name
+        self._routes[name] = (tag, target)
+        return tag, target
+
+    def _track(self, rec: Record) -> None:
+        for name in (LOSS, GLOBAL_LOSS):
+            value = rec.values.get(name)
+            if value is None:
+                continue
+            self._final[name] = value
+            if math.isfinite(value) and value < self._best.get(name, math.inf):
+                self._best[name] = value
+
+    def _write_hparams(self, status: str) -> None:
+        """The run's hparams and final metrics into its global dir, where the HPARAMS tab finds them."""
+        assert self.run is not None and self._global is not None
+        run, tbx = self.run, self._tbx
+        hparams = flatten(dict(run.config.get("params") or {}))
+        settings = {k: run.config.get(k) for k in _SETTINGS}
+        settings.update(world_size=run.world_size, batch_size=run.metadata.get("batch_size"))
+        hparams.update(flatten(settings, "msbridge."))
+        metrics = {"hparams/final_loss": self._final.get(LOSS),
+                   "hparams/final_global_loss": self._final.get(GLOBAL_LOSS),
+                   "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS))}
+        metrics = {k: v for k, v in metrics.items() if v is not None}
+        _, start, end = tbx.summary.hparams(hparams, metrics)
+        plugin = end.value[0].metadata.plugin_data
+        data = tbx.HParamsPluginData.FromString(plugin.content)
+        data.session_end_info.status = tbx.Status.Value(_STATUS.get(status, "STATUS_UNKNOWN"))
+        data.session_end_info.end_time_secs = time.time()
+        plugin.content = data.SerializeToString()
+        now = time.time()
+        self._global.summary(start, self._last_step, now)
+        values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
+        if values:
+            self._global.scalars(values, self._last_step, now)
+        self._global.summary(end, self._last_step, now)

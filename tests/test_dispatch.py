@@ -1,0 +1,77 @@
+"""The dispatcher: one background thread, jsonl first, isolation, drain on close, no polling."""
+from __future__ import annotations
+
+import threading
+import time
+
+from msbridge.dispatch import Dispatcher
+from msbridge.sink import Record, RunInfo, Sink
+
+RUN = RunInfo(run_id="x", run_name="r", experiment="e", rank=0, world_size=1, is_global=True, run_dir="/nonexistent")
+
+
+class Recording(Sink):
+    """Records what it is handed and on which thread (a test double for ordering, not for a tracker)."""
+
+    def __init__(self, name, journal, delay=0.0):
+        super().__init__()
+        self.name, self.journal, self.delay = name, journal, delay
+        self.threads, self.status = set(), None
+
+    def write(self, records, events):
+        time.sleep(self.delay)
+        self.threads.add(threading.current_thread().name)
+        self.journal.append((self.name, [r.step for r in records]))
+
+    def close(self, status="FINISHED"):
+        self.status = status
+
+
+def batch(*steps):
+    return [Record(s, 0, 0.0, {"train/loss": float(s)}) for s in steps]
+
+
+def test_order_thread_and_drain_on_close():
+    journal = []
+    wal, other = Recording("jsonl", journal), Recording("tb", journal, delay=0.01)
+    d = Dispatcher([wal, other], RUN)
+    started = time.perf_counter()
+    for i in range(10):
+        d.submit(batch(i))
+    submit_time = time.perf_counter() - started
+    d.close("KILLED")
+    assert submit_time < 0.05, "submit returns at once; the 10 ms sink runs on the dispatcher thread"
+    assert journal == [(name, [i]) for i in range(10) for name in ("jsonl", "tb")]
+    assert wal.threads == other.threads == {"msbridge-dispatch"}
+    assert wal.status == other.status == "KILLED"
+
+
+def test_flush_waits_for_every_sink():
+    journal = []
+    d = Dispatcher([Recording("slow", journal, delay=0.05)], RUN)
+    d.submit(batch(1, 2))
+    assert d.flush(timeout=5) and journal == [("slow", [1, 2])]
+    d.close()
+
+
+def test_a_failing_open_removes_only_that_sink():
+    class BadOpen(Sink):
+        name = "bad"
+
+        def open(self, run):
+            raise ConnectionError("no server")
+
+    journal = []
+    d = Dispatcher([BadOpen(), Recording("ok", journal)], RUN)
+    d.submit(batch(1))
+    d.close()
+    assert journal == [("ok", [1])] and d.errors == {"bad": 1}
+
+
+def test_idle_dispatcher_uses_no_cpu():
+    d = Dispatcher([Recording("x", [])], RUN)
+    before = time.process_time()
+    time.sleep(1.0)
+    used = time.process_time() - before
+    d.close()
+    assert used < 0.05, f"idle dispatcher burned {used:.3f} CPU-s in 1 s"

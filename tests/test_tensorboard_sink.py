@@ -1,0 +1,338 @@
+"""TensorBoardSink: read back with TensorBoard's own reader, compared with the jsonl log of the same records."""
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import mindspore  # noqa: F401  first: it needs protobuf's python backend, which it picks only if it imports protobuf first
+import numpy as np
+import pytest
+
+from msbridge.adapters.jsonl_sink import JsonlSink
+from msbridge.adapters.tensorboard_sink import TensorBoardSink, clean_tag, flatten
+from msbridge.dispatch import Dispatcher
+from msbridge.errors import MissingDependencyError
+from msbridge.runlog import read_run
+from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.stream import is_global_metric
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams import metadata as hp_metadata
+
+README = "# run r1\n\nA *tiny* run."
+PARAMS = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}, "model": {"hidden": 4, "act": "gelu"}}
+
+
+def make_run(tmp_path, rank=0, world_size=1, name="r1", resumed_from_step=0, params=PARAMS):
+    return RunInfo(run_id="id-" + name, run_name=name, experiment="exp", rank=rank, world_size=world_size,
+                   is_global=rank == 0, run_dir=str(tmp_path / "exp" / name),
+                   config={"params": params, "experiment": "exp", "flush_steps": 5, "step_interval": 1},
+                   metadata={"batch_size": 8}, readme=README, resumed_from_step=resumed_from_step)
+
+
+def tb_root(tmp_path, name="r1"):
+    return str(tmp_path / "exp" / "tensorboard" / name)
+
+
+def load(path):
+    ea = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    return ea
+
+
+def series(ea, tag):
+    return [(e.step, e.value) for e in ea.Scalars(tag)]
+
+
+def texts(ea, tag):
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors(tag)]
+
+
+def records(steps, rank=0, world_size=2, seed=0):
+    """Records like Stream makes them: local metrics, plus global ones on rank 0."""
+    rng = np.random.default_rng(seed + rank)
+    out = []
+    for step in steps:
+        loss = float(rng.uniform(1, 3))
+        values = {"train/loss": loss, "train/lr": 1e-3 * step, "perf/samples_per_s": float(rng.uniform(100, 900))}
+        if rank == 0:
+            values.update({"train/global_loss": loss + 0.1, "dist/loss_std": 0.05,
+                           **{f"dist/loss/rank_{r}": loss + r for r in range(world_size)}})
+        out.append(Record(step, rank, 1_700_000_000.0 + step, values))
+    return out
+
+
+def same_series(tb, jsonl):
+    """TensorBoard stores float32; jsonl keeps float64 and reads any non-finite value back as NaN."""
+    assert [s for s, _ in tb] == [s for s, _ in jsonl]
+    for (step, got), (_, want) in zip(tb, jsonl):
+        if math.isnan(want):
+            assert not math.isfinite(got), step
+        else:
+            assert got == np.float32(want), step
+
+
+def test_series_equal_the_jsonl_log_and_split_global_from_rank(tmp_path):
+    run = make_run(tmp_path, world_size=2)
+    jsonl, tb = JsonlSink(), TensorBoardSink()
+    batch1, batch2 = records(range(1, 8)), records(range(8, 13))
+    for sink in (jsonl, tb):
+        sink.open(run)
+        sink.write(batch1, [])
+        sink.write(batch2, [])
+        sink.close(FINISHED)
+
+    log = read_run(run.run_dir).ranks[0]
+    glob_ea, rank_ea = load(tb_root(tmp_path)), load(os.path.join(tb_root(tmp_path), "rank_0"))
+    names = log.metric_names()
+    assert {n for n in names if is_global_metric(n)} == {"train/global_loss", "dist/loss_std",
+                                                          "dist/loss/rank_0", "dist/loss/rank_1"}
+    for name in names:
+        here, other = (glob_ea, rank_ea) if is_global_metric(name) else (rank_ea, glob_ea)
+        same_series(series(here, name), log.series(name))
+        assert name not in other.Tags()["scalars"]
+    assert len(series(rank_ea, "train/loss")) == 12
+
+
+def test_ranks_side_by_side_and_only_the_global_rank_writes_the_run_dir(tmp_path):
+    logdir = str(tmp_path / "tb")
+    for rank in (1, 0):
+        sink = TensorBoardSink(logdir=logdir)
+        sink.open(make_run(tmp_path, rank=rank, world_size=2))
+        sink.write(records(range(1, 6), rank=rank), [])
+        sink.close(FINISHED)
+        if rank == 1:  # only the global rank writes the run's global dir
+            assert glob.glob(os.path.join(logdir, "r1", "events.*")) == []
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    assert sorted(mux.Runs()) == ["r1", "r1/rank_0", "r1/rank_1"]
+    rank1 = load(os.path.join(logdir, "r1", "rank_1"))
+    assert [v for _, v in series(rank1, "train/loss")] == \
+        [np.float32(r.values["train/loss"]) for r in records(range(1, 6), rank=1)]
+    assert sorted(rank1.Tags()["scalars"]) == ["perf/samples_per_s", "train/loss", "train/lr"]
+    with pytest.raises(KeyError):  # hparams are the global rank's job
+        rank1.PluginTagToContent("hparams")
+
+
+def test_hparams_readme_events_and_status_in_the_run_dir(tmp_path):
+    run = make_run(tmp_path)
+    sink = TensorBoardSink()
+    sink.open(run)
+    recs = [Record(s, 0, time.time(), {"train/loss": l, "train/global_loss": g})
+            for s, l, g in [(1, 3.0, 2.5), (2, 2.0, 1.5), (3, 2.2, 1.8)]]
+    sink.write(recs, [Event("anomaly", 2, 0, time.time(), {"check": "loss_spike", "value": 9.5})])
+    sink.close(FINISHED)
+
+    root = tb_root(tmp_path)
+    # in the run's own dir, not in a timestamped subdir as tensorboardX's add_hparams would put them
+    assert [d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))] == ["rank_0"]
+    ea = load(root)
+    content = ea.PluginTagToContent("hparams")
+    assert set(content) == {hp_metadata.SESSION_START_INFO_TAG, hp_metadata.SESSION_END_INFO_TAG}
+    start = hp_metadata.parse_session_start_info_plugin_data(content[hp_metadata.SESSION_START_INFO_TAG])
+    hp = {k: (v.number_value if v.HasField("number_value") else v.string_value) for k, v in start.hparams.items()}
+    assert hp == {"optimizer.lr": 0.01, "optimizer.betas": "[0.9, 0.95]", "model.hidden": 4.0, "model.act": "gelu",
+                  "msbridge.experiment": "exp", "msbridge.flush_steps": 5.0, "msbridge.step_interval": 1.0,
+                  "msbridge.world_size": 1.0, "msbridge.batch_size": 8.0}
+    end = hp_metadata.parse_session_end_info_plugin_data(content[hp_metadata.SESSION_END_INFO_TAG])
+    assert end.status == 1  # STATUS_SUCCESS
+    assert series(ea, "hparams/final_loss") == [(3, np.float32(2.2))]
+    assert series(ea, "hparams/final_global_loss") == [(3, np.float32(1.8))]
+    assert series(ea, "hparams/best_loss") == [(3, np.float32(1.5))]  # best of the global loss
+    assert texts(ea, "run/README") == [(0, README)]
+    assert texts(ea, "run/status") == [(3, FINISHED)]
+    rank_ea = load(os.path.join(root, "rank_0"))
+    [(step, text)] = texts(rank_ea, "events/anomaly")
+    assert step == 2 and "loss_spike" in text and "9.5" in text
+    assert texts(rank_ea, "run/status") == [(3, FINISHED)]
+
+
+@pytest.mark.parametrize("status", [FAILED, KILLED])
+def test_a_failed_run_is_a_failed_hparams_session(tmp_path, status):
+    sink = TensorBoardSink()
+    sink.open(make_run(tmp_path))
+    sink.write([Record(1, 0, time.time(), {"train/loss": math.nan})], [])
+    sink.close(status)
+    ea = load(tb_root(tmp_path))
+    end = hp_metadata.parse_session_end_info_plugin_data(
+        ea.PluginTagToContent("hparams")[hp_metadata.SESSION_END_INFO_TAG])
+    assert end.status == 2  # STATUS_FAILURE
+    assert texts(ea, "run/status") == [(1, status)]
+    assert math.isnan(series(ea, "hparams/final_loss")[0][1])
+    assert "hparams/best_loss" not in ea.Tags()["scalars"]  # no finite loss: no best
+
+
+def test_the_hparams_tab_compares_a_sweep(tmp_path):
+    """TensorBoard's own hparams backend lists both runs, with every run's keys and metrics."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing.data_provider import MultiplexerDataProvider
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, get_experiment, list_session_groups
+
+    for i, lr in enumerate([0.1, 0.01]):
+        params = {"optimizer": {"lr": lr}, **({"extra": "b-only"} if i else {})}
+        sink = TensorBoardSink()
+        sink.open(make_run(tmp_path, name=f"lr{lr}", params=params))
+        sink.write([Record(s, 0, time.time(), {"train/loss": lr * 10 / s}) for s in (1, 2, 3)], [])
+        sink.close(FINISHED)
+
+    logdir = str(tmp_path / "exp" / "tensorboard")
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    ctx = backend_context.Context(base_plugin.TBContext(
+        logdir=logdir, multiplexer=mux, data_provider=MultiplexerDataProvider(mux, logdir)))
+    request_ctx = context.RequestContext()
+    exp = get_experiment.Handler(request_ctx, ctx, "", api_pb2.GetExperimentRequest()).run()
+    assert {"optimizer.lr", "extra"} <= {h.name for h in exp.hparam_infos}
+    assert ("", "hparams/final_loss") in {(m.name.group, m.name.tag) for m in exp.metric_infos}
+    request = api_pb2.ListSessionGroupsRequest(start_index=0, slice_size=10,
+                                               allowed_statuses=[api_pb2.STATUS_SUCCESS])
+    request.col_params.add(hparam="optimizer.lr")
+    request.col_params.add(metric=api_pb2.MetricName(tag="hparams/final_loss"))
+    groups = list_session_groups.Handler(request_ctx, ctx, "", request).run().session_groups
+    final = {g.name: ({k: v.number_value for k, v in g.hparams.items() if k == "optimizer.lr"},
+                      [m.value for m in g.metric_values if m.name.tag == "hparams/final_loss"])
+             for g in groups}
+    assert final == {"lr0.1": ({"optimizer.lr": 0.1}, [pytest.approx(1 / 3)]),
+                     "lr0.01": ({"optimizer.lr": 0.01}, [pytest.approx(0.1 / 3)])}
+
+
+def test_nonfinite_values_are_stored_as_they_are(tmp_path):
+    sink = TensorBoardSink()
+    sink.open(make_run(tmp_path))
+    values = [2.0, math.nan, math.inf, -math.inf, 1.0]
+    sink.write([Record(s + 1, 0, time.time(), {"train/loss": v}) for s, v in enumerate(values)], [])
+    sink.close(FINISHED)
+    got = [v for _, v in series(load(os.path.join(tb_root(tmp_path), "rank_0")), "train/loss")]
+    assert got[0] == 2.0 and math.isnan(got[1]) and got[2] == math.inf and got[3] == -math.inf and got[4] == 1.0
+
+
+def test_invalid_names_are_cleaned_with_one_warning(tmp_path, caplog):
+    names = ["train/loss", "eval/acc (top-1)", "/perf/x", "a b", "a_b"]
+    sink = TensorBoardSink()
+    sink.open(make_run(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        sink.write([Record(s, 0, time.time(), {n: float(i + s) for i, n in enumerate(names)}) for s in (1, 2)], [])
+        sink.write([Record(3, 0, time.time(), {n: float(i + 3) for i, n in enumerate(names)})], [])
+    sink.close(FINISHED)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    for mapping in ("'eval/acc (top-1)' -> 'eval/acc__top-1_'", "'/perf/x' -> 'perf/x'", "'a_b' -> 'a_b_2'"):
+        assert mapping in warnings[0]
+    assert "'train/loss'" not in warnings[0]
+    ea = load(os.path.join(tb_root(tmp_path), "rank_0"))
+    assert sorted(ea.Tags()["scalars"]) == ["a_b", "a_b_2", "eval/acc__top-1_", "perf/x", "train/loss"]
+    assert series(ea, "a_b") == [(s, 3.0 + s) for s in (1, 2, 3)]  # "a b" came first
+    assert series(ea, "a_b_2") == [(s, 4.0 + s) for s in (1, 2, 3)]
+    assert clean_tag("dist/loss/rank_3") == "dist/loss/rank_3" and clean_tag("//") == "_"
+
+
+def test_flatten_params():
+    assert flatten({"a": {"b": 1, "c": None, "d": {"e": True}}, "f": [1, 2], "g": "x"}) == \
+        {"a.b": 1, "a.d.e": True, "f": "[1, 2]", "g": "x"}
+
+
+def test_resume_adds_a_file_and_never_writes_a_step_twice(tmp_path):
+    first = TensorBoardSink()
+    first.open(make_run(tmp_path))
+    first.write(records(range(1, 6), world_size=1), [])
+    first.close(KILLED)
+    time.sleep(1.1)  # event file names carry the second: the next process's file sorts after
+    again = TensorBoardSink()
+    again.open(make_run(tmp_path, resumed_from_step=5))
+    again.write(records(range(3, 9), world_size=1, seed=1), [])  # restarted from a checkpoint at step 2
+    again.close(FINISHED)
+
+    rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
+    assert len(glob.glob(os.path.join(rank_dir, "events.out.tfevents.*"))) == 2
+    got = series(load(rank_dir), "train/loss")
+    assert [s for s, _ in got] == list(range(1, 9))
+    expected = [r.values["train/loss"] for r in records(range(1, 6), world_size=1)]
+    expected += [r.values["train/loss"] for r in records(range(3, 9), world_size=1, seed=1)][3:]
+    assert [v for _, v in got] == [np.float32(v) for v in expected]
+
+
+def test_everything_written_is_readable_before_close(tmp_path):
+    sink = TensorBoardSink()
+    sink.open(make_run(tmp_path))
+    sink.write(records(range(1, 1001), world_size=1), [])
+    sink.flush()
+    assert len(series(load(os.path.join(tb_root(tmp_path), "rank_0")), "train/loss")) == 1000
+    assert texts(load(tb_root(tmp_path)), "run/README") == [(0, README)]
+    sink.close(FINISHED)
+
+
+def test_through_the_dispatcher_beside_jsonl(tmp_path):
+    run = make_run(tmp_path)
+    dispatcher = Dispatcher([JsonlSink(), TensorBoardSink()], run)
+    for start in range(1, 31, 10):
+        dispatcher.submit(records(range(start, start + 10), world_size=1), [])
+    dispatcher.submit([], [Event("checkpoint", 30, 0, time.time(), {"path": "ckpt-30"})])
+    assert dispatcher.flush(timeout=30)
+    rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
+    assert len(series(load(rank_dir), "train/loss")) == 30  # durable at flush, before close
+    dispatcher.close(FINISHED)
+
+    assert dispatcher.errors == {}
+    log = read_run(run.run_dir).ranks[0]
+    rank_ea, glob_ea = load(rank_dir), load(tb_root(tmp_path))
+    same_series(series(rank_ea, "train/loss"), log.series("train/loss"))
+    same_series(series(glob_ea, "train/global_loss"), log.series("train/global_loss"))
+    assert [s for s, _ in texts(rank_ea, "events/checkpoint")] == [30]
+
+
+def test_describe_and_no_writer_thread(tmp_path):
+    run = make_run(tmp_path)
+    sink = TensorBoardSink()
+    logdir = str(tmp_path / "exp" / "tensorboard")
+    assert sink.describe(run) == {"where": os.path.join(logdir, "r1"),
+                                  "view": f"tensorboard --logdir {logdir} --host 127.0.0.1"}
+    before = threading.active_count()
+    sink.open(run)
+    sink.write(records(range(1, 11), world_size=1), [])
+    assert threading.active_count() == before  # synchronous: no writer thread to keep busy
+    sink.close(FINISHED)
+    assert sink.describe(run)["where"] == os.path.dirname(glob.glob(os.path.join(logdir, "r1", "events.*"))[0])
+
+
+def test_tensorboardx_is_imported_only_by_the_sink(monkeypatch):
+    code = "import sys, msbridge.adapters.tensorboard_sink; print('tensorboardX' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with pytest.raises(MissingDependencyError, match=r"msbridge\[tensorboard\]"):
+        TensorBoardSink()
+
+
+def test_real_training_loss_curve_equals_jsonl(tmp_path):
+    from msbridge import BridgeMonitor
+    from training import train_regression
+
+    monitor = BridgeMonitor({"experiment": "tb", "run_name": "dense", "flush_steps": 5,
+                             "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
+                             "sinks": ["jsonl", "tensorboard"], "params": {"optimizer": {"lr": 0.01}}},
+                            progress=False)
+    train_regression([monitor], steps=12, epochs=2)
+
+    log = read_run(monitor.run_dir).ranks[0]
+    root = str(tmp_path / "tb" / "tensorboard" / "dense")
+    rank_ea, glob_ea = load(os.path.join(root, "rank_0")), load(root)
+    assert [s for s, _ in series(rank_ea, "train/loss")] == list(range(1, 25))
+    same_series(series(rank_ea, "train/loss"), log.series("train/loss"))
+    same_series(series(glob_ea, "train/global_loss"), log.series("train/global_loss"))
+    assert "train/loss" not in glob_ea.Tags()["scalars"]
+    start = hp_metadata.parse_session_start_info_plugin_data(
+        glob_ea.PluginTagToContent("hparams")[hp_metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["optimizer.lr"].number_value == 0.01
+    assert "tensorboard --logdir" in texts(glob_ea, "run/README")[0][1]  # the README names this sink
