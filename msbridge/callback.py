@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
 from mindspore.train import Callback
 
 from .buffer import StepBuffer
@@ -68,7 +69,11 @@ class BridgeMonitor(Callback):
         self._last_flush = 0.0
         self._last_step = 0
         self._monitor_s = 0.0
+        self._started = 0.0
         self.steps_recorded = 0
+        self.final_loss: Optional[float] = None
+        self.best_loss: Optional[float] = None
+        self.events: List[Event] = []
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Sequence[str] = (), **kwargs: Any) -> "BridgeMonitor":
@@ -99,7 +104,7 @@ class BridgeMonitor(Callback):
 
             self._reducer = make_reducer(self.run, cfg, batch_size)
         self._last_step = int(getattr(cb, "cur_step_num", 0) or 0)
-        self._last_end = self._last_flush = time.perf_counter()
+        self._last_end = self._last_flush = self._started = time.perf_counter()
 
     def on_train_step_end(self, run_context: Any) -> None:
         if self.dispatcher is None:
@@ -145,6 +150,7 @@ class BridgeMonitor(Callback):
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
         records = self._stream.records(window)
         self.steps_recorded += len(records)
+        self._track_loss(window.scalars.get(LOSS))
         self.dispatcher.submit(records)
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
@@ -153,9 +159,34 @@ class BridgeMonitor(Callback):
             return
         self.flush()
         if event is not None:
+            self.events.append(event)
             self.dispatcher.submit([], [event])
         self.dispatcher.close(status)
         self.dispatcher = None
+        if self.plan is not None:
+            self.plan.finish(self.outcome(status))
+
+    def outcome(self, status: str) -> Dict[str, Any]:
+        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies."""
+        anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in self.events]
+        return {
+            "status": status,
+            "steps recorded": self.steps_recorded,
+            "last step": self._last_step,
+            "wall time": f"{time.perf_counter() - self._started:.1f} s",
+            "final loss": self.final_loss,
+            "best loss": self.best_loss,
+            "anomalies": "; ".join(anomalies) if anomalies else "none",
+        }
+
+    def _track_loss(self, loss: Optional[np.ndarray]) -> None:
+        if loss is None:
+            return
+        finite = loss[np.isfinite(loss)]
+        self.final_loss = float(loss[-1])
+        if finite.size:
+            best = float(finite.min())
+            self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
 
 
 def _batch_size(cb: Any) -> Optional[int]:

@@ -80,10 +80,19 @@ class RunPlan:
         where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
         readme = render_readme(self.run_name, self.run_id, meta, where, self.run_dir)
         run = replace(run, readme=readme)
+        self._meta, self._where = dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=where), where
         if self.ranks.is_global:
-            write_run_files(self.run_dir, dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=where), readme)
+            write_run_files(self.run_dir, self._meta, readme)
         dispatcher = Dispatcher(sinks, run)
         return dispatcher, run
+
+    def finish(self, outcome: Dict[str, Any]) -> None:
+        """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json."""
+        if not self.ranks.is_global or not hasattr(self, "_meta"):
+            return
+        meta = dict(self._meta, outcome=outcome)
+        readme = render_readme(self.run_name, self.run_id, meta, self._where, self.run_dir, outcome=outcome)
+        write_run_files(self.run_dir, meta, readme)
 
 
 def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[Ranks] = None,

@@ -188,3 +188,16 @@ def test_monitor_off_records_nothing(tmp_path):
     mon = monitor(tmp_path, monitor_on=False)
     train_regression([mon], steps=4)
     assert mon.run_dir is None and not (tmp_path / "t").exists()
+
+
+def test_run_readme_and_run_json_written_and_completed(tmp_path):
+    mon, ref = monitor(tmp_path, sinks={"jsonl": {}}, tags={"api_token": "s3cr3t-value"}), OutputRecorder()
+    train_regression([mon, ref], steps=10)
+    readme = open(mon.run_dir + "/README.md").read()
+    meta = json.load(open(mon.run_dir + "/run.json"))
+    assert meta["run_id"] == mon.run.run_id and meta["world_size"] == 1 and meta["versions"]["mindspore"] == "2.9.0"
+    assert meta["expected_steps"] == 10 and meta["outcome"]["status"] == "FINISHED"
+    assert meta["outcome"]["final loss"] == pytest.approx(ref.losses[-1], rel=1e-6)
+    assert meta["outcome"]["best loss"] == pytest.approx(min(ref.losses), rel=1e-6)
+    assert "## Outcome" in readme and "- status: FINISHED" in readme and "rank_0.jsonl" in readme
+    assert "s3cr3t-value" not in readme + json.dumps(meta), "secrets are masked in README and run.json"
