@@ -9,7 +9,13 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from typing import Any
+
+# MindSpore's generated *_pb2 modules need the pure-Python protobuf runtime, and MindSpore selects
+# it when it is imported. A tracker (mlflow, tensorboardX) imported first would lock in the C
+# runtime and break `import mindspore`. Choosing it here too keeps any import order working.
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 from .config import Config, load_config
 from .errors import ConfigError, MissingDependencyError, MsbridgeError

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import List, Optional
 
+from .analyze import add_analysis_commands
+from .cli_config import add_config_commands
 from .errors import MsbridgeError
 
 
@@ -50,6 +52,32 @@ def _print_outputs(monitor) -> None:
         print(f"    {command}")
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .masking import mask_text
+    from .replay import replay
+
+    options = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
+    counts = replay(args.run_dir, args.to, options)
+    target = f" at {mask_text(args.tracking_uri)}" if args.tracking_uri else ""
+    print(f"[msbridge] replayed {counts['records']} records and {counts['events']} events "
+          f"from {counts['ranks']} rank(s) to {args.to}{target}")
+    if counts["truncated"]:
+        print(f"[msbridge] {counts['truncated']} cut last line(s) skipped (a killed run); every complete line was used")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, default_tracking_uri, format_table
+
+    uri = args.tracking_uri or default_tracking_uri(args.experiment, args.root)
+    if not args.tracking_uri and not os.path.exists(uri[len("sqlite:///"):]):
+        raise MsbridgeError(f"no MLflow store at {uri[len('sqlite:///'):]}; "
+                            "train with the mlflow sink first, or pass --tracking-uri")
+    rows, differing = compare(args.experiment, uri)
+    print(format_table(rows, differing, args.format))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="msbridge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config value (YAML-typed), repeatable")
     demo.set_defaults(func=cmd_demo)
+
+    rep = sub.add_parser("replay", help="rebuild a sink from a run's jsonl write-ahead log (offline mode)")
+    rep.add_argument("run_dir")
+    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"])
+    rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
+    rep.set_defaults(func=cmd_replay)
+
+    cmp_ = sub.add_parser("compare", help="a sweep's runs side by side, from MLflow")
+    cmp_.add_argument("experiment")
+    cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db")
+    cmp_.add_argument("--root", default="./msbridge_runs", help="output root of the default store")
+    cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text")
+    cmp_.set_defaults(func=cmd_compare)
+    add_config_commands(sub)
+    add_analysis_commands(sub)
     return parser
 
 

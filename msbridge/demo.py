@@ -10,6 +10,7 @@ Example:
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -110,7 +111,7 @@ def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict
         "print_interval": 25,
         "seq_length": DEMO_DEFAULTS["model"]["seq_length"],
         "sinks": sinks,
-        "params": DEMO_DEFAULTS,
+        "params": copy.deepcopy(DEMO_DEFAULTS),
     }
     cfg.update(overrides or {})
     return cfg

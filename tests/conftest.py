@@ -5,6 +5,7 @@ import os
 
 os.environ.setdefault("GLOG_v", "3")
 
+import msbridge  # noqa: E402,F401  (first: it picks the protobuf runtime MindSpore needs)
 import pytest  # noqa: E402
 
 

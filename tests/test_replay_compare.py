@@ -1,0 +1,130 @@
+"""Offline mode (train with MLflow unreachable, replay later) and `msbridge compare` over a real sweep."""
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from msbridge import BridgeMonitor
+from msbridge.cli import main
+from msbridge.compare import compare, default_tracking_uri
+from msbridge.demo import demo_config, train
+from msbridge.runlog import read_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "sweep"))
+from run_sweep import EXPERIMENT, run_sweep  # noqa: E402
+
+STEPS = 40
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def demo_run(out, sinks, run_name, **overrides):
+    cfg = demo_config(str(out), {"experiment": "offline", "sinks": sinks, "run_name": run_name, **overrides})
+    monitor = BridgeMonitor(cfg, progress=False)
+    train(monitor, STEPS, cfg["params"])
+    return monitor
+
+
+def histories(client, run_id, keys):
+    return {k: [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+            for k in keys}
+
+
+def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
+    down = f"http://127.0.0.1:{closed_port()}"
+    mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down}}, "offline-run")
+    log = read_run(mon.run_dir).ranks[0]
+    assert len(log.records) == STEPS, "jsonl keeps everything while MLflow is unreachable"
+
+    store = f"sqlite:///{tmp_path / 'central.db'}"
+    for _ in range(2):  # replaying twice gives the same run, not duplicates
+        assert main(["replay", mon.run_dir, "--to", "mlflow", "--tracking-uri", store]) == 0
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("offline")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "offline-run"
+    keys = log.metric_names()
+    got = histories(client, run.info.run_id, keys)
+    for key in keys:
+        want = log.series(key)
+        assert [s for s, _ in got[key]] == [s for s, _ in want], key
+        assert [v for _, v in got[key]] == pytest.approx([v for _, v in want], rel=1e-6, nan_ok=True), key
+    assert run.data.params["optimizer.learning_rate"] == "0.003"
+
+
+def test_replayed_run_matches_an_online_run(tmp_path):
+    """Same seed, same data: the offline run replayed has what the online run logged (timings aside)."""
+    online_store = f"sqlite:///{tmp_path / 'online.db'}"
+    demo_run(tmp_path / "a", {"jsonl": {}, "mlflow": {"tracking_uri": online_store}}, "same")
+    offline = demo_run(tmp_path / "b", {"jsonl": {}, "mlflow": {"tracking_uri": f"http://127.0.0.1:{closed_port()}"}},
+                       "same")
+    replay_store = f"sqlite:///{tmp_path / 'replayed.db'}"
+    assert main(["replay", offline.run_dir, "--to", "mlflow", "--tracking-uri", replay_store]) == 0
+
+    def summary(store):
+        client = MlflowClient(store)
+        (run,) = client.search_runs([client.get_experiment_by_name("offline").experiment_id])
+        hist = histories(client, run.info.run_id, ["train/loss", "train/lr", "train/epoch"])
+        params = {k: v for k, v in run.data.params.items() if "tracking_uri" not in k and "output_dir" not in k}
+        return run.info.status, run.info.run_name, set(run.data.metrics), hist, params
+
+    online, replayed = summary(online_store), summary(replay_store)
+    assert online[:3] == replayed[:3]
+    for key, series in online[3].items():
+        assert [s for s, _ in series] == [s for s, _ in replayed[3][key]], key
+        assert [v for _, v in series] == pytest.approx([v for _, v in replayed[3][key]], rel=1e-5), key
+    assert online[4] == replayed[4]
+
+
+def test_sweep_compare_ranks_runs_by_final_loss(tmp_path, capsys):
+    out = tmp_path / "runs"
+    uri = run_sweep(str(out), steps=STEPS)
+    rows, differing = compare(EXPERIMENT, uri)
+    assert len(rows) == 3 and differing == ["optimizer.learning_rate"]
+    finals = [r.final_loss for r in rows]
+    assert finals == sorted(finals) and all(math.isfinite(v) for v in finals)
+    # Each row's final loss is the last loss of that run's own jsonl.
+    for row in rows:
+        run_dir = next((out / EXPERIMENT).glob(f"{row.run_name}"))
+        assert read_run(str(run_dir)).ranks[0].series("train/loss")[-1][1] == pytest.approx(row.final_loss)
+        assert row.status == "FINISHED" and row.steps == STEPS
+
+    assert uri == default_tracking_uri(EXPERIMENT, str(out))
+    assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["run_name"] for r in data["runs"]] == [r.run_name for r in rows]
+    assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("rank,run,optimizer.learning_rate,final_loss") and len(lines) == 4
+
+
+def test_replay_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert main(["replay", str(tmp_path), "--to", "mlflow"]) == 2
+    assert "run.json is missing" in capsys.readouterr().err
+
+
+def test_compare_unknown_experiment_lists_the_known_ones(tmp_path, capsys):
+    uri = run_sweep(str(tmp_path), steps=5, learning_rates=(0.003,))
+    assert main(["compare", "nope", "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "no MLflow experiment 'nope'" in err and EXPERIMENT in err
+
+
+def test_compare_without_a_store_names_the_missing_file(tmp_path, capsys):
+    assert main(["compare", "nope", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nope" / "mlflow.db") in err and "--tracking-uri" in err
+    assert not (tmp_path / "nope").exists(), "looking must not create an empty store"
