@@ -21,12 +21,8 @@ import math
 import os
 from typing import IO, Any, Dict, Optional, Sequence
 
-from ..runlog import last_step, trim_partial_line
+from ..runlog import last_step, rank_file, trim_partial_line
 from ..sink import SCHEMA_VERSION, Event, Record, RunInfo, Sink
-
-
-def rank_file(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, "metrics", f"rank_{rank}.jsonl")
 
 
 def _encode_values(values: Dict[str, float]) -> Dict[str, Any]:

@@ -21,6 +21,11 @@ from .errors import MsbridgeError
 from .sink import SCHEMA_VERSION, Event, Record
 
 
+def rank_file(run_dir: str, rank: int) -> str:
+    """Where rank ``rank`` of a run keeps its write-ahead log."""
+    return os.path.join(run_dir, "metrics", f"rank_{rank}.jsonl")
+
+
 class RunLogError(MsbridgeError):
     """A directory or file that is not a readable msbridge run."""
 

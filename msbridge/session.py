@@ -18,15 +18,17 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Type
 
+from .collective import agree_timestamp
 from .config import Config
 from .dispatch import Dispatcher
 from .errors import ConfigError
 from .masking import mask_secrets
 from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
 from .progress import ConsoleSink
-from .ranks import Ranks, detect_ranks
+from .ranks import Ranks, claim_rank_file, detect_ranks
 from .registry import resolve
-from .rundir import render_output_dir, render_template, timestamp
+from .runlog import last_step, rank_file
+from .rundir import render_output_dir, render_template
 from .sink import RunInfo, Sink
 
 log = logging.getLogger("msbridge")
@@ -73,10 +75,12 @@ class RunPlan:
         config_dict = mask_secrets(cfg.to_dict())
         meta = collect_metadata(config_dict, self.ranks.world_size, expected_steps)
         meta["batch_size"] = batch_size
+        wal = rank_file(self.run_dir, self.ranks.rank)
         run = RunInfo(run_id=self.run_id, run_name=self.run_name, experiment=cfg.experiment,
                       rank=self.ranks.rank, world_size=self.ranks.world_size,
                       is_global=self.ranks.is_global, run_dir=self.run_dir,
-                      config=config_dict, metadata=meta)
+                      config=config_dict, metadata=meta,
+                      resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
         where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
         readme = render_readme(self.run_name, self.run_id, meta, where, self.run_dir)
         run = replace(run, readme=readme)
@@ -99,11 +103,12 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
              now: Optional[float] = None) -> RunPlan:
     """Validate everything that can be checked before training and fix the run's names and paths."""
     ranks = ranks or detect_ranks()
-    stamp = os.environ.get("MSBRIDGE_TIMESTAMP") or timestamp(now)
+    stamp = agree_timestamp(ranks, "{timestamp}" in config.run_name + config.output_dir, now)
     own = config.to_dict()
     run_name = render_template(config.run_name, dict(config.params), own, {"timestamp": stamp, "rank": ranks.rank})
     run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp)
     check_writable(run_dir)
+    claim_rank_file(run_dir, ranks.rank)
     classes = {name: resolve(name) for name in config.sinks}
     classes = dict(sorted(classes.items(), key=lambda kv: kv[0] != "jsonl"))
     return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir,

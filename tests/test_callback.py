@@ -201,3 +201,15 @@ def test_run_readme_and_run_json_written_and_completed(tmp_path):
     assert meta["outcome"]["best loss"] == pytest.approx(min(ref.losses), rel=1e-6)
     assert "## Outcome" in readme and "- status: FINISHED" in readme and "rank_0.jsonl" in readme
     assert "s3cr3t-value" not in readme + json.dumps(meta), "secrets are masked in README and run.json"
+
+
+def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
+    first = monitor(tmp_path, sinks=["jsonl", "tensorboard"])
+    train_regression([first], steps=12, epochs=2)  # steps 1..24
+    # Restarted from the checkpoint of epoch 1: steps 13..36 are run again / anew.
+    second = monitor(tmp_path, sinks=["jsonl", "tensorboard"])
+    train_regression([second], steps=12, epochs=3, initial_epoch=1)
+    assert second.run.run_id == first.run.run_id and second.run.resumed_from_step == 24
+    log = read_run(second.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 37))
+    assert [(e.kind, e.step, e.detail["last_recorded_step"]) for e in log.events] == [("resume", 24, 24)]

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from msbridge.adapters.jsonl_sink import JsonlSink, rank_file
+from msbridge.adapters.jsonl_sink import JsonlSink
+from msbridge.runlog import rank_file
 from msbridge.runlog import RunLogError, read_rank_file, read_run
 from msbridge.sink import Event, Record, RunInfo
 

@@ -38,7 +38,7 @@ class OutputRecorder(Callback):
 
 def train_regression(callbacks: Sequence[Any], steps: int = 24, epochs: int = 1, mode: str = "graph",
                      sink_mode: bool = False, learning_rate: Any = 0.01, net: Any = None,
-                     train_cell: Any = None, seed: int = 0) -> Any:
+                     train_cell: Any = None, seed: int = 0, initial_epoch: int = 0) -> Any:
     """Train a Dense regressor with ``Model.train``; returns the Model."""
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     ms.set_seed(seed)
@@ -48,5 +48,6 @@ def train_regression(callbacks: Sequence[Any], steps: int = 24, epochs: int = 1,
         model = Model(net, nn.MSELoss(), opt)
     else:
         model = Model(train_cell(nn.WithLossCell(net, nn.MSELoss()), opt))
-    model.train(epochs, regression_data(steps, seed=seed), callbacks=list(callbacks), dataset_sink_mode=sink_mode)
+    model.train(epochs, regression_data(steps, seed=seed), callbacks=list(callbacks), dataset_sink_mode=sink_mode,
+                initial_epoch=initial_epoch)
     return model
