@@ -19,7 +19,7 @@ for events still in its queue. Every batch is flushed and fsynced before
   warning per batch lists the mapping.
 - NaN and +-inf are written as they are. TensorBoard stores them and draws a
   marker at a non-finite point; the curve is not cut and nothing raises.
-- TensorBoard stores scalars as float32.
+- TensorBoard stores scalars as float32; a value beyond float32's range is stored as +-inf.
 - At close the global rank writes the hparams: ``params`` flattened to dot
   keys, plus ``msbridge.*`` settings. They go into the run's own directory,
   where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
@@ -107,14 +107,15 @@ class _EventFile:
         self.path = path
         self.tags: Dict[str, str] = {}  # tag -> the metric name written under it
         self._tbx = tbx
-        # The pid in the name: a resume within the same second must not truncate the old file.
-        self._writer = tbx.EventsWriter(os.path.join(path, "events"), f".{os.getpid()}")
+        # tensorboardX names the file by the second; add the nanoseconds, so a reopen within the
+        # same second neither truncates the earlier file nor sorts before it.
+        self._writer = tbx.EventsWriter(os.path.join(path, "events"), f".{time.time_ns() % 10**9:09d}")
+
+    def write(self, event: Any) -> None:
+        self._writer.write_event(event)
 
     def summary(self, summary: Any, step: int, wall_time: float) -> None:
-        self._writer.write_event(self._tbx.Event(wall_time=wall_time, step=step, summary=summary))
-
-    def scalars(self, values: List[Any], step: int, wall_time: float) -> None:
-        self.summary(self._tbx.Summary(value=values), step, wall_time)
+        self.write(self._tbx.Event(wall_time=wall_time, step=step, summary=summary))
 
     def text(self, tag: str, text: str, step: int) -> None:
         summary = self._tbx.summary.text(tag, text)
@@ -136,8 +137,8 @@ class TensorBoardSink(Sink):
             ``{experiment_dir}/tensorboard``, beside the experiment's run dirs.
 
     Example:
-        >>> sinks:
-        ...   tensorboard: {logdir: ./tb}
+        >>> monitor = BridgeMonitor({"sinks": {"jsonl": {}, "tensorboard": {"logdir": "./tb"}}})
+        >>> model.train(1, ds, callbacks=[monitor], dataset_sink_mode=False)
         >>> # then: tensorboard --logdir ./tb --host 127.0.0.1
     """
 
@@ -176,17 +177,19 @@ class TensorBoardSink(Sink):
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         assert self._local is not None, "TensorBoardSink.write before open"
-        value_cls = self._tbx.Summary.Value
         renamed: Dict[str, str] = {}
         for rec in records:
             if rec.step <= self._last_step:
                 continue  # already written by an earlier process (resume): never a step twice
-            batches: Dict[_EventFile, List[Any]] = {}
+            step_events: Dict[_EventFile, Any] = {}  # one event per directory and step
             for name, value in rec.values.items():
                 tag, target = self._routes.get(name) or self._route(name, renamed)
-                batches.setdefault(target, []).append(value_cls(tag=tag, simple_value=value))
-            for target, values in batches.items():
-                target.scalars(values, rec.step, rec.time)
+                event = step_events.get(target)
+                if event is None:
+                    event = step_events[target] = self._tbx.Event(wall_time=rec.time, step=rec.step)
+                event.summary.value.add(tag=tag, simple_value=value)
+            for target, event in step_events.items():
+                target.write(event)
             self._track(rec)
             self._last_step = rec.step
         for ev in events:
@@ -264,7 +267,7 @@ class TensorBoardSink(Sink):
         plugin.content = data.SerializeToString()
         now = time.time()
         self._global.summary(start, self._last_step, now)
-        values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
-        if values:
-            self._global.scalars(values, self._last_step, now)
+        if metrics:
+            values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
+            self._global.summary(tbx.Summary(value=values), self._last_step, now)
         self._global.summary(end, self._last_step, now)
