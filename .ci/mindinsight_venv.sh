@@ -13,12 +13,16 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-mindinsight"
 python="${MINDINSIGHT_PYTHON:-python3.11}"
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
 
 works() {
-    # `mindinsight start` runs `gunicorn` from PATH and imports the Flask app there.
+    # `mindinsight start` runs `gunicorn` from PATH and imports the Flask app there;
+    # importing it writes logs into MINDINSIGHT_WORKSPACE, so point that at a temp dir.
     [ -x "$venv/bin/gunicorn" ] && [ -x "$venv/bin/mindinsight" ] &&
-        "$venv/bin/python" -c 'import mindinsight, sys; sys.exit(mindinsight.__version__ != "2.3.1")' 2>/dev/null &&
-        "$venv/bin/python" -c 'import mindinsight.backend.application' >/dev/null 2>&1
+        MINDINSIGHT_WORKSPACE="$scratch" "$venv/bin/python" -c '
+import sys, mindinsight, mindinsight.backend.application
+sys.exit(mindinsight.__version__ != "2.3.1")' >/dev/null 2>&1
 }
 
 if works; then
