@@ -1,8 +1,12 @@
-"""The validated, immutable msbridge config.
+"""The validated, immutable msbridge config, and ``load_config`` that builds it from YAML.
 
 ``Config`` holds msbridge's own settings; ``params`` holds the training job's
 hyperparameters (model, optimizer, runner ...) that msbridge logs but does not
-interpret. ``load_config`` builds one from a YAML file or a dict.
+interpret. ``load_config`` runs the whole pipeline: compose (``base_config:``,
+``---`` documents, ``--set``) -> resolve ``${...}`` -> map dialects -> check
+every value and directory -> ``Config``. Every problem is collected first and
+raised together as one ``ConfigError``, each line with ``file:line`` where YAML
+gives it. What each value's source was is kept in ``Config.provenance``.
 
 Example:
     >>> cfg = load_config({"experiment": "tiny-lm", "sinks": ["jsonl", "tensorboard"]})
@@ -11,14 +15,29 @@ Example:
 """
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field, fields, replace
+import logging
+import os
+from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from .canonical import canonicalize
+from .compose import compose
+from .keys import Assignment, Note, did_you_mean
 from .errors import ConfigError
+from .interpolate import interpolate
+from .pathcheck import placeholder_problem, static_prefix, volatile_reason, writable_problem
+from .rundir import render_template
+from .schema import check_values, normalise_sinks
+from .yaml_source import Origin, Path, Tree, format_path
+
+__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "did_you_mean",
+           "load_config", "thaw"]
+
+log = logging.getLogger("msbridge")
 
 DEFAULT_OUTPUT_DIR = "./msbridge_runs/{experiment}/{run_name}"
+OUTPUT_PLACEHOLDERS = ("experiment", "run_name", "rank", "timestamp")
 
 
 def _frozen(value: Any) -> Any:
@@ -36,6 +55,32 @@ def thaw(value: Any) -> Any:
     if isinstance(value, tuple):
         return [thaw(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a loaded config's values came from, and the dialect lines said while loading.
+
+    Example:
+        >>> cfg = load_config("seed000_monitor.yaml")
+        >>> cfg.provenance.origin(("flush_steps",))
+        ('seed000_monitor.yaml:4', 'monitor_config.interval')
+    """
+
+    source: str = "<defaults>"
+    origins: Mapping[Path, Tuple[str, str]] = field(default_factory=dict)
+    notes: Tuple[Note, ...] = ()
+
+    def origin(self, path: Path) -> Tuple[str, str]:
+        """``(where, user key)`` of ``path`` or its nearest ancestor; ``("default", "")`` if unset."""
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.origins:
+                return self.origins[path[:end]]
+        return ("default", "")
+
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        return tuple(str(n) for n in self.notes if n.level >= logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -73,92 +118,164 @@ class Config:
     params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        problems = _validate(self)
+        problems = check_values({f.name: getattr(self, f.name) for f in fields(self)})
         if problems:
-            raise ConfigError(problems)
-        for name in ("sinks", "health", "tags", "params"):
-            object.__setattr__(self, name, _frozen(_normalise_sinks(getattr(self, name)) if name == "sinks" else getattr(self, name)))
+            raise ConfigError([f"{format_path(path)}: {message}" for path, message in problems])
+        object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
+        object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
+        for name in ("health", "params"):
+            object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where each value came from (empty for a Config built directly)."""
+        return self.__dict__.get("_provenance") or Provenance()
 
     def to_dict(self) -> Dict[str, Any]:
         """A plain dict of every field (for logging and the resolved YAML)."""
         return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
 
     def with_changes(self, **changes: Any) -> "Config":
+        """A copy with some fields changed (validated again; provenance is not kept)."""
         return replace(self, **changes)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(Config))
 
-_TYPES = {
-    bool: ("monitor_on", "local_loss", "global_loss", "grad_norm", "learning_rate", "throughput", "memory"),
-    str: ("experiment", "run_name", "output_dir"),
-    int: ("step_interval", "flush_steps", "print_interval", "buffer_size"),
-    float: ("flush_seconds", "overhead_budget"),
-}
+
+def _defaults() -> Dict[str, Any]:
+    return {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(Config)}
 
 
-def _normalise_sinks(sinks: Union[Sequence[str], Mapping[str, Any], None]) -> Dict[str, Dict[str, Any]]:
-    if sinks is None:
-        return {"jsonl": {}}
-    if isinstance(sinks, str):
-        sinks = [sinks]
-    if isinstance(sinks, Mapping):
-        out = {str(k): dict(v or {}) for k, v in sinks.items()}
-    else:
-        out = {str(name): {} for name in sinks}
-    # jsonl is the write-ahead log every other sink can be rebuilt from: always on.
-    out.setdefault("jsonl", {})
-    return out
+class _Checker:
+    """Turns canonical-path problems into ``file:line: user.key: message`` lines."""
+
+    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path]) -> None:
+        self.winners, self.failed = winners, failed
+        self.problems: List[str] = []
+        self.notes: List[Note] = []
+
+    def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
+        for end in range(len(path), 0, -1):
+            item = self.winners.get(path[:end])
+            if item is not None:
+                return item.origin, item.source + path[end:]
+        deeper = next((a for t, a in self.winners.items() if t[:len(path)] == path), None)
+        if deeper is None:
+            return None, path
+        extra = len(deeper.target) - len(path)
+        return deeper.origin, deeper.source[:len(deeper.source) - extra]
+
+    def problem(self, path: Path, message: str) -> None:
+        origin, source = self.source(path)
+        if any(source[:len(bad)] == bad for bad in self.failed):
+            return  # its ${...} could not be resolved; that problem is already reported
+        renamed = source and path and isinstance(source[-1], str) and source[-1] != path[-1]
+        sets = f" (it sets {format_path(path)})" if renamed else ""
+        text = f"{format_path(source)}: {message}{sets}"
+        self.problems.append(f"{origin}: {text}" if origin else text)
+
+    def directory(self, path: Path, template: Any, placeholders: bool) -> None:
+        if not isinstance(template, str) or not template:
+            self.problem(path, f"expected a directory path, got {template!r}")
+            return
+        bad = placeholder_problem(template, OUTPUT_PLACEHOLDERS) if placeholders else None
+        if bad:
+            self.problem(path, bad)
+            return
+        prefix = static_prefix(template) if placeholders else os.path.expanduser(template)
+        problem = writable_problem(prefix)
+        if problem:
+            self.problem(path, problem)
+            return
+        reason = volatile_reason(prefix)
+        if reason:
+            origin, source = self.source(path)
+            self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
+                                   f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
+                                   "it; use a persistent directory", logging.WARNING))
 
 
-def _validate(cfg: Config) -> List[str]:
-    problems: List[str] = []
-    for typ, names in _TYPES.items():
-        for name in names:
-            value = getattr(cfg, name)
-            ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
-            if typ is float and isinstance(value, int) and not isinstance(value, bool):
-                ok = True
-            if not ok:
-                problems.append(f"{name}: expected {typ.__name__}, got {value!r}")
-    for name in ("step_interval", "flush_steps", "print_interval"):
-        value = getattr(cfg, name)
-        if isinstance(value, int) and value < 1:
-            problems.append(f"{name}: must be >= 1, got {value!r}")
-    if isinstance(cfg.flush_seconds, (int, float)) and cfg.flush_seconds <= 0:
-        problems.append(f"flush_seconds: must be > 0, got {cfg.flush_seconds!r}")
-    if isinstance(cfg.overhead_budget, (int, float)) and not 0 < cfg.overhead_budget < 1:
-        problems.append(f"overhead_budget: must be between 0 and 1, got {cfg.overhead_budget!r}")
-    if cfg.seq_length is not None and (not isinstance(cfg.seq_length, int) or cfg.seq_length < 1):
-        problems.append(f"seq_length: expected a positive int, got {cfg.seq_length!r}")
-    if not isinstance(cfg.sinks, (Mapping, list, tuple, str)):
-        problems.append(f"sinks: expected a list of names or a mapping name -> options, got {cfg.sinks!r}")
-    else:
-        from .registry import available, check_available
-
-        for name in _normalise_sinks(cfg.sinks):
-            try:
-                check_available(name)
-            except ConfigError:
-                hint = did_you_mean(name, available())
-                problems.append(f"sinks.{name}: unknown sink{hint}; registered sinks: {', '.join(available())}")
-            except ImportError as exc:
-                problems.append(f"sinks.{name}: {exc}")
-    return problems
+def _check(full: Dict[str, Any], checker: _Checker) -> None:
+    for path, message in check_values(full):
+        checker.problem(path, message)
+    if isinstance(full["run_name"], str) and isinstance(full["params"], Mapping):
+        try:
+            render_template(full["run_name"], full["params"], full, {"timestamp": "t", "rank": 0})
+        except ConfigError as exc:
+            checker.problem(("run_name",), str(exc).split(": ", 1)[-1])
+    if full["monitor_on"] is False:
+        origin, source = checker.source(("monitor_on",))
+        checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: false -> msbridge builds "
+                                  "no sink and records nothing", logging.WARNING))
+    if full["monitor_on"] is not True:
+        return
+    if isinstance(full["output_dir"], str) and full["output_dir"]:
+        checker.directory(("output_dir",), full["output_dir"], placeholders=True)
+    health = full["health"] if isinstance(full["health"], Mapping) else {}
+    if "dump_dir" in health:
+        checker.directory(("health", "dump_dir"), health["dump_dir"], placeholders=True)
+    sinks = full["sinks"] if isinstance(full["sinks"], Mapping) else {}
+    for name, options in sinks.items():
+        for key, value in (options.items() if isinstance(options, Mapping) else ()):
+            if str(key).endswith("dir") and isinstance(value, str):
+                checker.directory(("sinks", name, key), value, placeholders=False)
 
 
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
+def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],
+                notes: List[Note]) -> Provenance:
+    def key(path: Path) -> str:
+        return f"{format_path(path)} = {written[path]}" if path in written else format_path(path)
+
+    origins: Dict[Path, Tuple[str, str]] = {}
+    for target, item in winners.items():
+        origins[target] = (str(item.origin), key(item.source))
+        if isinstance(item.value, (Mapping, list)) and item.value:
+            depth = len(item.source)
+            for path, origin in tree.origins.items():
+                if len(path) > depth and path[:depth] == item.source:
+                    origins[target + path[depth:]] = (str(origin), key(path))
+    return Provenance(source, origins, tuple(notes))
 
 
-def load_config(source: Union[str, Mapping[str, Any], Config, None] = None, overrides: Sequence[str] = ()) -> Config:
-    """A validated ``Config`` from a dict (or an existing Config)."""
+def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config, None] = None,
+                 overrides: Sequence[str] = ()) -> Config:
+    """Like ``load_config``, but logs nothing (``msbridge config`` prints the notes itself)."""
+    if isinstance(source, Config):
+        source = source.to_dict()
+    tree, notes, problems = compose(source, overrides)
+    tree, ref_problems, failed, written = interpolate(tree)
+    values, winners, mapped = canonicalize(tree, failed)
+    problems += ref_problems + mapped.problems
+    notes += mapped.notes
+    full = dict(_defaults(), **values)
+    checker = _Checker(winners, failed)
+    _check(full, checker)
+    problems += checker.problems
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    config = Config(**full)
+    label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
+    notes = list(dict.fromkeys(notes + checker.notes))
+    object.__setattr__(config, "_provenance", _provenance(label, tree, winners, written, notes))
+    return config
+
+
+def load_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config, None] = None,
+                overrides: Sequence[str] = ()) -> Config:
+    """A validated ``Config`` from a YAML file path, a dict or a Config, with ``key=value`` overrides.
+
+    Each dialect mapping and warning is logged once on the ``msbridge`` logger.
+
+    Raises:
+        ConfigError: with ``.problems``, one ``file:line: key: message`` line per problem.
+
+    Example:
+        >>> cfg = load_config("train.yaml", overrides=["monitor_config.interval=50"])
+    """
     if isinstance(source, Config) and not overrides:
         return source
-    data: Dict[str, Any] = thaw(source.to_dict()) if isinstance(source, Config) else dict(source or {})
-    unknown = [k for k in data if k not in FIELD_NAMES]
-    if unknown:
-        raise ConfigError([f"{k}: unknown key{did_you_mean(k, FIELD_NAMES)}" for k in unknown])
-    return Config(**data)
+    config = build_config(source, overrides)
+    for note in config.provenance.notes:
+        log.log(note.level, "msbridge config: %s", note)
+    return config
