@@ -22,22 +22,11 @@ import os
 from typing import IO, Any, Dict, Optional, Sequence
 
 from ..runlog import last_step, rank_file, trim_partial_line
-from ..sink import SCHEMA_VERSION, Event, Record, RunInfo, Sink
+from ..sink import SCHEMA_VERSION, Event, Record, RunInfo, Sink, json_safe
 
 
 def _encode_values(values: Dict[str, float]) -> Dict[str, Any]:
     return {k: (float(v) if math.isfinite(v) else None) for k, v in values.items()}
-
-
-def _json_safe(value: Any) -> Any:
-    """Event details may hold NaN; JSON may not. Non-finite floats become "nan"/"inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 class JsonlSink(Sink):
@@ -100,7 +89,7 @@ class JsonlSink(Sink):
                 "step": ev.step,
                 "rank": ev.rank,
                 "time": ev.time,
-                "detail": _json_safe(dict(ev.detail)),
+                "detail": json_safe(dict(ev.detail)),
             })
         self.flush()
 

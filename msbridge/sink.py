@@ -27,6 +27,17 @@ KILLED = "KILLED"
 STATUSES = (FINISHED, FAILED, KILLED)
 
 
+def json_safe(value: Any) -> Any:
+    """A copy JSON can hold: event details may carry NaN, JSON may not; non-finite floats become "nan"/"inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Record:
     """The metrics of one training step on one rank.

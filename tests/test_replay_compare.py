@@ -42,7 +42,7 @@ def histories(client, run_id, keys):
 
 def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
     down = f"http://127.0.0.1:{closed_port()}"
-    mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down}}, "offline-run")
+    mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down, "close_timeout": 1}}, "offline-run")
     log = read_run(mon.run_dir).ranks[0]
     assert len(log.records) == STEPS, "jsonl keeps everything while MLflow is unreachable"
 
@@ -69,7 +69,7 @@ def test_replayed_run_matches_an_online_run(tmp_path):
     """Same seed, same data: the offline run replayed has what the online run logged (timings aside)."""
     online_store = f"sqlite:///{tmp_path / 'online.db'}"
     demo_run(tmp_path / "a", {"jsonl": {}, "mlflow": {"tracking_uri": online_store}}, "same")
-    offline = demo_run(tmp_path / "b", {"jsonl": {}, "mlflow": {"tracking_uri": f"http://127.0.0.1:{closed_port()}"}},
+    offline = demo_run(tmp_path / "b", {"jsonl": {}, "mlflow": {"tracking_uri": f"http://127.0.0.1:{closed_port()}", "close_timeout": 1}},
                        "same")
     replay_store = f"sqlite:///{tmp_path / 'replayed.db'}"
     assert main(["replay", offline.run_dir, "--to", "mlflow", "--tracking-uri", replay_store]) == 0

@@ -1,0 +1,394 @@
+"""The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
+
+Global rank only. MLflow is reached on the first write/flush, on the dispatcher thread
+(``open`` does no I/O: a new sqlite store takes seconds to create). Metrics keep the
+stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps
+NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).
+Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``;
+a value over 6000 characters is logged as ``sha256:<hex>`` (``config/resolved.yaml`` has it).
+Everything is masked. Resume reattaches to the run tagged with the job's ``run_id`` and
+skips steps up to its ``msbridge.last_step``. An unreachable tracker never stops training:
+one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``.
+
+Example:
+    >>> sinks: {jsonl: {}, mlflow: {tracking_uri: "http://127.0.0.1:5000", experiment: tiny-lm}}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
+
+import yaml
+
+from ..config import did_you_mean
+from ..errors import ConfigError, MissingDependencyError
+from ..masking import mask_secrets, mask_text
+from ..runlog import rank_file, read_rank_file
+from ..sink import FINISHED, Event, Record, RunInfo, Sink, json_safe
+
+log = logging.getLogger("msbridge")
+
+RUN_ID_TAG = "msbridge.run_id"
+LAST_STEP_TAG = "msbridge.last_step"
+EVENTS_ARTIFACT = "events.jsonl"
+METRICS_PER_CALL = 999  # MLflow takes 1000 entities per log_batch; one is the last-step tag
+PARAMS_TAGS_PER_CALL = 100
+MAX_PARAM_LENGTH = 6000
+MAX_TAG_LENGTH = 8000
+MAX_KEY_LENGTH = 250
+MAX_EVENT_LINES = 10_000
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+# MLflow error codes meaning "this request can never succeed"; every other failure is retried.
+_PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
+              "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND"}
+_NUMBERS = {"http_timeout": None, "http_retries": None, "backoff_initial": 1.0, "backoff_max": 60.0,
+            "close_timeout": 10.0, "max_pending": 50_000}
+_OPTIONS = ("tracking_uri", "experiment", "run_name", "artifact_location") + tuple(_NUMBERS)
+# MLflow reads its HTTP limits from the environment on every request: option -> (variable, default).
+_HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
+             "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
+
+
+def clean_key(key: str) -> str:
+    """A name MLflow accepts: bad characters become ``_``, path-like parts are fixed,
+    and a name over 250 characters is cut and ends with a hash of the whole."""
+    name = _BAD_KEY_CHARS.sub("_", str(key))
+    name = "/".join("__" if p == ".." else p for p in name.split("/") if p not in ("", ".")) or "_"
+    if len(name) > MAX_KEY_LENGTH:
+        name = name[:MAX_KEY_LENGTH - 9].rstrip("/") + "-" + hashlib.sha256(str(key).encode()).hexdigest()[:8]
+    return name
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
+    """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": "0.1"}``; a list stays one JSON value."""
+    flat: Dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, (Mapping, list, tuple)):
+            flat[name] = json.dumps(json_safe(value), default=str)
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def _fit(value: str, limit: int) -> str:
+    """A value MLflow stores whole, or ``sha256:<hex>`` of one that is too long."""
+    return value if len(value) <= limit else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def _clean_keys(items: Mapping[str, str], renamed: Dict[str, str]) -> Dict[str, str]:
+    """``items`` under valid MLflow names; every renamed key is added to ``renamed``."""
+    out: Dict[str, str] = {}
+    for key, value in items.items():
+        new = clean_key(key)
+        if new != key and (new in items or new in out):  # two names clean to one: keep them apart
+            new = clean_key(new[:MAX_KEY_LENGTH - 9] + "-" + hashlib.sha256(key.encode()).hexdigest()[:8])
+        if new != key:
+            renamed[key] = new
+        out[new] = value
+    return out
+
+
+def run_params(run: RunInfo) -> Dict[str, str]:
+    """The job's hyperparameters with dot keys, plus msbridge's own settings under ``msbridge.``."""
+    config = dict(run.config)
+    own = {k: v for k, v in config.items() if k not in ("params", "tags")}
+    return mask_secrets({**flatten(config.get("params") or {}), **flatten(own, "msbridge.")})
+
+
+def run_tags(run: RunInfo) -> Dict[str, str]:
+    """Versions, host, world size, git commit, sweep id, the config's tags and the job's run id."""
+    meta = run.metadata
+    versions = meta.get("versions") or {}
+    git = meta.get("git") or {}
+    tags = {f"{name}.version": versions.get(name) for name in ("msbridge", "mindspore", "mindformers", "python")}
+    tags.update({"msbridge.world_size": run.world_size, "msbridge.host": meta.get("host"),
+                 "mlflow.source.name": meta.get("command"), "mlflow.source.git.commit": git.get("commit"),
+                 "msbridge.git_dirty": git.get("dirty"), "msbridge.sweep_id": run.config.get("sweep_id"),
+                 **dict(run.config.get("tags") or {}), RUN_ID_TAG: run.run_id})
+    return {k: str(v) for k, v in mask_secrets(tags).items() if v is not None}
+
+
+class MlflowSink(Sink):
+    """Logs the metric stream, config, metadata and events of one job to one MLflow run.
+
+    Args:
+        tracking_uri: MLflow tracking URI; default ``sqlite:///{run.experiment_dir}/mlflow.db``.
+        experiment: MLflow experiment name; default the msbridge experiment.
+        run_name: MLflow run name; default the msbridge run name.
+        artifact_location: artifact root of an experiment this sink creates; default
+            ``mlartifacts/`` beside a sqlite file, the server's choice otherwise.
+        http_timeout / http_retries: seconds one HTTP request may take (default 10) and MLflow's
+            own retries of it (default 0: the backoff below retries). MLflow reads them from
+            ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``_MAX_RETRIES``, so ``open`` sets those once,
+            process-wide: an option given here wins, else a value already in the environment.
+        backoff_initial / backoff_max: seconds to wait after a failure, doubling up to the max.
+        close_timeout: seconds ``close`` keeps retrying to deliver what is left.
+        max_pending: records kept in memory while MLflow is unreachable; beyond it the oldest
+            are dropped (jsonl keeps every record).
+
+    Example:
+        >>> sink = MlflowSink(tracking_uri="http://127.0.0.1:5000", experiment="tiny-lm")
+        >>> sink.open(run)
+        >>> sink.write([Record(1, 0, time.time(), {"train/loss": 2.3})], [])
+        >>> sink.close("FINISHED")
+    """
+
+    name = "mlflow"
+    ranks = "global"
+
+    def __init__(self, tracking_uri: Optional[str] = None, experiment: Optional[str] = None,
+                 run_name: Optional[str] = None, artifact_location: Optional[str] = None,
+                 **options: Any) -> None:
+        problems = [f"sinks.mlflow.{k}: unknown option{did_you_mean(k, _OPTIONS)}"
+                    for k in options if k not in _NUMBERS]
+        numbers = {**_NUMBERS, **{k: v for k, v in options.items() if k in _NUMBERS}}
+        problems += [f"sinks.mlflow.{k}: expected a number >= 0, got {v!r}" for k, v in numbers.items()
+                     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0)]
+        if problems:
+            raise ConfigError(problems)
+        try:
+            import mlflow.tracking  # noqa: F401  (only here: importing msbridge never imports mlflow)
+        except ImportError:
+            raise MissingDependencyError("mlflow", "mlflow", "mlflow") from None
+        super().__init__(tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
+                         artifact_location=artifact_location, **numbers)
+        self.uri = ""
+        self.run_id: Optional[str] = None  # the MLflow run, once reached
+        self._client: Any = None
+        self._last_step = 0  # the highest step MLflow holds
+        self._pending: Deque[Record] = deque(maxlen=max(1, int(numbers["max_pending"])))
+        self._tags: Dict[str, str] = {}
+        self._events: Dict[str, None] = {}  # events.jsonl lines, in order, each once (replay is idempotent)
+        self._events_dirty = False
+        self._caught_up = False
+        self._keys: Dict[str, str] = {}
+        self._next_try = 0.0
+        self._delay = float(numbers["backoff_initial"])
+        self._down = self._warned_full = False
+
+    def open(self, run: RunInfo) -> None:
+        """No I/O; sets MLflow's HTTP limits here, once, before the dispatcher thread runs (a
+        change of the environment while other threads read it is not safe in C)."""
+        super().open(run)
+        self.uri = self._uri_for(run)
+        for option, (variable, default) in _HTTP_ENV.items():
+            value = self.options[option]
+            if value is not None or variable not in os.environ:
+                os.environ[variable] = str(int(default if value is None else value))
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        for rec in records:
+            if rec.step <= self.run.resumed_from_step:
+                continue  # as in jsonl: a resumed job's steps up to there are logged already
+            if len(self._pending) == self._pending.maxlen and not self._warned_full:
+                self._warned_full = True
+                log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
+                            "(jsonl holds every record)", self._pending.maxlen)
+            self._pending.append(rec)
+        self._add_events(events)
+        self.flush()
+
+    def flush(self) -> None:
+        """Deliver everything waiting, unless the backoff after a failure has not run out yet."""
+        if self.run is not None and time.monotonic() >= self._next_try:
+            self._deliver()
+
+    def close(self, status: str = FINISHED) -> None:
+        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds."""
+        if self.run is None:
+            return
+        deadline = time.monotonic() + self.options["close_timeout"]
+        while not self._deliver(status):
+            if time.monotonic() >= deadline:
+                log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
+                            "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
+                            status, shlex.quote(self.run.run_dir))
+                break
+            time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
+        self.run = self._client = None
+
+    def describe(self, run: RunInfo) -> Dict[str, str]:
+        uri = mask_text(self._uri_for(run))
+        where = f"{uri} (experiment {self.options['experiment'] or run.experiment!r})"
+        local = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host 127.0.0.1 --port 5000"
+        return {"where": where, "view": uri if uri.startswith(("http://", "https://")) else local}
+
+    def _uri_for(self, run: RunInfo) -> str:
+        return self.options["tracking_uri"] or f"sqlite:///{os.path.join(run.experiment_dir, 'mlflow.db')}"
+
+    def _deliver(self, status: Optional[str] = None) -> bool:
+        """One attempt to reach the run and send everything waiting. False if MLflow failed."""
+        try:
+            if self.run_id is None:
+                self._connect()
+            self._send_metrics()
+            self._send_tags()
+            if self._events_dirty:
+                self._client.log_text(self.run_id, "\n".join(self._events) + "\n", EVENTS_ARTIFACT)
+                self._events_dirty = False
+            if status is not None:
+                self._client.set_terminated(self.run_id, status)
+        except Exception as exc:  # whatever the tracker does, training goes on: retry later
+            self._next_try = time.monotonic() + self._delay
+            self._delay = min(self._delay * 2, self.options["backoff_max"])
+            if self.run_id is None and getattr(exc, "error_code", None) in _PERMANENT:
+                raise  # a misconfiguration (file store, bad credentials ...): say so, retrying cannot help
+            if not self._down:
+                log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
+                            "in memory and are retried with backoff (jsonl holds every record)",
+                            mask_text(self.uri), mask_text(f"{type(exc).__name__}: {exc}")[:300], len(self._pending))
+            self._down = True
+            return False
+        if self._down:
+            log.info("msbridge: MLflow at %s is reachable again; the backlog is delivered", mask_text(self.uri))
+        self._down, self._delay, self._next_try = False, float(self.options["backoff_initial"]), 0.0
+        return True
+
+    def _send_metrics(self) -> None:
+        from mlflow.entities import Metric, RunTag
+        while self._pending:
+            chunk: List[Record] = []
+            size = 0
+            for rec in self._pending:  # whole records, oldest first; a huge record goes alone
+                n = len(rec.values) if rec.step > self._last_step else 0  # resume: never log a step twice
+                if chunk and size + n > METRICS_PER_CALL:
+                    break
+                chunk.append(rec)
+                size += n
+            metrics = [Metric(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000),
+                              rec.step) for rec in chunk if rec.step > self._last_step for k, v in rec.values.items()]
+            step = max(self._last_step, max(rec.step for rec in chunk))
+            parts = [metrics[i:i + METRICS_PER_CALL] for i in range(0, len(metrics), METRICS_PER_CALL)]
+            for i, part in enumerate(parts):  # resending a part is harmless: same key, time, step, value
+                tags = [RunTag(LAST_STEP_TAG, str(step))] if i == len(parts) - 1 else []
+                self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=part, tags=tags)
+            for _ in chunk:
+                self._pending.popleft()
+            self._last_step = step
+
+    def _send_tags(self) -> None:
+        from mlflow.entities import RunTag
+        tags = [RunTag(k, _fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
+        for i in range(0, len(tags), PARAMS_TAGS_PER_CALL):
+            self._log_batch("tags", tags=tags[i:i + PARAMS_TAGS_PER_CALL])
+        self._tags.clear()
+
+    def _log_batch(self, what: str, **batch: Any) -> None:
+        """``log_batch``; a batch MLflow rejects as invalid is skipped with an error, never retried."""
+        try:
+            self._client.log_batch(self.run_id, **batch)
+        except Exception as exc:
+            if getattr(exc, "error_code", None) not in _PERMANENT:
+                raise
+            log.error("msbridge: MLflow rejected %s, skipped (jsonl holds every record): %s",
+                      what, mask_text(str(exc))[:300])
+
+    def _key(self, name: str) -> str:
+        """A valid MLflow name for a metric or an event tag, with one warning per renamed name."""
+        key = self._keys.get(name)
+        if key is None:
+            key = self._keys[name] = clean_key(name)
+            if key != name:
+                log.warning("msbridge: MLflow rejects the name %r; logged as %r", name, key)
+        return key
+
+    def _connect(self) -> None:
+        """Find or create the job's run, then log params, tags, artifacts; a failed attempt is redone."""
+        from mlflow.entities import Param, ViewType
+        from mlflow.tracking import MlflowClient
+        run = self.run
+        client = self._client = self._client or MlflowClient(self.uri)
+        experiment_id = self._experiment_id(client, self.options["experiment"] or run.experiment)
+        found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
+                                   run_view_type=ViewType.ALL, max_results=1)
+        logged: Mapping[str, str] = {}
+        if found:
+            run_id, logged = found[0].info.run_id, found[0].data.params
+            if found[0].info.lifecycle_stage == "deleted":
+                client.restore_run(run_id)
+            client.update_run(run_id, status="RUNNING")
+            self._last_step = max(self._last_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
+            log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._last_step)
+        else:
+            run_id = client.create_run(experiment_id, tags={RUN_ID_TAG: run.run_id},
+                                       run_name=self.options["run_name"] or run.run_name).info.run_id
+        if found or run.resumed_from_step:
+            self._catch_up(run)
+        self.run_id = run_id
+        try:
+            renamed: Dict[str, str] = {}
+            params = _clean_keys({k: _fit(v, MAX_PARAM_LENGTH) for k, v in run_params(run).items()}, renamed)
+            self._tags.update(_clean_keys(run_tags(run), renamed))
+            if renamed:
+                log.warning("msbridge: MLflow rejects %d param/tag name(s); logged them as: %s", len(renamed),
+                            ", ".join(f"{k!r} -> {v!r}" for k, v in renamed.items()))
+            changed = sorted(k for k, v in params.items() if k in logged and logged[k] != v)
+            if changed:
+                log.warning("msbridge: MLflow keeps a param's first value; changed since the run began "
+                            "(the new values are in config/resolved.yaml): %s", ", ".join(changed))
+            new = [Param(k, v) for k, v in params.items() if k not in logged]
+            for i in range(0, len(new), PARAMS_TAGS_PER_CALL):
+                self._log_batch("params", params=new[i:i + PARAMS_TAGS_PER_CALL])
+            self._send_tags()
+            config = json.loads(json.dumps(mask_secrets(dict(run.config)), default=str))
+            client.log_text(run_id, yaml.safe_dump(config, sort_keys=False, allow_unicode=True), "config/resolved.yaml")
+            client.log_text(run_id, mask_text(run.readme), "README.md")
+            meta = mask_secrets(dict(run.metadata, run_id=run.run_id, run_name=run.run_name))
+            client.log_text(run_id, json.dumps(meta, indent=2, default=str), "run.json")
+        except Exception:
+            self.run_id = None  # set up again on the next attempt
+            raise
+
+    def _experiment_id(self, client: Any, name: str) -> str:
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            location = self.options["artifact_location"]
+            if not location and self.uri.startswith("sqlite:///"):  # MLflow's default: ./mlruns of the cwd
+                location = os.path.join(os.path.dirname(os.path.abspath(self.uri[len("sqlite:///"):])), "mlartifacts")
+            try:
+                return client.create_experiment(name, artifact_location=location)
+            except Exception:
+                experiment = client.get_experiment_by_name(name)  # another run of a sweep made it first
+                if experiment is None:
+                    raise
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+
+    def _catch_up(self, run: RunInfo) -> None:
+        """MLflow may lag the write-ahead log (a crash lost its backlog): queue the steps it misses
+        up to ``resumed_from_step`` and rebuild the events from this rank's jsonl, once."""
+        path = rank_file(run.run_dir, run.rank)
+        if self._caught_up or not os.path.exists(path):
+            return
+        self._caught_up = True
+        wal = read_rank_file(path)
+        missed = [r for r in wal.records if self._last_step < r.step <= run.resumed_from_step]
+        self._pending.extendleft(reversed(missed))
+        self._events = {}
+        self._add_events(wal.events)  # jsonl is written first: it holds the events handed over so far
+
+    def _add_events(self, events: Sequence[Event]) -> None:
+        """Each event sets its kind's ``.last`` tag and is one line of events.jsonl (bounded)."""
+        for ev in events:
+            detail = mask_secrets(json_safe(dict(ev.detail)))
+            text = json.dumps(detail, default=str)
+            self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]
+            line = json.dumps({"type": "event", "kind": ev.kind, "step": ev.step, "rank": ev.rank,
+                               "time": ev.time, "detail": detail}, default=str)
+            if line not in self._events:
+                self._events[line] = None
+                self._events_dirty = True
+        while len(self._events) > MAX_EVENT_LINES:  # jsonl keeps every event
+            del self._events[next(iter(self._events))]
