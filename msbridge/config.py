@@ -25,6 +25,7 @@ from .canonical import canonicalize
 from .compose import compose
 from .keys import Assignment, Note, did_you_mean
 from .errors import ConfigError
+from .health_config import health_problems
 from .interpolate import interpolate
 from .pathcheck import placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .rundir import render_template
@@ -113,6 +114,8 @@ class Config:
     health: Mapping[str, Any] = field(default_factory=dict)
     overhead_budget: float = 0.01
     buffer_size: int = 0
+    reduce_ranks: Optional[Tuple[int, ...]] = None
+    collective_timeout_s: float = 60.0
     sweep_id: Optional[str] = None
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -198,6 +201,8 @@ class _Checker:
 
 def _check(full: Dict[str, Any], checker: _Checker) -> None:
     for path, message in check_values(full):
+        checker.problem(path, message)
+    for path, message in health_problems(full["health"]):
         checker.problem(path, message)
     if isinstance(full["run_name"], str) and isinstance(full["params"], Mapping):
         try:

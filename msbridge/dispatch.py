@@ -72,15 +72,16 @@ class Dispatcher:
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = 120.0) -> None:
         """Drain the queue, then close every sink with ``status``."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(("close", status))
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
+        if not self._closed:
+            self._closed = True
+            self._queue.put(("close", status))
+            self._queue.put(_STOP)
+            atexit.unregister(self._atexit)
+        # A second close (say the collective watchdog's, then the training thread's) waits for the first.
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("msbridge: sinks did not finish within %.0f s; jsonl holds every record", timeout)
-        atexit.unregister(self._atexit)
 
     def _atexit(self) -> None:
         # Backstop for a process that exits without train_end: keep what we have.

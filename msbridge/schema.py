@@ -72,6 +72,12 @@ def _mapping(value: Any) -> Optional[str]:
     return None if isinstance(value, Mapping) else f"expected a mapping, got {value!r}"
 
 
+def _ranks(value: Any) -> Optional[str]:
+    if value is None or (isinstance(value, (list, tuple)) and value and all(_is_int(r) and r >= 0 for r in value)):
+        return None
+    return f"expected null or a non-empty list of ranks (integers >= 0), got {value!r}"
+
+
 def _tags(value: Any) -> Optional[str]:
     if not isinstance(value, Mapping):
         return f"expected a mapping of tag -> value, got {value!r}"
@@ -110,6 +116,10 @@ FIELDS: Dict[str, Field] = {
     "health": Field("mapping", _mapping, "health checks and actions (nonfinite, dump_dir, warmup_steps ...)"),
     "overhead_budget": Field("float in (0, 1)", _number(0, 1), "allowed share of step time spent monitoring"),
     "buffer_size": Field("int >= 0", _int(0), "device ring buffer length; 0 keeps step outputs instead"),
+    "reduce_ranks": Field("list of int >= 0 or null", _ranks,
+                          "ranks whose loss makes train/global_loss and dist/* (pipeline parallel: last stage); null: all"),
+    "collective_timeout_s": Field("float > 0", _number(0),
+                                  "seconds the per-flush cross-rank collective may block before the run is closed FAILED"),
     "sweep_id": Field("str or null", _text(optional=True), "groups the runs of one sweep"),
     "tags": Field("mapping", _tags, "tags for trackers (values become strings)"),
     "params": Field("mapping", _mapping, "the training job's hyperparameters, logged, not interpreted"),

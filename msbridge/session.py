@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Sequence, Type
+from typing import Any, Dict, List, Optional, Sequence
 
 from .collective import agree_timestamp
 from .config import Config
@@ -53,25 +53,14 @@ class RunPlan:
     run_name: str
     run_dir: str
     run_id: str
-    sink_classes: Dict[str, Type[Sink]]
-    extra_sinks: Sequence[Sink] = ()
+    sinks: List[Sink]
     progress: bool = True
-
-    def build_sinks(self) -> List[Sink]:
-        """jsonl first (the write-ahead log), then the others; global-only sinks on the global rank only."""
-        sinks: List[Sink] = []
-        for name, cls in self.sink_classes.items():
-            if cls.ranks == "global" and not self.ranks.is_global:
-                continue
-            sinks.append(cls(**dict(self.config.sinks[name])))
-        sinks.extend(self.extra_sinks)
-        if self.progress and self.ranks.is_global:
-            sinks.append(ConsoleSink(print_interval=self.config.print_interval))
-        return sinks
 
     def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
         cfg = self.config
-        sinks = self.build_sinks()
+        sinks = list(self.sinks)
+        if self.progress and self.ranks.is_global:
+            sinks.append(ConsoleSink(print_interval=cfg.print_interval))
         config_dict = mask_secrets(cfg.to_dict())
         meta = collect_metadata(config_dict, self.ranks.world_size, expected_steps)
         meta["batch_size"] = batch_size
@@ -109,7 +98,16 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
     run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp)
     check_writable(run_dir)
     claim_rank_file(run_dir, ranks.rank)
-    classes = {name: resolve(name) for name in config.sinks}
-    classes = dict(sorted(classes.items(), key=lambda kv: kv[0] != "jsonl"))
     return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir,
-                   run_id=run_id_for(run_dir), sink_classes=classes, extra_sinks=list(extra_sinks))
+                   run_id=run_id_for(run_dir), sinks=build_sinks(config, ranks) + list(extra_sinks))
+
+
+def build_sinks(config: Config, ranks: Ranks) -> List[Sink]:
+    """The configured sinks of this rank, built now so a bad option fails before training.
+
+    jsonl comes first (the write-ahead log); a global-only sink (MLflow) exists on the global rank only.
+    """
+    names = sorted(config.sinks, key=lambda name: name != "jsonl")
+    classes = [(name, resolve(name)) for name in names]
+    return [cls(**dict(config.sinks[name])) for name, cls in classes
+            if cls.ranks != "global" or ranks.is_global]

@@ -1,0 +1,138 @@
+"""Ending badly on purpose: SIGTERM during training becomes a clean KILLED close, then the default.
+
+Schedulers (Slurm, Kubernetes, ModelArts) stop a job with SIGTERM and, after a
+grace period, SIGKILL. Python's default for SIGTERM kills the process at once,
+so without a handler the window not yet flushed, the README outcome and the
+sinks' final status would be lost.
+
+``SignalGuard`` is installed at train begin (main thread only) and removed when
+the monitor closes:
+
+- no other handler before it (``SIG_DFL``): the handler raises
+  ``TrainingInterrupted``, a ``KeyboardInterrupt``. It unwinds ``Model.train``
+  into ``BridgeMonitor.__exit__``, exactly like Ctrl-C: a final flush, every sink
+  closed KILLED, README and run.json updated. ``redeliver`` then restores the
+  default and sends the signal again, so the process ends the way its
+  scheduler expects (killed by SIGTERM, exit status -15 / 143);
+- a Python handler before it (MindSpore's ``OnRequestExit``, the user's own): it
+  is called and left in charge of ending training; the monitor only records
+  that the run was interrupted and closes KILLED when training ends;
+- ``SIG_IGN`` before it: the user chose to ignore SIGTERM; nothing is installed.
+
+A signal that lands while the monitor is inside its own hook (``critical``) is
+held until the hook's work is consistent, then raised.
+
+Example:
+    >>> guard = SignalGuard()
+    >>> guard.install()              # on_train_begin
+    >>> with guard.critical():       # the monitor's own step hook
+    ...     buffer.append(...)
+    >>> guard.restore()              # close
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+
+log = logging.getLogger("msbridge")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Raised in the main thread when a guarded signal arrives; ``signum`` says which.
+
+    Example:
+        >>> TrainingInterrupted(signal.SIGTERM).signum == signal.SIGTERM
+        True
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"{signal.Signals(signum).name} received")
+        self.signum = signum
+
+
+class SignalGuard:
+    """Turns SIGTERM into ``TrainingInterrupted`` for the duration of training.
+
+    Args:
+        signals: the signals to guard (SIGTERM by default; SIGINT already raises KeyboardInterrupt).
+
+    Example:
+        >>> guard = SignalGuard()
+        >>> guard.install()
+        True
+        >>> guard.restore()
+    """
+
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM,)) -> None:
+        self.signals = tuple(signals)
+        self.received: Optional[int] = None
+        self._previous: Dict[int, Any] = {}
+        self._installed = False
+        self._depth = 0
+        self._pending: Optional[int] = None
+
+    def install(self) -> bool:
+        """Install the handler (chaining to the previous one). False off the main thread: Python
+        only lets the main thread set signal handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            log.info("msbridge: training runs outside the main thread; SIGTERM is left to its default handler")
+            return False
+        for sig in self.signals:
+            previous = signal.getsignal(sig)
+            if previous is signal.SIG_IGN:
+                continue
+            self._previous[sig] = previous
+            signal.signal(sig, self._handle)
+        self._installed = True
+        return True
+
+    def restore(self) -> None:
+        """Put the previous handlers back (where ours is still the one installed)."""
+        if not self._installed:
+            return
+        self._installed = False
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+
+    def redeliver(self, signum: int) -> None:
+        """After the monitor closed: restore the handlers and, if the previous one was the default,
+        deliver ``signum`` again so the process ends as it would have without msbridge."""
+        self.restore()
+        if self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None):
+            signal.raise_signal(signum)
+
+    def interrupt_detail(self) -> Optional[Dict[str, Any]]:
+        """``{"signal": "SIGTERM"}`` when a guarded signal arrived during training, else None."""
+        if self.received is None:
+            return None
+        return {"signal": signal.Signals(self.received).name}
+
+    @contextmanager
+    def critical(self) -> Iterator[None]:
+        """Hold a signal that arrives inside the block; raise it when the block is done."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth and self._pending is not None:
+                signum, self._pending = self._pending, None
+                raise TrainingInterrupted(signum)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            return  # already ending; a second SIGTERM must not cut the close short
+        self.received = signum
+        previous = self._previous.get(signum)
+        if callable(previous):
+            chained: Callable[[int, Any], Any] = previous
+            chained(signum, frame)
+            return
+        if self._depth:
+            self._pending = signum
+            return
+        raise TrainingInterrupted(signum)

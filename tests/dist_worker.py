@@ -1,0 +1,162 @@
+"""One rank of a real data-parallel job on CPU, launched by ``msrun`` from tests/test_distributed.py.
+
+Every rank trains an ``nn.Dense`` regressor on its own shard with
+``BridgeMonitor``; options make one rank's data harder, one rank's batch
+bigger, one rank start late, or one rank leave at a step.
+
+Example:
+    msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=logs --join=True \\
+        tests/dist_worker.py --out runs --steps 20 --flush 5 --sinks jsonl,mlflow --hard-rank 1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from typing import Any, List, Optional
+
+import mindspore as ms
+import mindspore.dataset as ds
+import numpy as np
+from mindspore import nn
+from mindspore.communication import get_group_size, get_rank, init
+from mindspore.context import ParallelMode
+from mindspore.train import Callback, Model
+
+from msbridge import BridgeMonitor, ConfigError, Event
+from msbridge.collective import make_reducer
+from msbridge.ranks import detect_ranks
+from msbridge.sink import FAILED, FINISHED
+from msbridge.stream import Window
+
+FEATURES = 16
+
+
+class WiredMonitor(BridgeMonitor):
+    """BridgeMonitor with the collective-timeout hook wired as proposed for callback.py.
+
+    Delete this class once ``BridgeMonitor`` passes ``on_timeout`` to ``make_reducer`` itself
+    and the config has ``collective_timeout_s``.
+    """
+
+    def __init__(self, config: Any, timeout_s: float, reduce_ranks: Optional[List[int]], **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.timeout_s, self.reduce_ranks = timeout_s, reduce_ranks
+        self._hook_done: Optional[threading.Event] = None
+
+    def on_train_begin(self, run_context: Any) -> None:
+        super().on_train_begin(run_context)
+        if self._reducer is not None and self.run is not None and self._stream is not None:
+            self._reducer = make_reducer(self.run, self.config, self._stream.batch_size, ranks=self.reduce_ranks,
+                                         timeout_s=self.timeout_s, on_timeout=self._on_collective_timeout)
+
+    def _on_collective_timeout(self, window: Window) -> None:
+        """Timer thread, while the training thread is stuck in the collective: keep the window, end the run FAILED."""
+        dispatcher = self.dispatcher
+        if dispatcher is None or self._stream is None or self.run is None:
+            return
+        self._hook_done = threading.Event()
+        try:
+            first, last = int(window.steps[0]), int(window.steps[-1])
+            event = Event("collective_timeout", last, self.run.rank, time.time(),
+                          {"first_step": first, "last_step": last, "timeout_s": self.timeout_s})
+            self.events.append(event)
+            dispatcher.submit(self._stream.records(window), [event])
+            dispatcher.close(FAILED)
+            if self.plan is not None:
+                self.plan.finish(self.outcome(FAILED))
+        finally:
+            self._hook_done.set()
+
+    def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
+        """A close on the training thread waits for the hook's close, so the process never exits mid-close.
+
+        Stand-in for the proposed Dispatcher change: a second ``close`` joins the dispatcher thread.
+        """
+        super().close(status, event)
+        if self._hook_done is not None:
+            self._hook_done.wait(120.0)
+
+
+class ExitAt(Callback):
+    """Ends this process with ``os._exit(code)`` at the end of ``step``: a rank that crashes or leaves."""
+
+    def __init__(self, step: int, code: int) -> None:
+        super().__init__()
+        self.step, self.code = step, code
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        if run_context.original_args().cur_step_num == self.step:
+            os._exit(self.code)
+
+
+def shard(rank: int, world: int, steps: int, batch: int, widest: int, label_scale: float) -> ds.Dataset:
+    """This rank's shard of one shared data set, ``steps`` batches of ``batch`` samples."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(steps * widest * world, FEATURES)).astype(np.float32)
+    y = (x @ rng.normal(size=(FEATURES, 1))).astype(np.float32)
+    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank)
+    if label_scale != 1.0:
+        data = data.map(lambda label: label * np.float32(label_scale), input_columns=["y"])
+    return data.batch(batch, drop_remainder=True).take(steps)
+
+
+def main(argv: Any = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True, help="output root; runs go to {out}/dist/dist-{timestamp}")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--flush", type=int, default=5)
+    p.add_argument("--batches", default="8", help="batch size per rank, comma-separated (one value: all ranks)")
+    p.add_argument("--sinks", default="jsonl")
+    p.add_argument("--hard-rank", type=int, default=-1, help="this rank's labels are scaled by 3")
+    p.add_argument("--late-rank", type=int, default=-1, help="this rank creates its monitor 1.5 s late")
+    p.add_argument("--exit-rank", type=int, default=-1)
+    p.add_argument("--exit-step", type=int, default=0)
+    p.add_argument("--exit-code", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60.0, help="the collective's watchdog timeout, seconds")
+    p.add_argument("--reduce-ranks", default="", help="comma-separated reduction group (default: all ranks)")
+    p.add_argument("--check-ranks", action="store_true",
+                   help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
+    args = p.parse_args(argv)
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = get_rank(), get_group_size()
+    if args.check_ranks:
+        check_ranks(args.out, rank, world)
+    batches: List[int] = [int(b) for b in args.batches.split(",")]
+    batches = batches * world if len(batches) == 1 else batches
+    data = shard(rank, world, args.steps, batches[rank], max(batches), 3.0 if rank == args.hard_rank else 1.0)
+
+    if rank == args.late_rank:
+        time.sleep(1.5)  # without a shared timestamp this rank would name another run dir
+    monitor = WiredMonitor({"experiment": "dist", "run_name": "dist-{timestamp}",
+                            "output_dir": os.path.join(args.out, "{experiment}", "{run_name}"),
+                            "flush_steps": args.flush, "sinks": args.sinks.split(",")},
+                           timeout_s=args.timeout, progress=False,
+                           reduce_ranks=[int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None)
+    callbacks: List[Callback] = [monitor]
+    if rank == args.exit_rank:
+        callbacks.insert(0, ExitAt(args.exit_step, args.exit_code))  # before the monitor: it never flushes step k
+
+    ms.set_seed(0)
+    net = nn.Dense(FEATURES, 1)
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01))
+    model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)
+
+
+def check_ranks(out: str, rank: int, world: int) -> None:
+    """Ask ``detect_ranks`` with a RANK_ID that contradicts the communication group; keep its answer."""
+    try:
+        answer = repr(detect_ranks({"RANK_ID": str((rank + 1) % world), "RANK_SIZE": str(world)}))
+    except ConfigError as exc:
+        answer = f"ConfigError: {exc}"
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"rank_check_{rank}.txt"), "w", encoding="utf-8") as fh:
+        fh.write(answer)
+
+
+if __name__ == "__main__":
+    main()
