@@ -7,6 +7,12 @@ Two paces:
   first, and at train end): one device->host copy per column, records built,
   handed to the dispatcher thread. No tracker I/O ever runs on this thread.
 
+When the train cell carries a device ring buffer (``msbridge.TrainStep`` or
+``msbridge.attach_ring``) a flush is one copy of the whole ring instead
+(``RingReader``); otherwise the step's output tensors are kept (``StepBuffer``).
+``OverheadBudget`` widens the flush window when the monitor's own time goes
+over ``overhead_budget`` of the step time.
+
 Example:
     >>> from msbridge import BridgeMonitor
     >>> monitor = BridgeMonitor.from_yaml("monitor.yaml")
@@ -21,13 +27,20 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 from mindspore.train import Callback
 
+from .budget import OverheadBudget
 from .buffer import StepBuffer
 from .config import Config, load_config
 from .dispatch import Dispatcher
+from .health import EXCEPTION, INTERRUPT, Health, make_event
+from .health_config import HealthSpec
 from .lr import LrReader, find_optimizer
+from .ring import RingReader, check_ring_size
+from .ringcell import find_ring_cell
+from .ranks import release_rank_file
 from .session import RunPlan, plan_run
-from .sink import FAILED, FINISHED, KILLED, Event, RunInfo, Sink
-from .stream import GLOBAL_LOSS, LOSS, Stream
+from .signals import SignalGuard, TrainingInterrupted
+from .sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
+from .stream import GLOBAL_LOSS, LOSS, Stream, Window
 
 log = logging.getLogger("msbridge")
 
@@ -55,13 +68,16 @@ class BridgeMonitor(Callback):
                  overrides: Sequence[str] = (), sinks: Sequence[Sink] = (), progress: bool = True) -> None:
         super().__init__()
         self.config: Config = load_config(config, overrides=overrides)
+        self.health = Health(HealthSpec.parse(self.config.health))
         self.plan: Optional[RunPlan] = None
         if self.config.monitor_on:
             self.plan = plan_run(self.config, extra_sinks=sinks)
             self.plan.progress = progress
         self.dispatcher: Optional[Dispatcher] = None
         self.run: Optional[RunInfo] = None
-        self._buffer = StepBuffer()
+        self._buffer: Union[StepBuffer, RingReader] = StepBuffer()
+        self._budget: Optional[OverheadBudget] = None
+        self._every = self.config.step_interval
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
         self._reducer: Optional[Any] = None
@@ -74,6 +90,9 @@ class BridgeMonitor(Callback):
         self.final_loss: Optional[float] = None
         self.best_loss: Optional[float] = None
         self.events: List[Event] = []
+        self._signals = SignalGuard()
+        self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
+        self._pending_events: List[Event] = []
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Sequence[str] = (), **kwargs: Any) -> "BridgeMonitor":
@@ -89,10 +108,23 @@ class BridgeMonitor(Callback):
         if self.plan is None:
             return
         cb = run_context.original_args()
+        cfg = self.config
+        first_step = int(_param(cb, "cur_step_num", 0) or 0)
+        ring_cell = find_ring_cell(_param(cb, "train_network", None))
+        per_call = _steps_per_call(cb)
+        if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run
+            check_ring_size(ring_cell.ring_size, cfg.flush_steps, per_call, cfg.buffer_size)
+            self._buffer = RingReader(ring_cell, first_step=first_step, interval=cfg.step_interval,
+                                      steps_per_call=per_call)
+            self._every = 1  # the ring holds every step; the reader keeps every step_interval-th
+            widest = ring_cell.ring_size - per_call
+        else:
+            widest = cfg.buffer_size or 8 * cfg.flush_steps
         batch_size = _batch_size(cb)
         expected = _expected_steps(cb)
+        self.health.bind(_param(cb, "train_network"), first_step=first_step)  # refuses `skip` before any sink opens
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
-        cfg = self.config
+        self.health.start(self.run)
         self._stream = Stream(rank=self.run.rank, batch_size=batch_size, seq_length=cfg.seq_length,
                               is_global=self.run.is_global,
                               switches={k: getattr(cfg, k) for k in
@@ -102,25 +134,51 @@ class BridgeMonitor(Callback):
         if self.run.world_size > 1:
             from .collective import make_reducer
 
-            self._reducer = make_reducer(self.run, cfg, batch_size)
-        self._last_step = int(getattr(cb, "cur_step_num", 0) or 0)
+            self._reducer = make_reducer(self.run, cfg, batch_size, on_timeout=self._on_collective_timeout)
+            if self.health.every_step:
+                # Ranks meet in one collective per flush, never per step: a stop lands at the flush.
+                log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "
+                            "not at the exact step", self.run.world_size, cfg.flush_steps)
+                self.health.every_step = False
+        self._budget = OverheadBudget(cfg.overhead_budget, cfg.flush_steps, cfg.flush_seconds, widest,
+                                      adapt=self._reducer is None)
+        self._last_step = first_step
+        self._offset: Optional[int] = None
+        if self.run.resumed_from_step:
+            last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
+            self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
+                "last_recorded_step": last, "run_id": self.run.run_id})])
+        self._signals.install()
         self._last_end = self._last_flush = self._started = time.perf_counter()
 
     def on_train_step_end(self, run_context: Any) -> None:
         if self.dispatcher is None:
             return
+        with self._signals.critical():  # a SIGTERM landing in here is raised once the buffers are consistent
+            self._step_end(run_context)
+
+    def _step_end(self, run_context: Any) -> None:
         start = time.perf_counter()
         cb = run_context.original_args()
         step = int(cb.cur_step_num)
+        if self._offset is None:
+            self._offset = _resume_offset(cb, step)
+        step += self._offset
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
         self._last_step = step
-        if step % self.config.step_interval == 0:
+        if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
-        if len(self._buffer) >= self.config.flush_steps or (
+            self.health.on_step(step, cb)
+        budget = self._budget
+        due = len(self._buffer) + len(self._pending) >= budget.flush_steps or (
                 # Ranks must flush at the same steps (one collective each), so time triggers single processes only.
-                self._reducer is None and start - self._last_flush >= self.config.flush_seconds):
-            self.flush()
+                self._reducer is None and start - self._last_flush >= budget.flush_seconds)
+        if due or self.health.every_step:  # a check that can stop training sees each step as it ends
+            self.flush(dispatch=due)
+        if self.health.stop is not None:
+            run_context.request_stop()
+            self.close(self.health.stop.status)
         end = time.perf_counter()
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
         self._last_end = end
@@ -130,41 +188,100 @@ class BridgeMonitor(Callback):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # MindSpore's callback manager exits every callback, also when training raised.
+        rank = self.run.rank if self.run else 0
         if exc_type is None:
             self.close(FINISHED)
+        elif issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
+            detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
+            self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
         else:
-            status = KILLED if issubclass(exc_type, KeyboardInterrupt) else FAILED
-            self.close(status, Event("exception", self._last_step, self.run.rank if self.run else 0,
-                                     time.time(), {"type": exc_type.__name__, "message": str(exc)}))
+            self.close(FAILED, make_event(EXCEPTION, self._last_step, rank, type=exc_type.__name__, message=str(exc)))
+        if isinstance(exc, TrainingInterrupted):
+            self._signals.redeliver(exc.signum)  # SIGTERM's default: the process ends as killed by it
 
     # -- flush / close -----------------------------------------------------------
-    def flush(self) -> None:
-        """Convert the buffered window and hand it to the sinks (non-blocking)."""
-        self._last_flush = time.perf_counter()
-        window = self._buffer.drain(self._lr)
+    def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
+        """Convert and check the buffered steps, then hand everything converted to the sinks
+        (non-blocking). ``dispatch=False`` keeps the records for a later flush, unless health
+        emitted an event: that goes out at once, with the records before it. ``reduce=False``
+        skips the cross-rank collective (this rank is ending alone)."""
+        t0 = time.perf_counter()
+        budget = self._budget
+        window = self._buffer.drain(budget.timed_lr(self._lr) if budget is not None else self._lr)
         if window is None or self._stream is None or self.dispatcher is None:
+            if dispatch:
+                self._dispatch_pending()
             return
+        t1 = time.perf_counter()
         if self._reducer is not None:
-            self._reducer.reduce(window)
+            if reduce:
+                self._reducer.reduce(window)
         elif LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
+        t2 = time.perf_counter()
         records = self._stream.records(window)
         self.steps_recorded += len(records)
+        verdict = self.health.check(window, records)  # adds health/* counters; may set health.stop
+        self._pending.extend(verdict.records)
+        self._pending_events.extend(verdict.events)
+        self.events.extend(verdict.events)
+        t3 = time.perf_counter()
         self._track_loss(window.scalars.get(LOSS))
-        self.dispatcher.submit(records)
+        if dispatch or self._pending_events:
+            self._dispatch_pending()
+        if budget is not None:
+            for phase, seconds in (("drain", t1 - t0), ("reduce", t2 - t1), ("records", t3 - t2),
+                                   ("submit", time.perf_counter() - t3)):
+                budget.add(phase, seconds)
+            budget.observe(window.monitor_s, window.step_time_s)
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
         """Final flush, then drain and close every sink with ``status``."""
         if self.dispatcher is None:
             return
-        self.flush()
-        if event is not None:
-            self.events.append(event)
-            self.dispatcher.submit([], [event])
-        self.dispatcher.close(status)
-        self.dispatcher = None
+        with self._signals.critical():
+            self._signals.restore()
+            try:
+                # Only a normal end meets the other ranks in the collective: after an exception here
+                # the others are still training, and a collective would pair with theirs or block.
+                self.flush(reduce=status == FINISHED)
+            except Exception:  # a failed final copy (device error) must not keep the sinks from closing
+                log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            interrupted = self._signals.interrupt_detail()
+            if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
+                status = KILLED
+                event = make_event(INTERRUPT, self._last_step, self.run.rank if self.run else 0, **interrupted)
+            if event is not None:
+                self.events.append(event)
+                self.dispatcher.submit([], [event])
+            self.dispatcher.close(status)
+            self.dispatcher = None
+            if self.plan is not None:
+                self.plan.finish(self.outcome(status))
+                release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
+
+    def _on_collective_timeout(self, window: Window) -> None:
+        """Watchdog thread, while the training thread is stuck in the cross-rank collective: keep the
+        window's local records, record the event, close every sink FAILED. If the collective returns
+        after all, later flushes still meet the other ranks; the closed dispatcher drops what they submit."""
+        dispatcher, stream, run = self.dispatcher, self._stream, self.run
+        if dispatcher is None or stream is None or run is None:
+            return
+        first, last = int(window.steps[0]), int(window.steps[-1])
+        event = Event("collective_timeout", last, run.rank, time.time(),
+                      {"first_step": first, "last_step": last, "timeout_s": self.config.collective_timeout_s})
+        self.events.append(event)
+        dispatcher.submit(stream.records(window), [event])
+        dispatcher.close(FAILED)
         if self.plan is not None:
-            self.plan.finish(self.outcome(status))
+            self.plan.finish(self.outcome(FAILED))
+
+    def _dispatch_pending(self) -> None:
+        """Hand every converted record and event to the sinks (non-blocking)."""
+        self._last_flush = time.perf_counter()
+        if self.dispatcher is not None:
+            self.dispatcher.submit(self._pending, self._pending_events)
+        self._pending, self._pending_events = [], []
 
     def outcome(self, status: str) -> Dict[str, Any]:
         """How the run went, for the README: status, steps, wall time, final and best loss, anomalies."""
@@ -177,6 +294,7 @@ class BridgeMonitor(Callback):
             "final loss": self.final_loss,
             "best loss": self.best_loss,
             "anomalies": "; ".join(anomalies) if anomalies else "none",
+            **self.health.summary(),
         }
 
     def _track_loss(self, loss: Optional[np.ndarray]) -> None:
@@ -189,17 +307,40 @@ class BridgeMonitor(Callback):
             self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
 
 
+def _param(cb: Any, name: str, default: Any = None) -> Any:
+    """A callback parameter; MindSpore's ``_InternalCallbackParam`` raises KeyError for a missing one."""
+    try:
+        return getattr(cb, name)
+    except (AttributeError, KeyError):
+        return default
+
+
+def _resume_offset(cb: Any, first_step: int) -> int:
+    """Steps done before this ``Model.train`` call: it counts ``cur_step_num`` from 1 even with
+    ``initial_epoch``, while ``cur_epoch_num`` continues. The global step is the sum."""
+    epoch, per_epoch = _param(cb, "cur_epoch_num", 1) or 1, _param(cb, "batch_num", 0) or 0
+    return max(0, (int(epoch) - 1) * int(per_epoch) - (first_step - 1))
+
+
 def _batch_size(cb: Any) -> Optional[int]:
-    dataset = getattr(cb, "train_dataset", None)
+    dataset = _param(cb, "train_dataset", None)
     try:
         return int(dataset.get_batch_size()) if dataset is not None else None
     except Exception:  # a dataset without a fixed batch size
         return None
 
 
+def _steps_per_call(cb: Any) -> int:
+    """Steps between two step-end calls: ``sink_size`` in device sink mode, else 1."""
+    if not _param(cb, "dataset_sink_mode", False):
+        return 1  # also CPU with dataset_sink_mode=True: MindSpore runs it step by step
+    size = int(_param(cb, "sink_size", -1) or -1)
+    return size if size > 0 else int(_param(cb, "batch_num", 1) or 1)
+
+
 def _expected_steps(cb: Any) -> Optional[int]:
-    epochs = getattr(cb, "epoch_num", None)
-    per_epoch = getattr(cb, "batch_num", None)
+    epochs = _param(cb, "epoch_num", None)
+    per_epoch = _param(cb, "batch_num", None)
     if epochs and per_epoch:
         return int(epochs) * int(per_epoch)
     return None

@@ -292,8 +292,8 @@ def make_reducer(run: RunInfo, config: Config, batch_size: Optional[int], ranks:
             "ranks cannot exchange losses; call mindspore.communication.init() before model.train, or unset "
             "RANK_ID/RANK_SIZE to train as a single process")
     if ranks is None:
-        ranks = getattr(config, "reduce_ranks", None)
+        ranks = config.reduce_ranks
     if timeout_s is None:
-        timeout_s = getattr(config, "collective_timeout_s", DEFAULT_TIMEOUT_S)
+        timeout_s = config.collective_timeout_s
     return Reducer(rank=run.rank, world_size=run.world_size, is_global=run.is_global, batch_size=batch_size,
                    capacity=config.flush_steps, ranks=ranks, timeout_s=timeout_s, on_timeout=on_timeout)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -24,59 +23,10 @@ from mindspore.communication import get_group_size, get_rank, init
 from mindspore.context import ParallelMode
 from mindspore.train import Callback, Model
 
-from msbridge import BridgeMonitor, ConfigError, Event
-from msbridge.collective import make_reducer
+from msbridge import BridgeMonitor, ConfigError
 from msbridge.ranks import detect_ranks
-from msbridge.sink import FAILED, FINISHED
-from msbridge.stream import Window
 
 FEATURES = 16
-
-
-class WiredMonitor(BridgeMonitor):
-    """BridgeMonitor with the collective-timeout hook wired as proposed for callback.py.
-
-    Delete this class once ``BridgeMonitor`` passes ``on_timeout`` to ``make_reducer`` itself
-    and the config has ``collective_timeout_s``.
-    """
-
-    def __init__(self, config: Any, timeout_s: float, reduce_ranks: Optional[List[int]], **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        self.timeout_s, self.reduce_ranks = timeout_s, reduce_ranks
-        self._hook_done: Optional[threading.Event] = None
-
-    def on_train_begin(self, run_context: Any) -> None:
-        super().on_train_begin(run_context)
-        if self._reducer is not None and self.run is not None and self._stream is not None:
-            self._reducer = make_reducer(self.run, self.config, self._stream.batch_size, ranks=self.reduce_ranks,
-                                         timeout_s=self.timeout_s, on_timeout=self._on_collective_timeout)
-
-    def _on_collective_timeout(self, window: Window) -> None:
-        """Timer thread, while the training thread is stuck in the collective: keep the window, end the run FAILED."""
-        dispatcher = self.dispatcher
-        if dispatcher is None or self._stream is None or self.run is None:
-            return
-        self._hook_done = threading.Event()
-        try:
-            first, last = int(window.steps[0]), int(window.steps[-1])
-            event = Event("collective_timeout", last, self.run.rank, time.time(),
-                          {"first_step": first, "last_step": last, "timeout_s": self.timeout_s})
-            self.events.append(event)
-            dispatcher.submit(self._stream.records(window), [event])
-            dispatcher.close(FAILED)
-            if self.plan is not None:
-                self.plan.finish(self.outcome(FAILED))
-        finally:
-            self._hook_done.set()
-
-    def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
-        """A close on the training thread waits for the hook's close, so the process never exits mid-close.
-
-        Stand-in for the proposed Dispatcher change: a second ``close`` joins the dispatcher thread.
-        """
-        super().close(status, event)
-        if self._hook_done is not None:
-            self._hook_done.wait(120.0)
 
 
 class ExitAt(Callback):
@@ -132,11 +82,12 @@ def main(argv: Any = None) -> None:
 
     if rank == args.late_rank:
         time.sleep(1.5)  # without a shared timestamp this rank would name another run dir
-    monitor = WiredMonitor({"experiment": "dist", "run_name": "dist-{timestamp}",
-                            "output_dir": os.path.join(args.out, "{experiment}", "{run_name}"),
-                            "flush_steps": args.flush, "sinks": args.sinks.split(",")},
-                           timeout_s=args.timeout, progress=False,
-                           reduce_ranks=[int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None)
+    monitor = BridgeMonitor({"experiment": "dist", "run_name": "dist-{timestamp}",
+                             "output_dir": os.path.join(args.out, "{experiment}", "{run_name}"),
+                             "flush_steps": args.flush, "sinks": args.sinks.split(","),
+                             "collective_timeout_s": args.timeout,
+                             "reduce_ranks": [int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None},
+                            progress=False)
     callbacks: List[Callback] = [monitor]
     if rank == args.exit_rank:
         callbacks.insert(0, ExitAt(args.exit_step, args.exit_code))  # before the monitor: it never flushes step k

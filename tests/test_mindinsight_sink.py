@@ -8,7 +8,6 @@ import os
 import struct
 import time
 
-import mindspore  # noqa: F401  first: it picks protobuf's python backend, which its pb2 modules need
 import numpy as np
 import pytest
 from mindspore.train.lineage_pb2 import LineageEvent

@@ -12,7 +12,6 @@ import time
 import uuid
 from dataclasses import replace
 
-import mindspore  # noqa: F401  before mlflow: MindSpore picks protobuf's python backend only if it imports it first
 import numpy as np
 import pytest
 import yaml
