@@ -58,7 +58,7 @@ from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..rundir import safe_component
-from ..sink import FINISHED, Event, Record, RunInfo, Sink
+from ..sink import FINISHED, Event, Record, RunInfo, Sink, flatten
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -74,18 +74,6 @@ _HYPER_PARAMETERS = {
 def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
     """The train job directory of one rank: a direct subdirectory of the base dir."""
     return os.path.join(summary_base_dir, f"{safe_component(run_name)}_rank_{rank}")
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": 0.1}``."""
-    out: Dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
 
 
 def _varint(n: int) -> bytes:

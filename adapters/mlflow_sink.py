@@ -32,7 +32,7 @@ from ..config import did_you_mean
 from ..errors import ConfigError, MissingDependencyError
 from ..masking import mask_secrets, mask_text
 from ..runlog import rank_file, read_rank_file
-from ..sink import FINISHED, Event, Record, RunInfo, Sink, json_safe
+from ..sink import FINISHED, Event, Record, RunInfo, Sink, flatten, json_safe
 
 log = logging.getLogger("msbridge")
 
@@ -67,18 +67,10 @@ def clean_key(key: str) -> str:
     return name
 
 
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
-    """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": "0.1"}``; a list stays one JSON value."""
-    flat: Dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, name + "."))
-        elif isinstance(value, (Mapping, list, tuple)):
-            flat[name] = json.dumps(json_safe(value), default=str)
-        else:
-            flat[name] = str(value)
-    return flat
+def _as_params(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
+    """Dot keys with string values, as MLflow stores params; a list or empty mapping stays one JSON value."""
+    return {k: json.dumps(json_safe(v), default=str) if isinstance(v, (Mapping, list, tuple)) else str(v)
+            for k, v in flatten(tree, prefix).items()}
 
 
 def _fit(value: str, limit: int) -> str:
@@ -103,7 +95,7 @@ def run_params(run: RunInfo) -> Dict[str, str]:
     """The job's hyperparameters with dot keys, plus msbridge's own settings under ``msbridge.``."""
     config = dict(run.config)
     own = {k: v for k, v in config.items() if k not in ("params", "tags")}
-    return mask_secrets({**flatten(config.get("params") or {}), **flatten(own, "msbridge.")})
+    return mask_secrets({**_as_params(config.get("params") or {}), **_as_params(own, "msbridge.")})
 
 
 def run_tags(run: RunInfo) -> Dict[str, str]:

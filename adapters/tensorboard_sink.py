@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MissingDependencyError
 from ..rundir import safe_component
-from ..sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
+from ..sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink, flatten
 from ..stream import GLOBAL_LOSS, LOSS, is_global_metric
 
 log = logging.getLogger("msbridge")
@@ -67,23 +67,15 @@ def clean_tag(name: str) -> str:
     return _INVALID_TAG.sub("_", name).lstrip("/") or "_"
 
 
-def flatten(params: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """Nested params as dot keys; values become str, bool, int or float (others as JSON), None is dropped.
+def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Dot keys with values the hparams plugin takes: str, bool, int, float; others as JSON; None dropped.
 
     Example:
-        >>> flatten({"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}})
+        >>> _as_hparams({"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}})
         {'optimizer.lr': 0.01, 'optimizer.betas': '[0.9, 0.95]'}
     """
-    out: Dict[str, Any] = {}
-    for key, value in params.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        elif value is not None:
-            out[name] = json.dumps(value, default=str)
-    return out
+    return {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
+            for k, v in flatten(tree, prefix).items() if v is not None}
 
 
 def _import_tensorboardx() -> SimpleNamespace:
@@ -251,10 +243,10 @@ class TensorBoardSink(Sink):
         """The run's hparams and final metrics into its global dir, where the HPARAMS tab finds them."""
         assert self.run is not None and self._global is not None
         run, tbx = self.run, self._tbx
-        hparams = flatten(dict(run.config.get("params") or {}))
+        hparams = _as_hparams(dict(run.config.get("params") or {}))
         settings = {k: run.config.get(k) for k in _SETTINGS}
         settings.update(world_size=run.world_size, batch_size=run.metadata.get("batch_size"))
-        hparams.update(flatten(settings, "msbridge."))
+        hparams.update(_as_hparams(settings, "msbridge."))
         metrics = {"hparams/final_loss": self._final.get(LOSS),
                    "hparams/final_global_loss": self._final.get(GLOBAL_LOSS),
                    "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS))}

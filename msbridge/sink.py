@@ -38,6 +38,18 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested mappings as dot keys, leaves as they are: ``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": 0.1}``."""
+    out: Dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Record:
     """The metrics of one training step on one rank.

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.tensorboard_sink import TensorBoardSink, clean_tag, flatten
+from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
 from msbridge.dispatch import Dispatcher
 from msbridge.errors import MissingDependencyError
 from msbridge.runlog import read_run
@@ -237,8 +237,8 @@ def test_invalid_names_are_cleaned_with_one_warning(tmp_path, caplog):
     assert clean_tag("dist/loss/rank_3") == "dist/loss/rank_3" and clean_tag("//") == "_"
 
 
-def test_flatten_params():
-    assert flatten({"a": {"b": 1, "c": None, "d": {"e": True}}, "f": [1, 2], "g": "x"}) == \
+def test_params_as_hparams():
+    assert _as_hparams({"a": {"b": 1, "c": None, "d": {"e": True}}, "f": [1, 2], "g": "x"}) == \
         {"a.b": 1, "a.d.e": True, "f": "[1, 2]", "g": "x"}
 
 
