@@ -19,6 +19,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 import yaml
 
+from .compose import plain
 from .config import FIELD_NAMES, Config, Provenance, build_config
 from .errors import ConfigError
 from .yaml_source import Path, format_path
@@ -119,7 +120,7 @@ def _mapping(value: Mapping[Any, Any], path: Path, indent: str, prov: Provenance
             out.append((f"{indent}{_scalar(key)}:", _origin(prov, here, header=True)))
             _block(item, here, indent + "  ", prov, out)
         else:
-            out.append((f"{indent}{_scalar(key)}: {_scalar(_plain(item))}", _origin(prov, here)))
+            out.append((f"{indent}{_scalar(key)}: {_scalar(plain(item))}", _origin(prov, here)))
 
 
 def _block(value: Any, path: Path, indent: str, prov: Provenance, out: List[Line]) -> None:
@@ -134,12 +135,4 @@ def _block(value: Any, path: Path, indent: str, prov: Provenance, out: List[Line
             sub[0] = (f"{indent}- {sub[0][0][len(indent) + 2:]}", sub[0][1])
             out.extend(sub)
         else:
-            out.append((f"{indent}- {_scalar(_plain(item))}", _origin(prov, here)))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+            out.append((f"{indent}- {_scalar(plain(item))}", _origin(prov, here)))

@@ -128,16 +128,17 @@ class _Composer:
 
     def mapping(self, data: Mapping[str, Any]) -> Tree:
         origin = Origin("<dict>")
-        plain = _plain(data)
-        tree = Tree(plain, {p: origin for p in _paths(plain, ())})
+        copy = plain(data)
+        tree = Tree(copy, {p: origin for p in _paths(copy, ())})
         return self.layers([tree], os.getcwd(), ())
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A plain dict/list copy of nested mappings and sequences (frozen configs included)."""
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 

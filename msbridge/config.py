@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 from .canonical import canonicalize
 from .compose import compose
+from .compose import plain as thaw
 from .keys import Assignment, Note, did_you_mean
 from .errors import ConfigError
 from .health_config import health_problems
@@ -46,15 +47,6 @@ def _frozen(value: Any) -> Any:
         return MappingProxyType({k: _frozen(v) for k, v in value.items()})
     if isinstance(value, list):
         return tuple(_frozen(v) for v in value)
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """A plain dict/list copy of a frozen config value."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [thaw(v) for v in value]
     return value
 
 

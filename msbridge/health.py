@@ -50,7 +50,7 @@ from .errors import ConfigError
 from .health_config import CHECKPOINT_AND_STOP, LOG, SKIP, STOP_ACTIONS, HealthSpec
 from .masking import mask_secrets
 from .rundir import render_output_dir, timestamp
-from .sink import FAILED, FINISHED, Event, Record, RunInfo
+from .sink import FAILED, FINISHED, Event, Record, RunInfo, json_safe
 from .stream import GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SAMPLES_PER_S, Window
 
 # Event kinds (every sink mirrors them: jsonl lines, TB text, MLflow tags + events.jsonl, MindInsight markers).
@@ -345,18 +345,8 @@ def _describe(finding: Finding) -> str:
     return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in finding.detail.items())
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _json(obj: Any) -> bytes:
-    return json.dumps(_clean(obj), indent=2, default=str).encode()
+    return json.dumps(json_safe(obj), indent=2, default=str).encode()
 
 
 def _record_line(rec: Record) -> str:
