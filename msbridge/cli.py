@@ -13,16 +13,18 @@ import sys
 from typing import List, Optional
 
 from .analyze import add_analysis_commands
+from .bench import add_arguments as add_bench_arguments
+from .bench import run_from_args as cmd_bench
 from .cli_config import add_config_commands
 from .errors import MsbridgeError
 
 
-def _quiet_mindspore() -> None:
+def _quiet_libraries() -> None:
     os.environ.setdefault("GLOG_v", "3")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its database-migration INFO lines
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    _quiet_mindspore()
     from .callback import BridgeMonitor
     from .config import load_config
     from .demo import demo_config, train
@@ -41,12 +43,12 @@ def _print_outputs(monitor) -> None:
 
     run_dir = monitor.run_dir
     print(f"\n[msbridge] done: {monitor.steps_recorded} steps recorded")
-    print(f"  run dir : {run_dir}")
-    print(f"  README  : {os.path.join(run_dir, 'README.md')}")
-    sinks = {s.name: s.describe(monitor.run) for s in monitor.plan.build_sinks()}
+    print(f"  {'run dir':<11}: {run_dir}")
+    print(f"  {'README':<11}: {os.path.join(run_dir, 'README.md')}")
+    sinks = {s.name: s.describe(monitor.run) for s in monitor.plan.sinks}
     for name, info in sinks.items():
         if info.get("where"):
-            print(f"  {name:<8}: {info['where']}")
+            print(f"  {name:<11}: {info['where']}")
     print("\n  look at it:")
     for command in view_commands(run_dir, sinks):
         print(f"    {command}")
@@ -102,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--root", default="./msbridge_runs", help="output root of the default store")
     cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text")
     cmp_.set_defaults(func=cmd_compare)
+
+    bench = sub.add_parser("bench", help="measure what monitoring costs: throughput vs no monitoring, CPU, RSS")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     add_config_commands(sub)
     add_analysis_commands(sub)
     return parser
@@ -109,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    _quiet_libraries()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, Mapping, Optional
 
 from .errors import MsbridgeError
 from .metadata import README, RUN_JSON
 from .registry import resolve
 from .runlog import RunLogError, read_run
-from .sink import FINISHED, STATUSES, RunInfo
+from .sink import KILLED, STATUSES, RunInfo
 
 BATCH = 1000
 
@@ -35,8 +36,13 @@ def _run_json(run_dir: str) -> Dict[str, Any]:
         return json.load(fh)
 
 
-def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, int]:
-    """Write every record and event of ``run_dir`` to the sink ``to``; returns counts."""
+def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
+           progress: Optional[bool] = None) -> Dict[str, int]:
+    """Write every record and event of ``run_dir`` to the sink ``to``; returns counts.
+
+    ``progress`` (default: when stderr is a terminal) prints a running count per rank.
+    """
+    progress = sys.stderr.isatty() if progress is None else progress
     run_dir = os.path.abspath(run_dir)
     meta = _run_json(run_dir)
     log = read_run(run_dir)
@@ -46,8 +52,9 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None) -
     sink_options.update(options or {})
     readme_path = os.path.join(run_dir, README)
     readme = open(readme_path, encoding="utf-8").read() if os.path.exists(readme_path) else ""
-    status = (meta.get("outcome") or {}).get("status", FINISHED)
-    status = status if status in STATUSES else FINISHED
+    # No outcome in run.json: the job never reached its end (SIGKILL, a crashed rank's peers killed by msrun).
+    status = (meta.get("outcome") or {}).get("status", KILLED)
+    status = status if status in STATUSES else KILLED
     world_size = int(log.header.get("world_size", len(log.ranks)))
     counts = {"records": 0, "events": 0, "ranks": 0, "truncated": 0}
     for rank, rank_log in log.ranks.items():
@@ -61,11 +68,17 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None) -
         try:
             for start in range(0, len(rank_log.records), BATCH):
                 sink.write(rank_log.records[start:start + BATCH], [])
+                if progress:
+                    done = min(start + BATCH, len(rank_log.records))
+                    print(f"\r[msbridge] replay rank {rank}: {done}/{len(rank_log.records)} records",
+                          end="", file=sys.stderr, flush=True)
             sink.write([], rank_log.events)
         except Exception:
             sink.close("FAILED")
             raise
         sink.close(status)
+        if progress:
+            print(file=sys.stderr)
         counts["records"] += len(rank_log.records)
         counts["events"] += len(rank_log.events)
         counts["truncated"] += rank_log.truncated

@@ -130,3 +130,18 @@ def test_compare_without_a_store_names_the_missing_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert str(tmp_path / "nope" / "mlflow.db") in err and "--tracking-uri" in err
     assert not (tmp_path / "nope").exists(), "looking must not create an empty store"
+
+
+def test_replay_of_a_run_that_never_ended_marks_it_killed(tmp_path):
+    """A job SIGKILLed before train end (say by msrun, after another rank crashed) left no outcome."""
+    mon = demo_run(tmp_path / "runs", ["jsonl"], "cut-short")
+    meta_path = Path(mon.run_dir) / "run.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["outcome"]
+    meta_path.write_text(json.dumps(meta))
+    store = f"sqlite:///{tmp_path / 'central.db'}"
+    assert main(["replay", mon.run_dir, "--to", "mlflow", "--tracking-uri", store]) == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("offline").experiment_id])
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
