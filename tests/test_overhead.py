@@ -1,0 +1,166 @@
+"""The overhead budget: the flush window widens when the monitor's own time is over budget (functional, not timed)."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from msbridge import BridgeMonitor
+from msbridge.budget import OverheadBudget
+from msbridge.runlog import read_run
+from msbridge.trainstep import TrainStep
+from training import OutputRecorder, train_regression
+
+
+def window(share, steps=10, step_s=0.01):
+    return np.full(steps, share * step_s), np.full(steps, step_s)
+
+
+def test_median_of_three_windows_decides_and_one_slow_flush_does_not():
+    budget = OverheadBudget(0.01, flush_steps=100, flush_seconds=10.0, max_flush_steps=1000)
+    for share in (0.002, 0.5, 0.002, 0.002, 0.3, 0.002):  # isolated slow windows (first flush, a GC pause)
+        budget.observe(*window(share))
+    assert budget.flush_steps == 100 and not budget.warned
+
+
+def test_over_budget_doubles_the_window_up_to_the_cap_and_warns_once_naming_the_top_cost(caplog):
+    budget = OverheadBudget(0.01, flush_steps=100, flush_seconds=10.0, max_flush_steps=300)
+    with caplog.at_level(logging.INFO, logger="msbridge"):
+        for _ in range(3):
+            budget.add("drain", 0.0001)
+            budget.add("records", 0.0030)
+            budget.add("submit", 0.0001)
+            budget.observe(*window(0.05))
+        assert (budget.flush_steps, budget.flush_seconds) == (200, 20.0)
+        for _ in range(6):
+            budget.observe(*window(0.05))
+    assert budget.flush_steps == 300, "doubling stops at what the buffer holds"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "5.00% of the step time" in warnings[0] and "from 100 to 200 steps" in warnings[0]
+    assert "Largest cost: record building" in warnings[0]
+    assert not budget.active, "at the cap, with nothing left to try, it stops measuring"
+
+
+def test_the_per_step_hook_is_named_when_it_dominates(caplog):
+    budget = OverheadBudget(0.01, flush_steps=10, flush_seconds=1.0, max_flush_steps=10)
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        for _ in range(3):
+            budget.add("drain", 1e-5)
+            budget.observe(*window(0.02))
+    assert "flush window stays at 10 steps (the buffer holds 10 steps)" in caplog.text
+    assert "Largest cost: per-step hook" in caplog.text
+
+
+def test_ranks_that_reduce_together_only_warn():
+    budget = OverheadBudget(0.01, flush_steps=10, flush_seconds=1.0, max_flush_steps=1000, adapt=False)
+    for _ in range(3):
+        budget.observe(*window(0.5))
+    assert budget.flush_steps == 10 and budget.warned
+
+
+def _monitor(tmp_path, **overrides):
+    cfg = {"output_dir": str(tmp_path / "run"), "flush_steps": 2, "flush_seconds": 1000.0, "sinks": ["jsonl"]}
+    cfg.update(overrides)
+    return BridgeMonitor(cfg, progress=False)
+
+
+@pytest.mark.parametrize("ring", [False, True])
+def test_monitor_widens_its_flush_window_over_budget_and_still_records_every_step(tmp_path, caplog, monkeypatch, ring):
+    from msbridge.buffer import StepBuffer
+    from msbridge.ring import RingReader
+
+    drains = []
+    for cls in (StepBuffer, RingReader):
+        original = cls.drain
+
+        def counting(self, lr_at=None, _original=original):
+            drains.append(len(self))
+            return _original(self, lr_at)
+        monkeypatch.setattr(cls, "drain", counting)
+    mon, ref = _monitor(tmp_path, overhead_budget=1e-6), OutputRecorder()
+    cell = (lambda n, o: TrainStep(n, o, ring_size=13)) if ring else None
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        train_regression([mon, ref], steps=80, train_cell=cell)
+    widest = 12 if ring else 16  # ring: 13 rows - 1 step per call; host buffer: 8 x flush_steps
+    assert mon._budget.flush_steps == widest
+    assert max(drains) == widest and drains[:3] == [2, 2, 2], "starts at flush_steps, doubles to the cap"
+    said = [r.getMessage() for r in caplog.records if "overhead_budget" in r.getMessage()]
+    assert len(said) == 1 and "Largest cost:" in said[0]
+    log = read_run(mon.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 81))
+    np.testing.assert_allclose([v for _, v in log.series("train/loss")], ref.losses, rtol=1e-6)
+
+
+def test_within_budget_the_step_path_only_appends(tmp_path, monkeypatch):
+    from msbridge.buffer import StepBuffer
+
+    drains = []
+    original = StepBuffer.drain
+    monkeypatch.setattr(StepBuffer, "drain", lambda self, lr_at=None: drains.append(len(self)) or original(self, lr_at))
+    mon = _monitor(tmp_path, flush_steps=10, overhead_budget=0.99)
+    train_regression([mon], steps=35)
+    assert drains == [10, 10, 10, 5], "one drain per flush window plus the final one, none on other steps"
+    assert mon._budget.flush_steps == 10
+
+
+def test_lr_schedule_time_is_its_own_phase_not_the_drains():
+    budget = OverheadBudget(0.01, flush_steps=10, flush_seconds=1.0, max_flush_steps=10)
+
+    def slow_schedule(steps):
+        time.sleep(0.02)
+        return steps * 0.1
+
+    start = time.perf_counter()
+    values = budget.timed_lr(slow_schedule)(np.arange(3))
+    budget.add("drain", time.perf_counter() - start + 0.001)  # the drain's wall time includes the schedule's
+    np.testing.assert_allclose(values, [0.0, 0.1, 0.2])
+    costs = budget.costs()
+    assert costs["learning-rate schedule evaluation"] >= 0.02
+    assert 0.0009 < costs["drain (device->host copy)"] < 0.005
+    assert budget.timed_lr(None) is None
+
+
+def _result(repeat, steps_per_s, **extra):
+    values = {"repeat": repeat, "steps_per_s": steps_per_s, "median_step_ms": 1e3 / steps_per_s,
+              "cpu_ms_per_step": 5.0, "peak_rss_mb": 500.0, "idle_cpu_per_s": 0.0}
+    values.update(extra)
+    return values
+
+
+def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
+    from msbridge.bench import check_targets, markdown, summarise
+
+    runs = {"a": [_result(0, 100.0), _result(1, 50.0), _result(2, 60.0)],
+            "e": [_result(1, 49.5, monitor_us_median=12.0, monitor_us_mean=30.0),
+                  _result(0, 99.0, monitor_us_median=14.0, monitor_us_mean=35.0),
+                  _result(2, 50.0, monitor_us_median=13.0, monitor_us_mean=32.0)],
+            "d": [{"setup": "d", "error": "ValueError: could not convert string to float: '[0.00015]'"}]}
+    rows = {s: summarise(s, runs) for s in runs}
+    assert rows["e"]["ratio"] == pytest.approx(0.99), "the median of per-repeat ratios (0.99, 0.99, 0.833)"
+    assert rows["e"]["ratio_min"] == pytest.approx(50 / 60)
+    assert rows["e"]["monitor_us_median"] == 13.0
+    report = {"steps": 300, "repeats": 3, "seed": 7, "python": "3.11", "machine": "x86_64, 2 CPU",
+              "load_avg_1min": [1.0, 2.0], "minutes": 3.0, "rows": list(rows.values())}
+    report["targets"] = check_targets(report)
+    assert report["targets"]["ratio_e"]["met"] is True
+    assert report["targets"]["monitor_us_median"]["met"] is True
+    assert report["targets"]["idle_cpu_above_a"]["met"] is True
+    table = markdown(report)
+    assert "| (d) |" in table and "n/a: ValueError" in table
+    assert "| (e) | msbridge, all sinks, every step | " in table and "0.990 (0.833-0.990)" in table
+
+
+@pytest.mark.slow
+def test_bench_runs_setups_in_fresh_processes_and_writes_the_table(tmp_path):
+    from msbridge.bench import run_bench
+
+    report = run_bench(["f"], steps=40, repeats=1, out=str(tmp_path / "out"), stall_s=0.2, echo=lambda _: None)
+    rows = {r["setup"]: r for r in report["rows"]}
+    assert set(rows) == {"a", "f"} and all("error" not in r for r in rows.values())
+    assert rows["f"]["steps_recorded"] == 40 and rows["f"]["ratio"] > 0
+    assert rows["f"]["idle_cpu_per_s"] is not None and rows["f"]["monitor_us_median"] > 0
+    assert "| (f) | msbridge, jsonl only |" in (tmp_path / "out" / "bench.md").read_text()
+    assert not (tmp_path / "out" / "work" / "f-r0").exists(), "run outputs are removed unless --keep"
