@@ -24,15 +24,18 @@ from .sink import Event, Record, RunInfo, Sink
 __version__ = "0.1.0"
 
 __all__ = [
-    "BridgeMonitor", "Config", "ConfigError", "Event", "MissingDependencyError", "MsbridgeError",
+    "BridgeMonitor", "TrainStep", "attach_ring", "Config", "ConfigError", "Event", "MissingDependencyError", "MsbridgeError",
     "Record", "RunInfo", "Sink", "load_config", "__version__",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # BridgeMonitor subclasses mindspore's Callback: import MindSpore only when it is asked for.
-    if name == "BridgeMonitor":
-        from .callback import BridgeMonitor
+_LAZY = {"BridgeMonitor": "callback", "TrainStep": "trainstep", "attach_ring": "ringcell"}
 
-        return BridgeMonitor
+
+def __getattr__(name: str) -> Any:
+    # These build on MindSpore classes: import MindSpore only when one is asked for.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'msbridge' has no attribute {name!r}")

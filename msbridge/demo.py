@@ -18,7 +18,7 @@ import numpy as np
 
 DEMO_DEFAULTS: Dict[str, Any] = {
     "model": {"vocab_size": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32},
-    "optimizer": {"learning_rate": 0.003, "warmup_steps": 20, "weight_decay": 0.01},
+    "optimizer": {"learning_rate": 0.003, "warmup_steps": 20, "weight_decay": 0.01, "clip_grad_norm": 1.0},
     "train": {"batch_size": 16, "seed": 7, "mode": "graph"},
 }
 
@@ -124,6 +124,8 @@ def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: 
     from mindspore import nn
     from mindspore.train import Model
 
+    from .trainstep import TrainStep
+
     model_cfg, opt_cfg, train_cfg = params["model"], params["optimizer"], params["train"]
     ms.set_context(mode=ms.GRAPH_MODE if train_cfg.get("mode", "graph") == "graph" else ms.PYNATIVE_MODE,
                    device_target="CPU")
@@ -135,6 +137,7 @@ def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: 
     lr = nn.WarmUpLR(float(opt_cfg["learning_rate"]), int(opt_cfg["warmup_steps"]))
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr,
                                    weight_decay=float(opt_cfg["weight_decay"]))
-    model = Model(nn.TrainOneStepCell(loss_net, optimizer))
+    # TrainStep records loss, grad norm, lr and the rest into a device ring buffer inside the compiled step.
+    model = Model(TrainStep(loss_net, optimizer, clip_grad_norm=float(opt_cfg.get("clip_grad_norm", 1.0))))
     model.train(1, dataset, callbacks=[monitor, *extra_callbacks], dataset_sink_mode=False)
     return monitor
