@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,6 +24,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
+
+from processes import free_port, group_alive, stop_group
 
 import pytest
 
@@ -42,12 +42,6 @@ def require_mindinsight() -> Path:
         pytest.fail(f"{script} is missing: run `bash .ci/mindinsight_venv.sh` to build it "
                     "(or set MSBRIDGE_SKIP_MINDINSIGHT=1 to skip the MindInsight tests)", pytrace=False)
     return script
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MindInsight:
@@ -89,24 +83,6 @@ class MindInsight:
                              f"within {timeout:.0f} s; train jobs: {sorted(self.train_jobs())}")
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _stop_group(pgid: int, timeout: float = 15.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not _group_alive(pgid):
-            return
-        os.killpg(pgid, sig)
-        deadline = time.monotonic() + timeout
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
 @contextmanager
 def serve(summary_base_dir: str, workspace: str, timeout: float = 90.0) -> Iterator[MindInsight]:
     """Run ``mindinsight start`` on a free port; stop it and every process it started afterwards."""
@@ -140,6 +116,6 @@ def serve(summary_base_dir: str, workspace: str, timeout: float = 90.0) -> Itera
             start.kill()
             start.wait()
         subprocess.run([str(script), "stop", "--port", str(port)], env=env, capture_output=True, timeout=60)
-        _stop_group(pgid)
-        assert not _group_alive(pgid), f"MindInsight processes of group {pgid} survived stop and SIGKILL"
+        stop_group(pgid)
+        assert not group_alive(pgid), f"MindInsight processes of group {pgid} survived stop and SIGKILL"
 

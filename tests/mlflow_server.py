@@ -12,35 +12,16 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from typing import Optional
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (a zombie waiting for its reaper does not count)."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+from processes import free_port, group_alive, stop_group
 
 
 class MlflowServer:
@@ -102,20 +83,13 @@ class MlflowServer:
     def stop(self) -> None:
         """SIGTERM the group, then SIGKILL what is left; assert nothing of it survives."""
         pgid = self._signal_group([signal.SIGTERM, signal.SIGKILL])
-        assert pgid is None or not _group_alive(pgid), f"mlflow server processes of group {pgid} survived"
+        assert pgid is None or not group_alive(pgid), f"mlflow server processes of group {pgid} survived"
 
     def _signal_group(self, signals: list) -> Optional[int]:
         if self.proc is None:
             return None
         pgid = self.proc.pid
-        for sig in signals:
-            if not _group_alive(pgid):
-                break
-            with contextlib.suppress(ProcessLookupError):  # the group ended in between
-                os.killpg(pgid, sig)
-            deadline = time.monotonic() + 3
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+        stop_group(pgid, signals, wait_s=3)
         self.proc.wait()
         self.proc = None
         return pgid

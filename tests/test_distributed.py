@@ -21,17 +21,12 @@ from msbridge.collective import Watchdog, agree_timestamp, cross_rank_metrics, m
 from msbridge.ranks import Ranks, detect_ranks, release_rank_file
 from msbridge.runlog import RankLog, read_run
 from msbridge.sink import RunInfo
+from processes import free_port
 from msbridge.stream import (GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric,
                              rank_loss)
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 BIN = os.path.dirname(sys.executable)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import sys
 from pathlib import Path
 
@@ -15,17 +14,12 @@ from msbridge.cli import main
 from msbridge.compare import compare, default_tracking_uri
 from msbridge.demo import demo_config, train
 from msbridge.runlog import read_run
+from processes import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "sweep"))
 from run_sweep import EXPERIMENT, run_sweep  # noqa: E402
 
 STEPS = 40
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def demo_run(out, sinks, run_name, **overrides):
@@ -41,7 +35,7 @@ def histories(client, run_id, keys):
 
 
 def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
-    down = f"http://127.0.0.1:{closed_port()}"
+    down = f"http://127.0.0.1:{free_port()}"
     mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down, "close_timeout": 1}}, "offline-run")
     log = read_run(mon.run_dir).ranks[0]
     assert len(log.records) == STEPS, "jsonl keeps everything while MLflow is unreachable"
@@ -69,7 +63,7 @@ def test_replayed_run_matches_an_online_run(tmp_path):
     """Same seed, same data: the offline run replayed has what the online run logged (timings aside)."""
     online_store = f"sqlite:///{tmp_path / 'online.db'}"
     demo_run(tmp_path / "a", {"jsonl": {}, "mlflow": {"tracking_uri": online_store}}, "same")
-    offline = demo_run(tmp_path / "b", {"jsonl": {}, "mlflow": {"tracking_uri": f"http://127.0.0.1:{closed_port()}", "close_timeout": 1}},
+    offline = demo_run(tmp_path / "b", {"jsonl": {}, "mlflow": {"tracking_uri": f"http://127.0.0.1:{free_port()}", "close_timeout": 1}},
                        "same")
     replay_store = f"sqlite:///{tmp_path / 'replayed.db'}"
     assert main(["replay", offline.run_dir, "--to", "mlflow", "--tracking-uri", replay_store]) == 0
