@@ -115,7 +115,8 @@ FIELDS: Dict[str, Field] = {
     "sinks": Field("list or mapping", lambda v: None, "sink names, or name -> options; jsonl is always on"),
     "health": Field("mapping", _mapping, "health checks and actions (nonfinite, dump_dir, warmup_steps ...)"),
     "overhead_budget": Field("float in (0, 1)", _number(0, 1), "allowed share of step time spent monitoring"),
-    "buffer_size": Field("int >= 0", _int(0), "device ring buffer length; 0 keeps step outputs instead"),
+    "buffer_size": Field("int >= 0", _int(0), "rows a TrainStep/attach_ring device ring must have at least; "
+                         "0 = auto (2 x flush_steps); also caps how far overhead_budget widens the flush window"),
     "reduce_ranks": Field("list of int >= 0 or null", _ranks,
                           "ranks whose loss makes train/global_loss and dist/* (pipeline parallel: last stage); null: all"),
     "collective_timeout_s": Field("float > 0", _number(0),

@@ -81,6 +81,15 @@ def test_sink_mode_records_every_step_with_the_non_sink_losses(tmp_path):
     assert np.all(series(runs[True], "train/overflow") == 0)
 
 
+def test_pynative_mode_records_every_step_from_the_ring(tmp_path):
+    mon, ref = monitor(tmp_path), OutputRecorder()
+    train_regression([mon, ref], steps=9, mode="pynative", train_cell=ring_step(),
+                     learning_rate=nn.ExponentialDecayLR(*SCHEDULE))
+    assert isinstance(mon._buffer, RingReader) and [r.step for r in records(mon)] == list(range(1, 10))
+    np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
+    np.testing.assert_allclose(series(mon, "train/lr"), 0.01 * 0.9 ** np.arange(9), rtol=1e-5)
+
+
 def test_same_losses_and_weights_as_train_one_step_cell_when_scale_1_and_clip_inf():
     results = {}
     for name, cell in (("ref", nn.TrainOneStepCell),
