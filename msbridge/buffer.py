@@ -55,6 +55,31 @@ def detect_layout(outputs: Any) -> Layout:
     raise TypeError(f"msbridge: cannot find a loss tensor in the network output {type(outputs).__name__}")
 
 
+class HostSteps:
+    """What the host knows of each step-end call between two flushes: step, epoch, wall clock,
+    step time and the monitor's own time. ``StepBuffer`` and the ring reader both keep one."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add(self, step: int, epoch: int, step_time_s: float, monitor_s: float) -> None:
+        self.steps.append(step)
+        self.epochs.append(epoch)
+        self.wall.append(time.time())
+        self.step_time.append(step_time_s)
+        self.monitor.append(monitor_s)
+
+    def clear(self) -> None:
+        self.steps: List[int] = []
+        self.epochs: List[int] = []
+        self.wall: List[float] = []
+        self.step_time: List[float] = []
+        self.monitor: List[float] = []
+
+
 class StepBuffer:
     """Collects per-step tensor references and host timings between flushes.
 
@@ -64,16 +89,12 @@ class StepBuffer:
 
     def __init__(self, layout: Optional[Layout] = None) -> None:
         self.layout = layout
-        self._steps: List[int] = []
-        self._epochs: List[int] = []
-        self._wall: List[float] = []
-        self._step_time: List[float] = []
-        self._monitor: List[float] = []
+        self._host = HostSteps()
         self._tensors: Dict[str, List[Any]] = {}
         self._warned_shape = False
 
     def __len__(self) -> int:
-        return len(self._steps)
+        return len(self._host)
 
     def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
         if self.layout is None:
@@ -81,17 +102,14 @@ class StepBuffer:
             self._tensors = {name: [] for _, name in self.layout}
         for index, name in self.layout:
             self._tensors[name].append(outputs if index < 0 else outputs[index])
-        self._steps.append(step)
-        self._epochs.append(epoch)
-        self._wall.append(time.time())
-        self._step_time.append(step_time_s)
-        self._monitor.append(monitor_s)
+        self._host.add(step, epoch, step_time_s, monitor_s)
 
     def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""
-        if not self._steps:
+        host = self._host
+        if not host.steps:
             return None
-        steps = np.asarray(self._steps, dtype=np.int64)
+        steps = np.asarray(host.steps, dtype=np.int64)
         scalars = {name: self._to_host(name, tensors) for name, tensors in self._tensors.items()}
         if LR not in scalars and lr_at is not None:
             lr = lr_at(steps)
@@ -99,13 +117,13 @@ class StepBuffer:
                 scalars[LR] = lr
         window = Window(
             steps=steps,
-            epochs=np.asarray(self._epochs, dtype=np.int64),
-            wall_time=np.asarray(self._wall, dtype=np.float64),
-            step_time_s=np.asarray(self._step_time, dtype=np.float64),
-            monitor_s=np.asarray(self._monitor, dtype=np.float64),
+            epochs=np.asarray(host.epochs, dtype=np.int64),
+            wall_time=np.asarray(host.wall, dtype=np.float64),
+            step_time_s=np.asarray(host.step_time, dtype=np.float64),
+            monitor_s=np.asarray(host.monitor, dtype=np.float64),
             scalars=scalars,
         )
-        self._steps, self._epochs, self._wall, self._step_time, self._monitor = [], [], [], [], []
+        host.clear()
         self._tensors = {name: [] for name in self._tensors}
         return window
 

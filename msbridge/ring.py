@@ -25,12 +25,11 @@ Example:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .buffer import detect_layout
+from .buffer import HostSteps, detect_layout
 from .errors import ConfigError
 from .ringcell import RingCell
 from .stream import LOSS, LR, STEP_SCALARS, Window
@@ -97,12 +96,8 @@ class RingReader:
         self._device_last = int(cell.msbridge_ring_step.asnumpy())  # once, before training
         self._host_last = int(first_step)
         self._pending = 0
-        self._steps: List[int] = []
+        self._host = HostSteps()
         self._counts: List[int] = []
-        self._epochs: List[int] = []
-        self._wall: List[float] = []
-        self._step_time: List[float] = []
-        self._monitor: List[float] = []
         self._checked_shape = False
         self._warned_mismatch = False
 
@@ -115,19 +110,15 @@ class RingReader:
             self._set_layout(outputs)
         if not self._checked_shape:
             self._check_loss_shape(outputs)
-        last = self._steps[-1] if self._steps else self._host_last
+        last = self._host.steps[-1] if self._host.steps else self._host_last
         count = min(max(step - last, 1), self.steps_per_call)
         self._pending += count
         self._counts.append(count)
-        self._steps.append(step)
-        self._epochs.append(epoch)
-        self._wall.append(time.time())
-        self._step_time.append(step_time_s)
-        self._monitor.append(monitor_s)
+        self._host.add(step, epoch, step_time_s, monitor_s)
 
     def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""
-        if not self._steps:
+        if not self._host.steps:
             return None
         ring = self.cell.msbridge_ring.asnumpy()  # the one copy of the window (plus the 4-byte counter)
         count = int(self.cell.msbridge_ring_step.asnumpy())
@@ -167,22 +158,24 @@ class RingReader:
     # -- helpers ---------------------------------------------------------------
     def _expand(self) -> Tuple[np.ndarray, ...]:
         """One entry per device step: a call that covered n steps becomes n steps (times interpolated)."""
-        ends = np.asarray(self._steps, dtype=np.int64)
+        host = self._host
+        ends = np.asarray(host.steps, dtype=np.int64)
         counts = np.asarray(self._counts, dtype=np.int64)
         first = np.cumsum(counts) - counts  # index of each call's first step in the expanded arrays
         back = np.repeat(counts - 1, counts) - (np.arange(int(counts.sum())) - np.repeat(first, counts))
         steps = np.repeat(ends, counts) - back
-        step_time = np.repeat(np.asarray(self._step_time, dtype=np.float64), counts)
-        monitor = np.repeat(np.asarray(self._monitor, dtype=np.float64) / counts, counts)
-        wall = np.repeat(np.asarray(self._wall, dtype=np.float64), counts) - back * step_time
-        epochs = np.repeat(np.asarray(self._epochs, dtype=np.int64), counts)
+        step_time = np.repeat(np.asarray(host.step_time, dtype=np.float64), counts)
+        monitor = np.repeat(np.asarray(host.monitor, dtype=np.float64) / counts, counts)
+        wall = np.repeat(np.asarray(host.wall, dtype=np.float64), counts) - back * step_time
+        epochs = np.repeat(np.asarray(host.epochs, dtype=np.int64), counts)
         return steps, epochs, wall, step_time, monitor
 
     def _reset(self, count: int) -> None:
         self._device_last = count
-        self._host_last = self._steps[-1]
+        self._host_last = self._host.steps[-1]
         self._pending = 0
-        self._steps, self._counts, self._epochs, self._wall, self._step_time, self._monitor = [], [], [], [], [], []
+        self._counts = []
+        self._host.clear()
 
     def _set_layout(self, outputs: Any) -> None:
         """For an attached ring: the columns the wrapped cell's output carries (the StepBuffer rules)."""

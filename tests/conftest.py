@@ -14,3 +14,15 @@ def _run_in_tmp(tmp_path, monkeypatch):
     """Every test runs in its own directory: nothing (./output/log, mlflow.db ...) lands in the checkout."""
     monkeypatch.chdir(tmp_path)
     yield
+
+
+@pytest.fixture
+def persistent(monkeypatch, tmp_path):
+    """Treat the test's tmp dir as a persistent disk (it is under /tmp, which msbridge warns about)."""
+    from msbridge import pathcheck
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\n")
+    monkeypatch.setattr(pathcheck, "VOLATILE_ROOTS", ())
+    monkeypatch.setattr(pathcheck, "MOUNTS_FILE", str(mounts))
+    return mounts

@@ -6,10 +6,8 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 import yaml
 
-import msbridge.pathcheck as pathcheck
 from msbridge.cli import main
 from msbridge.config import load_config
 
@@ -20,14 +18,6 @@ def write(tmp_path, text, name="run.yaml"):
     path = tmp_path / name
     path.write_text(textwrap.dedent(text), encoding="utf-8")
     return name
-
-
-@pytest.fixture
-def persistent(monkeypatch, tmp_path):
-    mounts = tmp_path / "mounts"
-    mounts.write_text("/dev/vda / ext4 rw 0 0\n")
-    monkeypatch.setattr(pathcheck, "VOLATILE_ROOTS", ())
-    monkeypatch.setattr(pathcheck, "MOUNTS_FILE", str(mounts))
 
 
 TRAIN = """\

@@ -32,16 +32,6 @@ def problems_of(path, overrides=()):
     return err.value.problems
 
 
-@pytest.fixture
-def persistent(monkeypatch, tmp_path):
-    """Treat the test's tmp dir as a persistent disk (it is under /tmp)."""
-    mounts = tmp_path / "mounts"
-    mounts.write_text("/dev/vda / ext4 rw 0 0\n")
-    monkeypatch.setattr(pathcheck, "VOLATILE_ROOTS", ())
-    monkeypatch.setattr(pathcheck, "MOUNTS_FILE", str(mounts))
-    return mounts
-
-
 def test_unknown_key_wording_is_pinned(tmp_path):
     path = write(tmp_path, """\
         model: {}
