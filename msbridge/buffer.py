@@ -91,6 +91,7 @@ class StepBuffer:
         self.layout = layout
         self._host = HostSteps()
         self._tensors: Dict[str, List[Any]] = {}
+        self._live: Dict[str, Any] = {}  # name -> a live Parameter, read once per flush
         self._warned_shape = False
 
     def __len__(self) -> int:
@@ -98,11 +99,22 @@ class StepBuffer:
 
     def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
         if self.layout is None:
-            self.layout = detect_layout(outputs)
-            self._tensors = {name: [] for _, name in self.layout}
+            self._set_layout(outputs)
         for index, name in self.layout:
-            self._tensors[name].append(outputs if index < 0 else outputs[index])
+            if name in self._tensors:
+                self._tensors[name].append(outputs if index < 0 else outputs[index])
+            else:
+                self._live[name] = outputs[index]
         self._host.add(step, epoch, step_time_s, monitor_s)
+
+    def _set_layout(self, outputs: Any) -> None:
+        """The layout, and which outputs are live Parameters (mindformers hands back its ``scale_sense``
+        itself: holding it per step would read its value at the flush for every step)."""
+        from mindspore import Parameter
+
+        self.layout = detect_layout(outputs)
+        live = {name for index, name in self.layout if index >= 0 and isinstance(outputs[index], Parameter)}
+        self._tensors = {name: [] for _, name in self.layout if name not in live}
 
     def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""
@@ -122,6 +134,7 @@ class StepBuffer:
             step_time_s=np.asarray(host.step_time, dtype=np.float64),
             monitor_s=np.asarray(host.monitor, dtype=np.float64),
             scalars=scalars,
+            at_flush={name: float(value.asnumpy().mean()) for name, value in self._live.items()},
         )
         host.clear()
         self._tensors = {name: [] for name in self._tensors}
@@ -131,10 +144,10 @@ class StepBuffer:
         """One stacked device->host copy per column; a non-scalar is reduced to its mean."""
         from mindspore import ops
 
-        if any(t.shape != () for t in tensors):
+        if any(t.size != 1 for t in tensors):
             if not self._warned_shape:
                 self._warned_shape = True
-                shape = next(tuple(t.shape) for t in tensors if t.shape != ())
+                shape = next(tuple(t.shape) for t in tensors if t.size != 1)
                 log.warning("msbridge: %s has shape %s, not a scalar; recording its mean", name, shape)
             tensors = [t.mean() if t.shape != () else t for t in tensors]
         return ops.stack(tensors).asnumpy().astype(np.float64).reshape(len(tensors))

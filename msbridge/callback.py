@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+import mindspore as ms
 import numpy as np
 from mindspore.train import Callback
 
@@ -81,6 +82,9 @@ class BridgeMonitor(Callback):
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
         self._reducer: Optional[Any] = None
+        self._cb: Any = None  # MindSpore's callback params, kept from train begin
+        self._seen_outputs: Any = None  # the last step's outputs this callback saw
+        self._offset: Optional[int] = None
         self._last_end = 0.0
         self._last_flush = 0.0
         self._last_step = 0
@@ -143,12 +147,13 @@ class BridgeMonitor(Callback):
         self._budget = OverheadBudget(cfg.overhead_budget, cfg.flush_steps, cfg.flush_seconds, widest,
                                       adapt=self._reducer is None)
         self._last_step = first_step
-        self._offset: Optional[int] = None
+        self._offset = None
         if self.run.resumed_from_step:
             last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
             self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
                 "last_recorded_step": last, "run_id": self.run.run_id})])
         self._signals.install()
+        self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
 
     def on_train_step_end(self, run_context: Any) -> None:
@@ -164,6 +169,7 @@ class BridgeMonitor(Callback):
         if self._offset is None:
             self._offset = _resume_offset(cb, step)
         step += self._offset
+        self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
         self._last_step = step
@@ -189,6 +195,8 @@ class BridgeMonitor(Callback):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # MindSpore's callback manager exits every callback, also when training raised.
         rank = self.run.rank if self.run else 0
+        if exc_type is not None:
+            self._record_interrupted_step()
         if exc_type is None:
             self.close(FINISHED)
         elif issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
@@ -199,6 +207,22 @@ class BridgeMonitor(Callback):
         if isinstance(exc, TrainingInterrupted):
             self._signals.redeliver(exc.signum)  # SIGTERM's default: the process ends as killed by it
 
+    def _record_interrupted_step(self) -> None:
+        """Training raised after a step ran but before this callback saw its end (an earlier callback,
+        such as mindformers' TrainingStateMonitor on a global-norm spike, raised): record that step."""
+        cb = self._cb
+        if self.dispatcher is None or cb is None or self._offset is None:
+            return
+        step = int(_param(cb, "cur_step_num", 0) or 0) + self._offset
+        outputs = _param(cb, "net_outputs", None)
+        if outputs is self._seen_outputs:  # the step itself raised: there are no new outputs
+            return
+        if step > self._last_step and outputs is not None and step % self._every == 0:
+            now = time.perf_counter()
+            self._buffer.append(step, int(_param(cb, "cur_epoch_num", 0) or 0), outputs,
+                                (now - self._last_end) / (step - self._last_step), 0.0)
+            self._last_step = step
+
     # -- flush / close -----------------------------------------------------------
     def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
         """Convert and check the buffered steps, then hand everything converted to the sinks
@@ -208,8 +232,11 @@ class BridgeMonitor(Callback):
         t0 = time.perf_counter()
         budget = self._budget
         window = self._buffer.drain(budget.timed_lr(self._lr) if budget is not None else self._lr)
+        forwarded = self.forwarded_events(window)
+        self._pending_events.extend(forwarded)
+        self.events.extend(forwarded)
         if window is None or self._stream is None or self.dispatcher is None:
-            if dispatch:
+            if dispatch or forwarded:
                 self._dispatch_pending()
             return
         t1 = time.perf_counter()
@@ -234,6 +261,11 @@ class BridgeMonitor(Callback):
                                    ("submit", time.perf_counter() - t3)):
                 budget.add(phase, seconds)
             budget.observe(window.monitor_s, window.step_time_s)
+
+    def forwarded_events(self, window: Optional[Window]) -> List[Event]:
+        """Events other monitors found, sent with each flush (none here; ``msbridge.mindformers``
+        forwards mindformers' findings). ``window`` is the steps just drained, or None."""
+        return []
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
         """Final flush, then drain and close every sink with ``status``."""
@@ -341,6 +373,10 @@ def _steps_per_call(cb: Any) -> int:
 def _expected_steps(cb: Any) -> Optional[int]:
     epochs = _param(cb, "epoch_num", None)
     per_epoch = _param(cb, "batch_num", None)
+    dataset = _param(cb, "train_dataset", None)
+    if _param(cb, "dataset_sink_mode", False) and dataset is not None and \
+            ms.get_context("device_target") == "CPU":  # batch_num is sink_size, but CPU runs whole epochs
+        per_epoch = dataset.get_dataset_size()
     if epochs and per_epoch:
         return int(epochs) * int(per_epoch)
     return None

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .dialects import HANDLERS, VOCABULARY
 from .keys import (TRAINING_SECTIONS, Assignment, Key, Mapped, Note, did_you_mean, is_training_yaml,
@@ -102,30 +102,38 @@ class _Canonicalizer:
             else:
                 self.assign_leaves(("sinks", name), {} if options is None or options is True else options, where)
 
-    def training(self, name: Optional[str]) -> None:
+    def training(self, sections: Sequence[Path]) -> None:
+        """A training YAML: ``sections`` hold msbridge's keys (later ones win where two set one
+        setting); every other top-level section is a training param."""
         data = self.tree.data
-        if name is None:
+        if not sections:
             first = next(iter(data))
             self.out.notes.append(Note(self.origin((first,)), "no monitor_config: or msbridge: section: msbridge "
                                        "uses its defaults, and every section is a training param"))
+        tops = {path[0] for path in sections if len(path) == 1}
+        shown = " and ".join(format_path(path) + ":" for path in sections) or "monitor_config:"
         for key, value in data.items():
-            if key == name:
+            if key in tops:
                 continue
             if key in FIELDS and key not in ("output_dir", "params"):
                 self.out.notes.append(Note(self.origin((key,)), f"{key} -> params.{key}: a top-level key of a "
-                                           f"training YAML is a training setting; msbridge reads "
-                                           f"{name or 'monitor_config'}:",
+                                           f"training YAML is a training setting; msbridge reads {shown}",
                                            logging.WARNING))
             if key == "monitor_config":
                 self.out.notes.append(Note(self.origin((key,)), "monitor_config -> params.monitor_config "
                                            "(left to mindformers; msbridge reads the msbridge: section)"))
             self.assign_leaves(("params",) if key == "params" else ("params", key), value, (key,))
-        section = {} if name is None or data[name] is None else data[name]
-        if not isinstance(section, Mapping):
-            self.out.problems.append(f"{self.origin((name,))}: {name}: expected a mapping of msbridge settings, "
-                                     f"got {section!r}")
-        elif name is not None:
-            self.section(section, (name,), name)
+        for path in sections:
+            section: Any = data
+            for part in path:
+                section = section[part]
+            if section is None:
+                continue
+            if not isinstance(section, Mapping):
+                self.out.problems.append(f"{self.origin(path)}: {format_path(path)}: expected a mapping of msbridge "
+                                         f"settings, got {section!r}")
+            else:
+                self.section(section, path, format_path(path))
         self.seq_length_from_model()
 
     def seq_length_from_model(self) -> None:
@@ -173,11 +181,18 @@ def _build(winners: Dict[Path, Assignment]) -> Dict[str, Any]:
     return values
 
 
-def canonicalize(tree: Tree, failed: Set[Path] = frozenset()) -> Tuple[Dict[str, Any], Dict[Path, Assignment], Mapped]:
-    """Canonical settings (only those the config sets), the assignment behind each, and notes/problems."""
+def canonicalize(tree: Tree, failed: Set[Path] = frozenset(), sections: Optional[Sequence[Path]] = None,
+                 ) -> Tuple[Dict[str, Any], Dict[Path, Assignment], Mapped]:
+    """Canonical settings (only those the config sets), the assignment behind each, and notes/problems.
+
+    ``sections``: where msbridge's keys are in a training YAML (default: ``msbridge:``, else
+    ``monitor_config:``); ``msbridge.mindformers`` passes ``monitor_config`` and its callback entry."""
     work = _Canonicalizer(tree, set(failed))
-    if is_training_yaml(tree.data):
-        work.training(section_of(tree.data))
+    if sections is not None:
+        work.training(sections)
+    elif is_training_yaml(tree.data):
+        name = section_of(tree.data)
+        work.training([(name,)] if name is not None else [])
     else:
         work.section(tree.data, (), None)
     winners = _winners(work.out.assignments, work.out)

@@ -44,7 +44,7 @@ def _client(tracking_uri: str) -> Any:
     try:
         from mlflow.tracking import MlflowClient
     except ImportError:
-        raise MissingDependencyError("mlflow", "mlflow", "mlflow") from None
+        raise MissingDependencyError("msbridge compare", "mlflow", "mlflow") from None
     return MlflowClient(tracking_uri=tracking_uri)
 
 

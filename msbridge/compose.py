@@ -126,8 +126,8 @@ class _Composer:
         self.problems.extend(problems)
         return self.layers(docs, os.path.dirname(os.path.abspath(path)), chain + (real,))
 
-    def mapping(self, data: Mapping[str, Any]) -> Tree:
-        origin = Origin("<dict>")
+    def mapping(self, data: Mapping[str, Any], label: str = "<dict>") -> Tree:
+        origin = Origin(label)
         copy = plain(data)
         tree = Tree(copy, {p: origin for p in _paths(copy, ())})
         return self.layers([tree], os.getcwd(), ())
@@ -243,8 +243,8 @@ def apply_overrides(tree: Tree, overrides: Sequence[str], composer: "_Composer")
 
 
 def compose(source: Union[str, "os.PathLike[str]", Mapping[str, Any], None],
-            overrides: Sequence[str] = ()) -> Tuple[Tree, List[Note], List[str]]:
-    """The composed tree of ``source`` (a YAML path or a dict), with overrides applied.
+            overrides: Sequence[str] = (), label: str = "<dict>") -> Tuple[Tree, List[Note], List[str]]:
+    """The composed tree of ``source`` (a YAML path or a dict, shown as ``label``), with overrides applied.
 
     Returns the tree, the notes on redirected ``--set`` keys, and every problem found.
     """
@@ -252,7 +252,7 @@ def compose(source: Union[str, "os.PathLike[str]", Mapping[str, Any], None],
     if source is None:
         tree = Tree()
     elif isinstance(source, Mapping):
-        tree = composer.mapping(source)
+        tree = composer.mapping(source, label)
     else:
         tree = composer.file(os.fspath(source))
     tree, notes = apply_overrides(tree, overrides, composer)

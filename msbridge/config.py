@@ -33,8 +33,8 @@ from .rundir import render_template
 from .schema import check_values, normalise_sinks
 from .yaml_source import Origin, Path, Tree, format_path
 
-__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "did_you_mean",
-           "load_config", "thaw"]
+__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "config_from_tree",
+           "did_you_mean", "load_config", "log_notes", "thaw"]
 
 log = logging.getLogger("msbridge")
 
@@ -241,8 +241,20 @@ def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Confi
     if isinstance(source, Config):
         source = source.to_dict()
     tree, notes, problems = compose(source, overrides)
+    label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
+    return config_from_tree(tree, label, notes, problems)
+
+
+def config_from_tree(tree: Tree, label: str, notes: Sequence[Note] = (), problems: Sequence[str] = (),
+                     sections: Optional[Sequence[Path]] = None) -> Config:
+    """A validated ``Config`` from a composed tree; ``sections`` as in ``canonicalize``.
+
+    Raises:
+        ConfigError: every problem found, including the ``problems`` passed in.
+    """
+    notes, problems = list(notes), list(problems)
     tree, ref_problems, failed, written = interpolate(tree)
-    values, winners, mapped = canonicalize(tree, failed)
+    values, winners, mapped = canonicalize(tree, failed, sections)
     problems += ref_problems + mapped.problems
     notes += mapped.notes
     full = dict(_defaults(), **values)
@@ -252,7 +264,6 @@ def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Confi
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
     config = Config(**full)
-    label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
     notes = list(dict.fromkeys(notes + checker.notes))
     object.__setattr__(config, "_provenance", _provenance(label, tree, winners, written, notes))
     return config
@@ -272,7 +283,11 @@ def load_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config
     """
     if isinstance(source, Config) and not overrides:
         return source
-    config = build_config(source, overrides)
+    return log_notes(build_config(source, overrides))
+
+
+def log_notes(config: Config) -> Config:
+    """Log each dialect mapping and warning of ``config`` once on the ``msbridge`` logger."""
     for note in config.provenance.notes:
         log.log(note.level, "msbridge config: %s", note)
     return config

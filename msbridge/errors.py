@@ -24,9 +24,13 @@ class ConfigError(MsbridgeError, ValueError):
 
 
 class MissingDependencyError(MsbridgeError, ImportError):
-    """An optional package a chosen sink needs is not installed."""
+    """An optional package that a chosen sink (or ``msbridge.mindformers``) needs is not installed.
 
-    def __init__(self, sink: str, module: str, extra: str) -> None:
+    Example:
+        >>> raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow")
+    """
+
+    def __init__(self, needed_by: str, module: str, extra: str) -> None:
         fix = f"pip install 'msbridge[{extra}]'" if extra else f"pip install {module}"
-        super().__init__(f"sink {sink!r} needs the Python package {module!r}, which is not installed; fix: {fix}")
+        super().__init__(f"{needed_by} needs the Python package {module!r}, which is not installed; fix: {fix}")
         self.fix = fix

@@ -57,7 +57,7 @@ def check_available(name: str) -> None:
         spec = BUILTINS[name]
         for module in spec.requires:
             if importlib.util.find_spec(module) is None:
-                raise MissingDependencyError(name, module, spec.extra)
+                raise MissingDependencyError(f"sink {name!r}", module, spec.extra)
         return
     if name not in _entry_points():
         raise ConfigError(

@@ -68,7 +68,9 @@ class Window:
 
     ``scalars`` maps a name from ``STEP_SCALARS`` to one float per step;
     ``step_time_s`` is the host-measured wall time of each step and
-    ``monitor_s`` the monitor's own host time in that step.
+    ``monitor_s`` the monitor's own host time in that step. ``at_flush`` holds
+    state read once at the flush (a live Parameter, such as the loss scale
+    mindformers' train cells return): it is recorded on the window's last step.
     """
 
     steps: np.ndarray
@@ -78,6 +80,7 @@ class Window:
     monitor_s: np.ndarray
     scalars: Dict[str, np.ndarray] = field(default_factory=dict)
     global_scalars: Dict[str, np.ndarray] = field(default_factory=dict)
+    at_flush: Dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -137,11 +140,14 @@ class Stream:
         now = time.time()
         names = list(columns)
         matrix = np.stack([np.asarray(columns[n], dtype=np.float64) for n in names], axis=1).tolist()
-        return [
+        records = [
             Record(step=int(step), rank=self.rank, time=float(wall) if wall else now,
                    values=dict(zip(names, row)))
             for step, wall, row in zip(window.steps.tolist(), window.wall_time.tolist(), matrix)
         ]
+        if records and window.at_flush:
+            records[-1].values.update(window.at_flush)
+        return records
 
     def _smooth(self, loss: np.ndarray) -> np.ndarray:
         """Exponential moving average that skips non-finite steps (a NaN never poisons it)."""

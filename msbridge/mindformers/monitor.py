@@ -1,0 +1,93 @@
+"""``MSBridgeMonitor``: msbridge's monitor as one ``callbacks:`` entry of a mindformers run YAML.
+
+What it adds to ``BridgeMonitor``:
+
+- its settings come from the entry (inline, or ``config: file.yaml``) on top of
+  the run YAML's ``monitor_config`` (``entry.entry_config``);
+- mindformers' train cells return ``(loss, overflow, loss_scale, lr, global_norm[,
+  local_norm, ...])``; the lr and global norm are read from there (``global_norm``
+  is None without ``use_clip_grad`` and is then left out), and the optimizer,
+  when needed, from ``cb_params.train_network.optimizer`` (``cb_params.optimizer``
+  is None under mindformers);
+- what TrainingStateMonitor and CheckpointMonitor find becomes events
+  (``forward.MindformersFindings``);
+- when the run YAML configures mindformers' tensorboard, msbridge's tensorboard
+  sink writes through mindformers' writer: one event file per rank, not two.
+
+MFLossMonitor and TrainingStateMonitor keep running unchanged beside it. List
+``MSBridgeMonitor`` before any TrainingStateMonitor you write yourself (the one
+mindformers adds for ``monitor_config`` comes last anyway), so the step at which
+TrainingStateMonitor stops training is recorded too.
+
+Example (run YAML):
+    callbacks:
+      - type: MFLossMonitor
+      - type: MSBridgeMonitor
+        experiment: tiny-llama
+        sinks: [jsonl, tensorboard, mlflow]
+        flush_steps: 10
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional
+
+from ..callback import BridgeMonitor, _param
+from ..sink import Event
+from ..stream import Window
+from .entry import ENTRY_NAME, entry_config
+from .forward import MindformersFindings
+
+log = logging.getLogger("msbridge")
+
+
+class MSBridgeMonitor(BridgeMonitor):
+    """msbridge's monitor, built by mindformers from a ``callbacks:`` entry.
+
+    Args:
+        **entry: the entry's keys (``type`` aside): msbridge settings, and
+            optionally ``config``, the path of a msbridge YAML they override.
+
+    Raises:
+        ConfigError: an unknown or invalid key, named with the run YAML's file and
+            line, ``callbacks[i]`` and the nearest valid key, before training starts.
+
+    Example:
+        >>> from msbridge.mindformers import MSBridgeMonitor
+        >>> monitor = MSBridgeMonitor(experiment="tiny-llama", sinks=["jsonl"], flush_steps=10)
+        >>> trainer = Trainer(args="run.yaml", callbacks=[monitor])   # or `- type: MSBridgeMonitor` in the YAML
+    """
+
+    def __init__(self, **entry: Any) -> None:
+        # mindformers' MFLossMonitor already prints a line per step: msbridge's console lines would repeat it.
+        super().__init__(entry_config(entry, ENTRY_NAME), progress=False)
+        self._findings: Optional[MindformersFindings] = None
+
+    def on_train_begin(self, run_context: Any) -> None:
+        if self.plan is not None:
+            _share_tensorboard_writer(self.plan.sinks)
+        super().on_train_begin(run_context)
+        if self.run is not None:
+            callbacks = _param(run_context.original_args(), "list_callback", None) or []
+            self._findings = MindformersFindings.from_callbacks(callbacks, self.run.rank)
+
+    def forwarded_events(self, window: Optional[Window]) -> List[Event]:
+        if self._findings is None:
+            return []
+        return self._findings.events(window, self._last_step)
+
+
+def _share_tensorboard_writer(sinks: List[Any]) -> None:
+    """Hand mindformers' tensorboard writer (set when the run YAML has ``tensorboard:``) to the sinks that
+    can write through it."""
+    from mindformers.utils.tensorboard import get_tensorboard_writer
+
+    writer = get_tensorboard_writer()
+    if writer is None:
+        return
+    for sink in sinks:
+        share = getattr(sink, "share_writer", None)
+        if share is not None:
+            share(writer)
+            log.info("msbridge: the %s sink writes through mindformers' tensorboard writer (%s)",
+                     sink.name, getattr(writer, "logdir", "?"))

@@ -1,0 +1,143 @@
+"""examples/mindformers/ trained for real by ``mindformers.Trainer`` on CPU, with MSBridgeMonitor from the YAML.
+
+Each run is ``examples/mindformers/train.py`` in a fresh process (mindformers
+fixes its log dir and registries per process). The reference for every value
+is mindformers' own MFLossMonitor log line of the same step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindformers")
+
+from mindinsight_server import require_mindinsight, serve  # noqa: E402
+from msbridge.runlog import read_run  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "mindformers"
+# MFLossMonitor: "{ Epoch:[  1/  1], step:[    2/   30], loss:[5.549915/5.547392], per_step_time: 1869ms,
+#                  lr: 0.0033333334, overflow cond: False, loss_scale: 1.0, global_norm: [1.00614]"
+MF_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([-\d.e+]+)/[^\]]*\], per_step_time: \d+ms, "
+                     r"lr: ([-\d.e+]+), overflow cond: (\w+), loss_scale: ([-\d.e+]+), global_norm: \[([-\d.e+]+)\]")
+
+
+def train(work: Path, steps: int, config: Path = EXAMPLE / "tiny_llama.yaml") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LOG_MF_PATH"}  # mindformers logs under WORK/output/log
+    return subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--config", str(config),
+                           "--steps", str(steps), "--work", str(work)],
+                          env=dict(env, GLOG_v="3"), capture_output=True, text=True, timeout=900)
+
+
+def mf_lines(work: Path) -> Dict[int, Dict[str, float]]:
+    """MFLossMonitor's values by step, from mindformers' own log."""
+    text = (work / "output" / "log" / "rank_0" / "info.log").read_text()
+    return {int(m[1]): {"train/loss": float(m[2]), "train/lr": float(m[3]), "train/overflow": float(m[4] == "True"),
+                        "train/loss_scale": float(m[5]), "train/grad_norm": float(m[6])}
+            for m in MF_LINE.finditer(text)}
+
+
+def variant(tmp_path: Path, name: str, text: str) -> Path:
+    """A run YAML that takes the example's and overrides some sections (mindformers' base_config)."""
+    path = tmp_path / name
+    path.write_text(f"base_config: {EXAMPLE / 'tiny_llama.yaml'}\n{text}")
+    return path
+
+
+def only_run(work: Path) -> str:
+    runs = [p for p in (work / "msbridge_runs" / "tiny-llama").iterdir() if (p / "run.json").exists()]
+    assert len(runs) == 1, runs
+    return str(runs[0])
+
+
+def close(series: List, want: Dict[int, Dict[str, float]], name: str) -> None:
+    steps = [s for s, _ in series]
+    np.testing.assert_allclose([v for _, v in series], [want[s][name] for s in steps], rtol=2e-6, atol=2e-6,
+                               err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    """The example as shipped: 30 steps, every sink, MFLossMonitor and TrainingStateMonitor beside it."""
+    require_mindinsight()
+    work = tmp_path_factory.mktemp("mf") / "work"
+    out = train(work, steps=30)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return work, only_run(work), mf_lines(work)
+
+
+def test_every_step_matches_mindformers_own_log(example):
+    work, run_dir, mf = example
+    assert sorted(mf) == list(range(1, 31))
+    log = read_run(run_dir).ranks[0]
+    for name in ("train/loss", "train/global_loss", "train/lr", "train/grad_norm", "train/overflow"):
+        series = log.series(name)
+        assert [s for s, _ in series] == list(range(1, 31)), name
+        close(series, {s: dict(v, **{"train/global_loss": v["train/loss"]}) for s, v in mf.items()}, name)
+    # mindformers hands back its live scale_sense Parameter: sampled once per flush (10 steps or flush_seconds)
+    sampled = [s for s, _ in log.series("train/loss_scale")]
+    assert sampled[-1] == 30 and 3 <= len(sampled) < 30, sampled
+    close(log.series("train/loss_scale"), mf, "train/loss_scale")
+    assert mf[30]["train/loss"] < mf[1]["train/loss"] - 1.0, "the tiny llama learns"
+
+
+def test_run_metadata_reads_the_run_yaml(example):
+    _, run_dir, _ = example
+    meta = json.loads(Path(run_dir, "run.json").read_text())
+    assert meta["outcome"]["status"] == "FINISHED" and meta["expected_steps"] == 30
+    config = meta["config"]
+    assert config["step_interval"] == 1 and config["seq_length"] == 32  # monitor_config and model_config
+    assert config["params"]["model"]["model_config"]["hidden_size"] == 64
+    assert config["params"]["optimizer"]["type"] == "AdamW"
+    assert "tiny-llama" in Path(run_dir, "README.md").read_text()
+
+
+def test_tensorboard_and_mlflow_hold_the_same_series(example):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    work, run_dir, mf = example
+    tb_run = work / "msbridge_runs" / "tiny-llama" / "tensorboard" / Path(run_dir).name
+    read = {}
+    for where in (tb_run, tb_run / "rank_0"):  # the run's global metrics; rank 0's own
+        ea = EventAccumulator(str(where), size_guidance={"scalars": 0})
+        ea.Reload()
+        read[where.name] = ea
+    close([(e.step, e.value) for e in read["rank_0"].Scalars("train/loss")], mf, "train/loss")
+    assert [e.step for e in read["rank_0"].Scalars("train/lr")] == list(range(1, 31))
+    global_loss = [(e.step, e.value) for e in read[tb_run.name].Scalars("train/global_loss")]
+    close(global_loss, mf, "train/loss")
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'msbridge_runs' / 'tiny-llama' / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("tiny-llama").experiment_id])[0]
+    assert run.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    close(history, mf, "train/loss")
+    assert run.data.tags["model"] == "tiny-llama"
+    assert run.data.params["model.model_config.num_layers"] == "2"
+
+
+def test_mindinsight_serves_the_series(example, tmp_path):
+    work, run_dir, mf = example
+    with serve(str(work / "msbridge_runs" / "tiny-llama" / "summary"), str(tmp_path / "ws")) as client:
+        points = client.wait_for_points(f"./{Path(run_dir).name}_rank_0", "train/loss/scalar", 30)
+    close([(p["step"], p["value"]) for p in points], mf, "train/loss")
+
+
+def test_a_bad_inline_key_fails_before_training_naming_file_line_and_entry(tmp_path):
+    config = variant(tmp_path, "typo.yaml", "callbacks:\n  - type: MFLossMonitor\n  - type: MSBridgeMonitor\n"
+                                            "    experiment: tiny-llama\n    flush_step: 10\n")
+    out = train(tmp_path / "work", steps=4, config=config)
+    assert out.returncode != 0
+    assert "typo.yaml:6: callbacks[1].flush_step: unknown key; did you mean 'flush_steps'?" in out.stderr
+    assert "Epoch:[" not in out.stdout + out.stderr, "no step ran"
