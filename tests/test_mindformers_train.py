@@ -141,3 +141,48 @@ def test_a_bad_inline_key_fails_before_training_naming_file_line_and_entry(tmp_p
     assert out.returncode != 0
     assert "typo.yaml:6: callbacks[1].flush_step: unknown key; did you mean 'flush_steps'?" in out.stderr
     assert "Epoch:[" not in out.stdout + out.stderr, "no step ran"
+
+
+def test_ring_wrapper_records_every_step_inside_the_graph(tmp_path):
+    """``runner_wrapper: MSBridgeRing`` around the CPU cell: loss scale and all reach the ring each step.
+    (mindformers' sink mode falls back to step-by-step on CPU, so the ring is exercised without it.)"""
+    config = variant(tmp_path, "ring.yaml", "runner_wrapper:\n  type: MSBridgeRing\n  wrapper: CPUTrainOneStepCell\n"
+                                            "  ring_size: 64\n  use_clip_grad: True\n  max_grad_norm: 1.0\n"
+                                            "  scale_sense: 1.0\n")
+    work = tmp_path / "work"
+    out = train(work, steps=12, config=config)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    mf, log = mf_lines(work), read_run(only_run(work)).ranks[0]
+    assert sorted(mf) == list(range(1, 13))
+    for name in ("train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/overflow"):
+        series = log.series(name)
+        assert [s for s, _ in series] == list(range(1, 13)), name  # the loss scale too: read from the ring
+        close(series, mf, name)
+
+
+def test_global_norm_spike_is_forwarded_and_the_run_closes_failed(tmp_path):
+    """TrainingStateMonitor (check_for_global_norm) stops training with TREError at the first spike."""
+    threshold = 2.5
+    config = variant(tmp_path, "spike.yaml", "monitor_config:\n  monitor_on: True\n  dump_path: ''\n"
+                                             f"  step_interval: 1\n  check_for_global_norm: True\n"
+                                             f"  global_norm_spike_threshold: {threshold}\n")
+    work = tmp_path / "work"
+    out = train(work, steps=30, config=config)
+    assert out.returncode != 0 and "TREError" in out.stderr
+    mf = mf_lines(work)
+    spike = max(mf)  # TrainingStateMonitor raised at the end of the last step mindformers logged
+    assert mf[spike]["train/grad_norm"] >= threshold > max(v["train/grad_norm"] for s, v in mf.items() if s < spike)
+    recorded = json.loads((work / "output" / "abnormal_global_norm.json").read_text())
+    assert list(recorded) == [str(spike)]
+
+    run_dir = only_run(work)
+    log = read_run(run_dir).ranks[0]
+    # the spike step is recorded although TrainingStateMonitor raised before MSBridgeMonitor saw its end
+    assert [s for s, _ in log.series("train/loss")] == list(range(1, spike + 1))
+    close(log.series("train/grad_norm"), mf, "train/grad_norm")
+    forwarded = [e for e in log.events if e.kind == "mindformers_global_norm_spike"]
+    assert [(e.step, round(e.detail["global_norm"], 5)) for e in forwarded] == \
+        [(spike, round(recorded[str(spike)][0], 5))]
+    failure = [e for e in log.events if e.kind == "exception"]
+    assert failure and "TREError" in failure[0].detail["message"]
+    assert json.loads(Path(run_dir, "run.json").read_text())["outcome"]["status"] == "FAILED"
