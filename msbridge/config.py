@@ -21,10 +21,11 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from .callback_entry import entry_sections, find_entry
 from .canonical import canonicalize
 from .compose import compose
 from .compose import plain as thaw
-from .keys import Assignment, Note, did_you_mean
+from .keys import Assignment, Note, did_you_mean, section_of
 from .errors import ConfigError
 from .health_config import health_problems
 from .interpolate import interpolate
@@ -242,7 +243,12 @@ def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Confi
         source = source.to_dict()
     tree, notes, problems = compose(source, overrides)
     label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
-    return config_from_tree(tree, label, notes, problems)
+    index = find_entry(tree.data) if section_of(tree.data) != "msbridge" else None
+    if index is None:
+        return config_from_tree(tree, label, notes, problems)
+    # a mindformers run YAML with a `- type: MSBridgeMonitor` entry: check it as the callback will
+    tree, sections, more_notes, more = entry_sections(tree, index, label)
+    return config_from_tree(tree, label, notes + more_notes, problems + more, sections=sections)
 
 
 def config_from_tree(tree: Tree, label: str, notes: Sequence[Note] = (), problems: Sequence[str] = (),

@@ -101,3 +101,22 @@ def test_console_script_runs_check(tmp_path, persistent):
     out = subprocess.run([sys.executable, "-m", "msbridge.cli", "config", "check", name], cwd=tmp_path,
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1 and "run.yaml:1: flush_steps: expected an integer >= 1, got 0" in out.stdout
+
+
+def test_check_reads_a_mindformers_run_yaml_through_its_msbridge_entry(tmp_path, capsys, persistent):
+    (tmp_path / "msbridge.yaml").write_text("flush_steps: 7\n")
+    (tmp_path / "run.yaml").write_text(textwrap.dedent("""\
+        model: {model_config: {seq_length: 32}}
+        monitor_config: {monitor_on: true, dump_path: '', step_interval: 2}
+        callbacks:
+          - type: MFLossMonitor
+          - type: MSBridgeMonitor
+            config: msbridge.yaml
+            experiment: llama
+        """))
+    assert main(["config", "show", "run.yaml"]) == 0
+    shown = capsys.readouterr().out
+    for line in ("flush_steps: 7", "step_interval: 2", "experiment: llama", "seq_length: 32"):
+        assert line in shown, shown
+    assert main(["config", "check", "run.yaml", "--set", "callbacks.1.flush_step=3"]) == 1
+    assert "callbacks[1].flush_step: unknown key; did you mean 'flush_steps'?" in capsys.readouterr().out
