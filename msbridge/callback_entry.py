@@ -97,6 +97,9 @@ def _graft_config_file(tree: Tree, index: int, name: Any, label: str, base: int)
     section = section_of(data)
     if section is not None:  # a training YAML: its msbridge section
         data, prefix = data[section] or {}, (section,)
+    if not isinstance(data, Mapping):
+        return tree, problems + [f"{origin}: callbacks[{index}].config: {name!r} holds no mapping of msbridge "
+                                 "settings"]
     entry = tree.data["callbacks"][index]
     tree.data["callbacks"][index] = deep_merge(data, entry)
     at = ("callbacks", index)

@@ -186,3 +186,20 @@ def test_global_norm_spike_is_forwarded_and_the_run_closes_failed(tmp_path):
     failure = [e for e in log.events if e.kind == "exception"]
     assert failure and "TREError" in failure[0].detail["message"]
     assert json.loads(Path(run_dir, "run.json").read_text())["outcome"]["status"] == "FAILED"
+
+
+def test_seven_outputs_and_no_global_norm(tmp_path):
+    """``local_norm: True`` adds (local norms, sizes); without ``use_clip_grad`` global_norm is None."""
+    config = variant(tmp_path, "local.yaml", "runner_wrapper:\n  local_norm: True\n  use_clip_grad: False\n")
+    work = tmp_path / "work"
+    out = train(work, steps=6, config=config)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = (work / "output" / "log" / "rank_0" / "info.log").read_text()
+    mf = {int(m[1]): {"train/loss": float(m[2]), "train/lr": float(m[3])}
+          for m in re.finditer(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([-\d.e+]+)/[^\]]*\], per_step_time: \d+ms, "
+                               r"lr: ([-\d.e+]+),", text)}
+    log = read_run(only_run(work)).ranks[0]
+    assert sorted(mf) == [s for s, _ in log.series("train/loss")] == list(range(1, 7))
+    close(log.series("train/loss"), mf, "train/loss")
+    close(log.series("train/lr"), mf, "train/lr")
+    assert "train/grad_norm" not in log.metric_names()
