@@ -14,18 +14,12 @@ What it adds to ``BridgeMonitor``:
 - when the run YAML configures mindformers' tensorboard, msbridge's tensorboard
   sink writes through mindformers' writer: one event file per rank, not two.
 
-MFLossMonitor and TrainingStateMonitor keep running unchanged beside it. List
-``MSBridgeMonitor`` before any TrainingStateMonitor you write yourself (the one
-mindformers adds for ``monitor_config`` comes last anyway), so the step at which
-TrainingStateMonitor stops training is recorded too.
+MFLossMonitor and TrainingStateMonitor keep running unchanged beside it.
+mindformers sorts them first, so when TrainingStateMonitor stops training at a
+step's end (TREError), this monitor has not seen that step yet: it is recorded
+from the callback params as the run closes FAILED (``BridgeMonitor``).
 
-Example (run YAML):
-    callbacks:
-      - type: MFLossMonitor
-      - type: MSBridgeMonitor
-        experiment: tiny-llama
-        sinks: [jsonl, tensorboard, mlflow]
-        flush_steps: 10
+The run YAML entry is shown in ``msbridge.mindformers``.
 """
 from __future__ import annotations
 
