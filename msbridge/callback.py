@@ -195,11 +195,11 @@ class BridgeMonitor(Callback):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # MindSpore's callback manager exits every callback, also when training raised.
         rank = self.run.rank if self.run else 0
-        if exc_type is not None:
-            self._record_interrupted_step()
         if exc_type is None:
             self.close(FINISHED)
-        elif issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
+            return
+        self._record_interrupted_step()
+        if issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
             detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
             self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
         else:
