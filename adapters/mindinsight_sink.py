@@ -13,9 +13,10 @@ one flat directory per run and rank makes
 every run as a train job (at most 999 per base dir, MindInsight's own limit).
 
 Each record becomes one summary ``Event`` (MindSpore's ``summary_pb2`` message,
-encoded by ``scalar_event`` byte for byte as MindSpore's protobuf class would,
-about 20x faster). MindSpore's own ``SummaryWriter`` (its C++ event writer:
-length, masked CRC32C, body, masked CRC32C) writes it, called from the
+encoded by ``_eventwire.scalar_event`` byte for byte as MindSpore's protobuf
+class would, about 20x faster; the TensorBoard sink shares that encoder).
+MindSpore's own ``SummaryWriter`` (its C++ event writer: length, masked
+CRC32C, body, masked CRC32C) writes it, called from the
 dispatcher thread; each ``write`` ends by handing its batch to the OS, so a
 running MindInsight shows it at its next reload, and ``flush`` adds fsync.
 ``SummaryRecord`` is not used: its writer process busy-polls and burns a CPU
@@ -49,16 +50,15 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
-import struct
 import time
 from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..rundir import safe_component
 from ..sink import FINISHED, Event, Record, RunInfo, Sink, flatten
+from ._eventwire import MINDSPORE_VALUE, fsync, scalar_event
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -74,50 +74,6 @@ _HYPER_PARAMETERS = {
 def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
     """The train job directory of one rank: a direct subdirectory of the base dir."""
     return os.path.join(summary_base_dir, f"{safe_component(run_name)}_rank_{rank}")
-
-
-def _varint(n: int) -> bytes:
-    n &= 0xFFFFFFFFFFFFFFFF  # int64 as protobuf puts it on the wire
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _float32(value: float) -> bytes:
-    try:
-        return struct.pack("<f", value)
-    except OverflowError:  # beyond float32's range: +-inf, as protobuf stores it
-        return struct.pack("<f", math.copysign(math.inf, value))
-
-
-def scalar_event(step: int, wall_time: float, values: Mapping[str, float], prefixes: Dict[str, bytes]) -> bytes:
-    """A ``summary_pb2.Event`` of scalars, serialised byte for byte as MindSpore's protobuf class does.
-
-    That class needs protobuf's pure-Python backend, which spends ~0.2 ms on a 14-value record;
-    this takes ~0.01 ms. ``prefixes`` caches each tag's bytes. Fields: Event.wall_time = 1
-    (double), Event.step = 2 (varint), Event.summary = 5; Summary.value = 1; Value.tag = 1,
-    Value.scalar_value = 3 (float32).
-    """
-    body = bytearray()
-    for tag, value in values.items():
-        prefix = prefixes.get(tag)
-        if prefix is None:
-            raw = tag.encode()
-            entry = b"\x0a" + _varint(len(raw)) + raw + b"\x1d"
-            prefix = prefixes[tag] = b"\x0a" + _varint(len(entry) + 4) + entry
-        body += prefix + _float32(value)
-    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step) + b"\x2a" + _varint(len(body)) + body
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MindInsightSink(Sink):
@@ -184,7 +140,7 @@ class MindInsightSink(Sink):
             return
         for writer, path in zip((self._summary, self._lineage), self._paths):
             writer.flush()
-            _fsync(path)
+            fsync(path)
 
     def close(self, status: str = FINISHED) -> None:
         if self._summary is None:
@@ -211,7 +167,7 @@ class MindInsightSink(Sink):
             stamp += 1
 
     def _scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
-        self._summary.write("summary", scalar_event(step, wall_time, values, self._prefixes))
+        self._summary.write("summary", scalar_event(step, wall_time, values, MINDSPORE_VALUE, self._prefixes))
 
     def _run_facts(self, run: RunInfo) -> Dict[str, Any]:
         return {"msbridge.run_id": run.run_id, "msbridge.run_name": run.run_name,

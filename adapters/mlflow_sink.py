@@ -1,7 +1,8 @@
 """The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
 
-Global rank only. MLflow is reached on the first write/flush, on the dispatcher thread
-(``open`` does no I/O: a new sqlite store takes seconds to create). Metrics keep the
+Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its
+pure-Python store never holds the training process's GIL; ``open`` starts it and does no other
+I/O, and MLflow is reached on the first flush or write, from the dispatcher thread. Metrics keep the
 stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps
 NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).
 Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``;
@@ -33,6 +34,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..masking import mask_secrets, mask_text
 from ..runlog import rank_file, read_rank_file
 from ..sink import FINISHED, Event, Record, RunInfo, Sink, flatten, json_safe
+from ._mlflow_process import ClientProcess
 
 log = logging.getLogger("msbridge")
 
@@ -152,7 +154,7 @@ class MlflowSink(Sink):
         try:
             import mlflow.tracking  # noqa: F401  (only here: importing msbridge never imports mlflow)
         except ImportError:
-            raise MissingDependencyError("mlflow", "mlflow", "mlflow") from None
+            raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow") from None
         super().__init__(tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
                          artifact_location=artifact_location, **numbers)
         self.uri = ""
@@ -170,14 +172,16 @@ class MlflowSink(Sink):
         self._down = self._warned_full = False
 
     def open(self, run: RunInfo) -> None:
-        """No I/O; sets MLflow's HTTP limits here, once, before the dispatcher thread runs (a
-        change of the environment while other threads read it is not safe in C)."""
+        """Starts MLflow's client process, no other I/O. Sets MLflow's HTTP limits first, once, before
+        the dispatcher thread runs (a change of the environment while other threads read it is not
+        safe in C); the child inherits them."""
         super().open(run)
         self.uri = self._uri_for(run)
         for option, (variable, default) in _HTTP_ENV.items():
             value = self.options[option]
             if value is not None or variable not in os.environ:
                 os.environ[variable] = str(int(default if value is None else value))
+        self._client = ClientProcess(self.uri)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
@@ -208,6 +212,7 @@ class MlflowSink(Sink):
                             status, shlex.quote(self.run.run_dir))
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
+        self._client.close()
         self.run = self._client = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
@@ -248,7 +253,6 @@ class MlflowSink(Sink):
         return True
 
     def _send_metrics(self) -> None:
-        from mlflow.entities import Metric, RunTag
         while self._pending:
             chunk: List[Record] = []
             size = 0
@@ -258,26 +262,26 @@ class MlflowSink(Sink):
                     break
                 chunk.append(rec)
                 size += n
-            metrics = [Metric(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000),
-                              rec.step) for rec in chunk if rec.step > self._last_step for k, v in rec.values.items()]
+            metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
+                       for rec in chunk if rec.step > self._last_step for k, v in rec.values.items()]
             step = max(self._last_step, max(rec.step for rec in chunk))
             parts = [metrics[i:i + METRICS_PER_CALL] for i in range(0, len(metrics), METRICS_PER_CALL)]
             for i, part in enumerate(parts):  # resending a part is harmless: same key, time, step, value
-                tags = [RunTag(LAST_STEP_TAG, str(step))] if i == len(parts) - 1 else []
+                tags = [(LAST_STEP_TAG, str(step))] if i == len(parts) - 1 else []
                 self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=part, tags=tags)
             for _ in chunk:
                 self._pending.popleft()
             self._last_step = step
 
     def _send_tags(self) -> None:
-        from mlflow.entities import RunTag
-        tags = [RunTag(k, _fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
+        tags = [(k, _fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
         for i in range(0, len(tags), PARAMS_TAGS_PER_CALL):
             self._log_batch("tags", tags=tags[i:i + PARAMS_TAGS_PER_CALL])
         self._tags.clear()
 
     def _log_batch(self, what: str, **batch: Any) -> None:
-        """``log_batch``; a batch MLflow rejects as invalid is skipped with an error, never retried."""
+        """``log_batch`` of tuples (see ``ClientProcess``); a batch MLflow rejects as invalid is skipped
+        with an error, never retried."""
         try:
             self._client.log_batch(self.run_id, **batch)
         except Exception as exc:
@@ -297,10 +301,8 @@ class MlflowSink(Sink):
 
     def _connect(self) -> None:
         """Find or create the job's run, then log params, tags, artifacts; a failed attempt is redone."""
-        from mlflow.entities import Param, ViewType
-        from mlflow.tracking import MlflowClient
-        run = self.run
-        client = self._client = self._client or MlflowClient(self.uri)
+        from mlflow.entities import ViewType
+        run, client = self.run, self._client
         experiment_id = self._experiment_id(client, self.options["experiment"] or run.experiment)
         found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
                                    run_view_type=ViewType.ALL, max_results=1)
@@ -329,7 +331,7 @@ class MlflowSink(Sink):
             if changed:
                 log.warning("msbridge: MLflow keeps a param's first value; changed since the run began "
                             "(the new values are in config/resolved.yaml): %s", ", ".join(changed))
-            new = [Param(k, v) for k, v in params.items() if k not in logged]
+            new = [(k, v) for k, v in params.items() if k not in logged]
             for i in range(0, len(new), PARAMS_TAGS_PER_CALL):
                 self._log_batch("params", params=new[i:i + PARAMS_TAGS_PER_CALL])
             self._send_tags()

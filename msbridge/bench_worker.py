@@ -95,6 +95,8 @@ class _Timer(Callback):
             self.sink_thread_cpu.append(thread_cpu_s("msbridge-dispatch"))
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
+        if step >= self.cpu_at[1]:
+            run_context.request_stop()  # the last epoch may run past the steps asked for
         if self.stall_at and step >= self.stall_at and not self.stalled_s:
             start = time.perf_counter()
             time.sleep(self.settle_s)  # let in-flight sink writes finish: what follows is idle
@@ -248,7 +250,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float) -> Dict[st
     sink = setup == "g"
     # CPU runs sink mode step by step and ignores sink_size (one epoch = the whole dataset); a device
     # runs sink_size steps per epoch, so it needs steps / sink_size epochs for the same steps.
-    epochs = steps // per_epoch
+    epochs = -(-steps // per_epoch)  # the timer stops training at `steps`
     if sink and ms.get_context("device_target") != "CPU":
         epochs = steps // SINK_SIZE
     cpu0, wall0 = process_cpu_s(), time.perf_counter()

@@ -5,6 +5,10 @@ the queue while idle (no polling), writes the write-ahead log (jsonl) first,
 then every other sink, each in its own try/except: a sink that raises is
 logged once with its name, counted, and the others carry on.
 
+The thread starts by flushing every sink once, so a tracker's first contact
+(MLflow creating a store and a run: seconds) happens while the graph compiles,
+not at the first window in the middle of training.
+
 Example:
     >>> d = Dispatcher([JsonlSink()], run_info)
     >>> d.submit(records, events)
@@ -89,6 +93,8 @@ class Dispatcher:
 
     # -- dispatcher thread -------------------------------------------------
     def _loop(self) -> None:
+        for sink in self.sinks:  # first contact off the training thread, before the first window
+            self._call(sink, "flush")
         while True:
             item = self._queue.get()
             if item is _STOP:

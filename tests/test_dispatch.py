@@ -75,3 +75,18 @@ def test_idle_dispatcher_uses_no_cpu():
     used = time.process_time() - before
     d.close()
     assert used < 0.05, f"idle dispatcher burned {used:.3f} CPU-s in 1 s"
+
+
+def test_every_sink_is_flushed_first_on_the_dispatcher_thread():
+    """A tracker's first contact (MLflow creating its store and run) happens at start, off the training thread."""
+
+    class FirstContact(Recording):
+        def flush(self):
+            self.journal.append((self.name, "flush", threading.current_thread().name))
+
+    journal = []
+    d = Dispatcher([FirstContact("a", journal), FirstContact("b", journal)], RUN)
+    d.submit(batch(1))
+    d.close()
+    assert journal == [("a", "flush", "msbridge-dispatch"), ("b", "flush", "msbridge-dispatch"),
+                       ("a", [1]), ("b", [1])]

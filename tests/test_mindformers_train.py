@@ -203,3 +203,22 @@ def test_seven_outputs_and_no_global_norm(tmp_path):
     close(log.series("train/loss"), mf, "train/loss")
     close(log.series("train/lr"), mf, "train/lr")
     assert "train/grad_norm" not in log.metric_names()
+
+
+def test_mindformers_tensorboard_writer_is_shared(tmp_path):
+    """With mindformers' tensorboard on, msbridge's tensorboard sink writes through its writer: one file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = variant(tmp_path, "tb.yaml", "tensorboard:\n  tensorboard_dir: output/tensorboard\n")
+    work = tmp_path / "work"
+    out = train(work, steps=6, config=config)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rank_dir = work / "output" / "tensorboard" / "rank_0"
+    files = [p for p in rank_dir.rglob("events.out.tfevents.*")]
+    assert len(files) == 1, files
+    ea = EventAccumulator(str(rank_dir), size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    tags = ea.Tags()["scalars"]
+    assert "loss" in tags and "train/loss" in tags and "train/global_loss" in tags, tags  # mindformers' and ours
+    close([(e.step, e.value) for e in ea.Scalars("train/loss")], mf_lines(work), "train/loss")
+    assert not (work / "msbridge_runs" / "tiny-llama" / "tensorboard").exists()

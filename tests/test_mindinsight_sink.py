@@ -15,7 +15,8 @@ from mindspore.train.summary_pb2 import Event as SummaryEvent
 
 from msbridge import BridgeMonitor
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.mindinsight_sink import MindInsightSink, scalar_event
+from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
+from msbridge.adapters.mindinsight_sink import MindInsightSink
 from msbridge.registry import resolve
 from msbridge.runlog import read_run
 from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
@@ -154,7 +155,7 @@ def test_scalar_event_is_byte_for_byte_mindspore_protobuf(step, wall_time, value
     event = SummaryEvent(wall_time=wall_time, step=step)
     for tag, value in values.items():
         event.summary.value.add(tag=tag, scalar_value=value)
-    assert scalar_event(step, wall_time, values, {}) == event.SerializeToString()
+    assert scalar_event(step, wall_time, values, MINDSPORE_VALUE, {}) == event.SerializeToString()
 
 
 def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):

@@ -22,8 +22,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
 
+from msbridge.adapters._mlflow_process import NICE, ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
+from msbridge.dispatch import Dispatcher
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.runlog import read_run
 from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
@@ -147,10 +149,10 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
               "model": {f"layer_{i}": {"hidden": 64 + i} for i in range(150)}, "data": {"prompt": LONG}}
     run = make_run(tmp_path, params=params, sweep_id="sweep-7")
     calls = []
-    original = MlflowClient.log_batch
-    monkeypatch.setattr(MlflowClient, "log_batch",  # the real call, counted
-                        lambda self, run_id, metrics=(), params=(), tags=(): calls.append(len(metrics)) or
-                        original(self, run_id, metrics=metrics, params=params, tags=tags))
+    original = ClientProcess._call
+    monkeypatch.setattr(ClientProcess, "_call",  # the real call to MLflow's client process, counted
+                        lambda self, name, args, kwargs: (name == "log_batch" and calls.append(
+                            len(kwargs.get("metrics", ())))) or original(self, name, args, kwargs))
     jsonl, sink = open_pair(run, tracking_uri=uri)
     recs = records(1, 300)
     recs[6] = Record(7, 0, recs[6].time, dict(recs[6].values, **{"train/loss": math.nan}))
@@ -356,6 +358,35 @@ def test_one_record_over_a_batch_is_split(shared_sqlite, tmp_path):
     sink.close()
     mlrun = only_run(MlflowClient(shared_sqlite), run.experiment)
     assert mlrun.data.metrics == {**wide, "train/loss": 1.0} and mlrun.data.tags["msbridge.last_step"] == "2"
+
+
+def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_niced_child(shared_sqlite, tmp_path):
+    """Through the dispatcher, the MLflow run exists before any window; MLflow's client is a child process
+    at nice 19 (its own GIL), started again if it dies, and ended by close; no step is lost."""
+    run = make_run(tmp_path)
+    sink = MlflowSink(tracking_uri=shared_sqlite)
+    dispatcher = Dispatcher([JsonlSink(), sink], run)
+    client = MlflowClient(shared_sqlite)
+    deadline = time.monotonic() + 60
+    while not client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 f"tags.`msbridge.run_id` = '{run.run_id}'"):
+        assert time.monotonic() < deadline, "the MLflow run was not created at start"
+        time.sleep(0.1)
+    dispatcher.submit(records(1, 20))
+    assert dispatcher.flush(timeout=60)
+    first = sink._client._proc
+    assert first.pid != os.getpid() and os.getpriority(os.PRIO_PROCESS, first.pid) == NICE
+    first.kill()
+    first.wait()
+    dispatcher.submit(records(21, 40))
+    assert dispatcher.flush(timeout=60)
+    second = sink._client._proc
+    assert second.pid != first.pid and os.getpriority(os.PRIO_PROCESS, second.pid) == NICE
+    dispatcher.close(FINISHED)
+    assert dispatcher.errors == {} and sink._client is None and second.poll() == 0  # close ended it
+    mlrun = only_run(client, run.experiment)
+    assert mlrun.info.status == FINISHED and steps(client, mlrun.info.run_id) == list(range(1, 41))
+    assert_same_series(client, mlrun.info.run_id, run.run_dir)
 
 
 def test_describe_masks_the_uri(tmp_path):

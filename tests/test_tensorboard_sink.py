@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
 from msbridge.dispatch import Dispatcher
@@ -216,6 +217,46 @@ def test_nonfinite_values_are_stored_as_they_are(tmp_path):
     assert got[0] == 2.0 and math.isnan(got[1]) and got[2:5] == [math.inf, -math.inf, math.inf] and got[5] == 1.0
 
 
+@pytest.mark.parametrize("step, wall_time, values", [
+    (0, 0.0, {"a": 0.0}),
+    (1, 1_700_000_000.123, {"train/loss": 2.5, "perf/samples_per_s": 1e-40}),
+    (2 ** 40, 1.5, {"dist/loss/rank_1": math.nan, "x": math.inf, "y": -math.inf, "big": 1e39, "neg": -3.5e38}),
+    (7, 2.0, {"t" * 200: 1.0, "loss/ünï": -1.25}),  # tag lengths past one varint byte, UTF-8
+])
+def test_scalar_event_is_byte_for_byte_the_tensorboard_proto(step, wall_time, values):
+    from tensorboardX.proto.event_pb2 import Event as TbEvent
+
+    event = TbEvent(wall_time=wall_time, step=step)
+    for tag, value in values.items():
+        event.summary.value.add(tag=tag, simple_value=value)
+    ours = scalar_event(step, wall_time, values, TENSORBOARD_VALUE, {})
+    # proto3 leaves out a zero step or wall time; parsed, ours is the message protobuf writes
+    assert TbEvent.FromString(ours).SerializeToString() == event.SerializeToString()
+    assert step == 0 or ours == event.SerializeToString()
+    version = TbEvent(wall_time=wall_time, file_version="brain.Event:2").SerializeToString()
+    assert TbEvent.FromString(version_event(wall_time, "brain.Event:2")).SerializeToString() == version
+
+
+def test_every_step_and_value_reads_back_exactly_with_wall_times(tmp_path):
+    """TensorBoard's reader checks each record's CRCs; steps, float32 values and wall times come back as written."""
+    values = [2.0, math.nan, math.inf, -math.inf, 1e39, -1e39, 1e-40, 0.1, 3.0]
+    recs = [Record(s, 0, 1_700_000_000.25 + s, {"train/loss": v, "perf/samples_per_s": float(s)})
+            for s, v in zip(range(10, 10 + 3 * len(values), 3), values)]
+    sink = TensorBoardSink()
+    sink.open(make_run(tmp_path))
+    sink.write(recs[:4], [])
+    sink.write(recs[4:], [])
+    sink.flush()  # readable before close
+    ea = load(os.path.join(tb_root(tmp_path), "rank_0"))
+    got = ea.Scalars("train/loss")
+    assert [e.step for e in got] == [r.step for r in recs]
+    assert [e.wall_time for e in got] == [r.time for r in recs]
+    want = [2.0, math.inf, -math.inf, math.inf, -math.inf, float(np.float32(1e-40)), float(np.float32(0.1)), 3.0]
+    assert math.isnan(got[1].value) and [e.value for e in got[:1] + got[2:]] == want  # 1e39: beyond float32
+    assert series(ea, "perf/samples_per_s") == [(r.step, float(r.step)) for r in recs]
+    sink.close(FINISHED)
+
+
 def test_invalid_names_are_cleaned_with_one_warning(tmp_path, caplog):
     names = ["train/loss", "eval/acc (top-1)", "/perf/x", "a b", "a_b"]
     sink = TensorBoardSink()
@@ -334,3 +375,28 @@ def test_real_training_loss_curve_equals_jsonl(tmp_path):
         glob_ea.PluginTagToContent("hparams")[hp_metadata.SESSION_START_INFO_TAG])
     assert start.hparams["optimizer.lr"].number_value == 0.01
     assert "tensorboard --logdir" in texts(glob_ea, "run/README")[0][1]  # the README names this sink
+
+
+def test_a_shared_writer_gets_every_series_and_stays_open(tmp_path):
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "theirs" / "rank_0"))  # as mindformers opens one per rank
+    writer.add_scalar("loss", 1.5, 1)  # their own series, beside ours
+    run = make_run(tmp_path, world_size=2)
+    jsonl, tb = JsonlSink(), TensorBoardSink()
+    tb.share_writer(writer)
+    for sink in (jsonl, tb):
+        sink.open(run)
+        sink.write(records(range(1, 6)), [Event("anomaly", 3, 0, 0.0, {"check": "x"})])
+        sink.close(FINISHED)
+    assert tb.describe(run)["where"] == str(tmp_path / "theirs" / "rank_0")
+    writer.add_scalar("loss", 1.25, 2)  # the owner's writer still works after the sink closed
+    writer.close()
+    assert not os.path.exists(tb_root(tmp_path)), "no files of our own"
+    assert len(os.listdir(tmp_path / "theirs" / "rank_0")) == 1
+    ea = load(str(tmp_path / "theirs" / "rank_0"))
+    log = read_run(run.run_dir).ranks[0]
+    for name in log.metric_names():  # this rank's and the run's global metrics, in the one file
+        same_series(series(ea, name), log.series(name))
+    assert series(ea, "loss") == [(1, 1.5), (2, 1.25)]
+    assert "events/anomaly" in ea.Tags()["tensors"] and "run/README" in ea.Tags()["tensors"]

@@ -1,0 +1,105 @@
+"""Scalar events encoded by hand, and the record files they go into: shared by the TensorBoard and
+MindInsight sinks.
+
+TensorBoard's ``Event`` and MindSpore's summary ``Event`` lay scalars out alike on the wire:
+Event.wall_time = 1 (double), Event.step = 2 (varint), Event.file_version = 3 (string),
+Event.summary = 5; Summary.value = 1; Value.tag = 1; the value is a float32 in field 2
+(TensorBoard's ``simple_value``) or 3 (MindSpore's ``scalar_value``). Encoding here takes
+~0.01 ms a record; the generated classes run on protobuf's pure-Python backend under MindSpore
+(~0.2-0.5 ms a record).
+
+Both formats frame each event as a TFRecord (length, masked CRC32C, body, masked CRC32C).
+MindSpore's C++ ``EventWriter_`` does that framing (~2 us a record; tensorboardX's
+pure-Python CRC32C takes ~60 us).
+"""
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import Dict, Mapping
+
+#: The field number of a scalar's float32 value in ``Summary.Value``.
+TENSORBOARD_VALUE = 2
+MINDSPORE_VALUE = 3
+
+
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf varint; a negative int64 as protobuf puts it on the wire (10 bytes)."""
+    n &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def float32(value: float) -> bytes:
+    """``value`` as a little-endian float32; beyond float32's range it is +-inf, as protobuf stores it."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
+def scalar_event(step: int, wall_time: float, values: Mapping[str, float], value_field: int,
+                 prefixes: Dict[str, bytes]) -> bytes:
+    """An ``Event`` of scalars ``{tag: value}``, serialised byte for byte as protobuf's classes do.
+
+    ``value_field``: ``TENSORBOARD_VALUE`` or ``MINDSPORE_VALUE``. ``prefixes`` caches each tag's
+    bytes up to its value; keep one cache per ``value_field``.
+    """
+    body = bytearray()
+    for tag, value in values.items():
+        prefix = prefixes.get(tag)
+        if prefix is None:
+            raw = tag.encode()
+            entry = b"\x0a" + varint(len(raw)) + raw + bytes([value_field << 3 | 5])
+            prefix = prefixes[tag] = b"\x0a" + varint(len(entry) + 4) + entry
+        body += prefix + float32(value)
+    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + varint(step) + b"\x2a" + varint(len(body)) + body
+
+
+def version_event(wall_time: float, version: str) -> bytes:
+    """The ``Event`` that opens an event file: its wall time and ``file_version``."""
+    raw = version.encode()
+    return b"\x09" + struct.pack("<d", wall_time) + b"\x1a" + varint(len(raw)) + raw
+
+
+def fsync(path: str) -> None:
+    """fsync a file another writer (MindSpore's C++ one) holds open."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordFile:
+    """An event file of TFRecord-framed events, written through MindSpore's C++ ``EventWriter_``.
+
+    ``write`` hands the record to the writer's buffer; ``flush`` makes everything written durable.
+
+    Example:
+        >>> f = RecordFile("/tmp/tb/events.out.tfevents.1.host")
+        >>> f.write(version_event(time.time(), "brain.Event:2"))
+        >>> f.flush(); f.close()
+    """
+
+    def __init__(self, path: str) -> None:
+        from mindspore._c_expression import EventWriter_
+
+        self.path = path
+        self._writer = EventWriter_(path)
+
+    def write(self, data: bytes) -> None:
+        self._writer.Write(data)
+
+    def flush(self) -> None:
+        self._writer.Flush()
+        fsync(self.path)
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.Shut()
