@@ -128,6 +128,10 @@ def serve(uri: str, requests: BinaryIO, replies: BinaryIO) -> None:
 
 def main() -> None:
     os.nice(NICE)
+    try:  # Linux: run only when a CPU would otherwise idle; a waking training thread preempts at once
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
     # Only MindSpore needs protobuf's pure-Python runtime; MLflow (REST) is faster on the default one.
     if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]

@@ -30,9 +30,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median as _median  # sorts in C: ~10x faster than np.median on these few dozen values
 from typing import Any, Deque, Dict, List, Optional
-
-import numpy as np
 
 ANOMALY = "anomaly"
 RECOVERY = "recovery"
@@ -125,7 +124,7 @@ class GradNormSpike:
             return float(self.threshold)
         if len(self._normal) < MIN_BASELINE:
             return None
-        return self.factor * float(np.median(self._normal))
+        return self.factor * float(_median(self._normal))
 
     def observe(self, step: int, grad_norm: Optional[float]) -> Optional[Finding]:
         if not _finite(grad_norm):
@@ -180,9 +179,8 @@ class LossSpike:
         if self._spike is not None:
             return self._while_spiking(step, loss)
         if step > self.warmup_steps and len(self._normal) >= MIN_BASELINE:
-            values = np.asarray(self._normal)
-            median = float(np.median(values))
-            sigma = MAD_TO_STD * float(np.median(np.abs(values - median)))
+            median = float(_median(self._normal))
+            sigma = MAD_TO_STD * float(_median([abs(v - median) for v in self._normal]))
             margin = max(self.sigmas * sigma, self.min_rise * abs(median))
             if loss - median > margin:
                 back = median + max(self.recover_sigmas * sigma, 0.5 * self.min_rise * abs(median))
@@ -275,12 +273,12 @@ class ThroughputDrop:
         if self.baseline is None:
             self._first.append(rate)
             if len(self._first) >= self.baseline_steps:
-                self.baseline = float(np.median(self._first))
+                self.baseline = float(_median(self._first))
             return None
         self._recent.append(rate)
         if len(self._recent) < (self._recent.maxlen or 1):
             return None
-        current = float(np.median(self._recent))
+        current = float(_median(self._recent))
         dropped = current < self.factor * self.baseline
         started, self._in_drop = dropped and not self._in_drop, dropped
         if not started:

@@ -2,8 +2,10 @@
 
 MindSpore's optimizer evaluates ``learning_rate(global_step)`` and then
 increments ``global_step``, so step ``s`` (1-based, as callbacks count) used the
-schedule's value at ``s - 1``. Schedules are evaluated for a whole window in one
-call; a dynamic-lr list is read once; a fixed lr is read once per flush.
+schedule's value at ``s - 1``. A schedule (a pure function of the step) is
+evaluated ahead for ``SCHEDULE_CHUNK`` steps in one call and kept, so most
+flushes only index a table; a dynamic-lr list is read once; a fixed lr is read
+once per flush.
 
 Example:
     >>> reader = LrReader(optimizer)
@@ -18,6 +20,9 @@ from typing import Any, Optional
 import numpy as np
 
 log = logging.getLogger("msbridge")
+
+#: Steps of a schedule evaluated per call (one eager call costs 1-7 ms, whatever its length).
+SCHEDULE_CHUNK = 2048
 
 
 def find_optimizer(cb_params: Any) -> Optional[Any]:
@@ -40,6 +45,8 @@ class LrReader:
         self._schedule = lr if isinstance(lr, LearningRateSchedule) else None
         self._param = None if self._schedule is not None else lr
         self._table: Optional[np.ndarray] = None
+        self._ahead: Optional[np.ndarray] = None  # the schedule's values, evaluated ahead
+        self._chunk = SCHEDULE_CHUNK
         if self._param is not None and len(self._param.shape) == 1:
             self._table = self._param.asnumpy().astype(np.float64)  # dynamic lr list: fixed for the run
 
@@ -52,12 +59,31 @@ class LrReader:
         return np.full(len(steps), float(self._param.asnumpy()), dtype=np.float64)
 
     def _from_schedule(self, used: np.ndarray) -> np.ndarray:
+        needed = int(used.max()) + 1
+        have = 0 if self._ahead is None else len(self._ahead)
+        if have < needed:
+            try:
+                more = self._evaluate(np.arange(have, needed + self._chunk, dtype=np.int32))
+            except RuntimeError:
+                if not self._chunk:
+                    raise
+                self._chunk = 0  # defined for the run's steps only (a dynamic-lr list): never ahead again
+                more = self._evaluate(np.arange(have, needed, dtype=np.int32))
+            if more is None:  # not elementwise: evaluate the window step by step
+                return np.array([self._scalar(s) for s in used])
+            self._ahead = more if self._ahead is None else np.concatenate([self._ahead, more])
+        return self._ahead[used]
+
+    def _evaluate(self, steps: np.ndarray) -> Optional[np.ndarray]:
+        """The schedule at ``steps`` in one call, or None if it is not elementwise."""
         from mindspore import Tensor
 
-        # ``construct`` runs the schedule's few ops eagerly (1-7 ms a window); calling the Cell in GRAPH
-        # mode would compile a graph for every new window length (about 1 s each).
-        values = np.asarray(self._schedule.construct(Tensor(used.astype(np.int32))).asnumpy(), dtype=np.float64)
-        if values.shape == used.shape:
-            return values
-        # A schedule that is not elementwise: evaluate step by step (at flush, off the step path).
-        return np.array([float(self._schedule.construct(Tensor(np.int32(s))).asnumpy()) for s in used])
+        # ``construct`` runs the schedule's few ops eagerly; calling the Cell in GRAPH mode would
+        # compile a graph for every new length (about 1 s each).
+        values = np.asarray(self._schedule.construct(Tensor(steps)).asnumpy(), dtype=np.float64)
+        return values if values.shape == steps.shape else None
+
+    def _scalar(self, step: int) -> float:
+        from mindspore import Tensor
+
+        return float(self._schedule.construct(Tensor(np.int32(step))).asnumpy())
