@@ -3,8 +3,8 @@
 MLflow's stores are pure Python (SQLAlchemy: ~1.3 ms of CPU per record of 13 metrics, seconds to
 create a sqlite store). Run on a thread of the training process, every millisecond of it costs
 training about as much: the training thread waits up to the GIL's switch interval (5 ms) each time
-it needs the GIL back. In a child process at nice ``NICE`` it has its own GIL and runs on the CPU
-training leaves idle: its set-up (importing MLflow ~2 s, creating a sqlite store ~1.7 s) is done
+it needs the GIL back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL
+and runs on the CPU training leaves idle: its set-up (importing MLflow ~2 s, creating a sqlite store ~1.7 s) is done
 in idle gaps, and each window's batch after it.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
