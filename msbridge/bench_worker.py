@@ -32,13 +32,19 @@ def process_cpu_s() -> float:
     """CPU seconds of this process (all threads) and its children, live or reaped."""
     import psutil
 
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in me.children(recursive=True):
+    times = psutil.Process().cpu_times()
+    return times.user + times.system + times.children_user + times.children_system + live_children_cpu_s()
+
+
+def live_children_cpu_s() -> float:
+    """CPU seconds of this process's live child processes (a reaped one is in ``children_*``)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
         try:
-            child_times = child.cpu_times()
-            total += child_times.user + child_times.system
+            times = child.cpu_times()
+            total += times.user + times.system
         except psutil.Error:
             pass
     return total

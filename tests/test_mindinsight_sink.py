@@ -22,6 +22,7 @@ from msbridge.runlog import read_run
 from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
 from mindinsight_server import require_mindinsight, serve
 from training import train_regression
+from wire_cases import SCALAR_EVENTS  # noqa: E402
 
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 
@@ -145,12 +146,7 @@ def test_crc_check_matches_mindspore_framing(tmp_path):
         read_framed(path)
 
 
-@pytest.mark.parametrize("step, wall_time, values", [
-    (0, 0.0, {"a": 0.0}),
-    (1, 1_700_000_000.123, {"train/loss": 2.5, "perf/samples_per_s": 1e-40}),
-    (2 ** 40, 1.5, {"dist/loss/rank_1": math.nan, "x": math.inf, "y": -math.inf, "big": 1e39, "neg": -3.5e38}),
-    (7, 2.0, {"t" * 200: 1.0, "loss/ünï": -1.25}),  # tag lengths past one varint byte, UTF-8
-])
+@pytest.mark.parametrize("step, wall_time, values", SCALAR_EVENTS)
 def test_scalar_event_is_byte_for_byte_mindspore_protobuf(step, wall_time, values):
     event = SummaryEvent(wall_time=wall_time, step=step)
     for tag, value in values.items():

@@ -25,6 +25,7 @@ from msbridge.stream import is_global_metric
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata as hp_metadata
+from wire_cases import SCALAR_EVENTS  # noqa: E402
 
 README = "# run r1\n\nA *tiny* run."
 PARAMS = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}, "model": {"hidden": 4, "act": "gelu"}}
@@ -217,12 +218,7 @@ def test_nonfinite_values_are_stored_as_they_are(tmp_path):
     assert got[0] == 2.0 and math.isnan(got[1]) and got[2:5] == [math.inf, -math.inf, math.inf] and got[5] == 1.0
 
 
-@pytest.mark.parametrize("step, wall_time, values", [
-    (0, 0.0, {"a": 0.0}),
-    (1, 1_700_000_000.123, {"train/loss": 2.5, "perf/samples_per_s": 1e-40}),
-    (2 ** 40, 1.5, {"dist/loss/rank_1": math.nan, "x": math.inf, "y": -math.inf, "big": 1e39, "neg": -3.5e38}),
-    (7, 2.0, {"t" * 200: 1.0, "loss/ünï": -1.25}),  # tag lengths past one varint byte, UTF-8
-])
+@pytest.mark.parametrize("step, wall_time, values", SCALAR_EVENTS)
 def test_scalar_event_is_byte_for_byte_the_tensorboard_proto(step, wall_time, values):
     from tensorboardX.proto.event_pb2 import Event as TbEvent
 

@@ -18,8 +18,8 @@ import time
 from typing import Dict, List
 
 import mindspore  # noqa: F401  (the protobuf runtime of a real training process)
-import psutil
 
+from msbridge.bench_worker import live_children_cpu_s
 from msbridge.registry import BUILTINS, resolve
 from msbridge.sink import Record, RunInfo
 
@@ -32,18 +32,6 @@ def records(count: int) -> List[Record]:
     return [Record(s, 0, time.time(), {n: 1.0 / s + i for i, n in enumerate(NAMES)}) for s in range(1, count + 1)]
 
 
-def children_cpu_s() -> float:
-    """CPU seconds of this process's live child processes."""
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def measure(name: str, batch: List[Record]) -> Dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run = RunInfo(run_id="bench", run_name="bench", experiment="bench", rank=0, world_size=1,
@@ -52,10 +40,10 @@ def measure(name: str, batch: List[Record]) -> Dict[str, float]:
         sink.open(run)
         sink.write(batch[:1], [])  # first contact (MLflow creates its database here), not counted
         sink.flush()
-        cpu, child = time.process_time(), children_cpu_s()
+        cpu, child = time.process_time(), live_children_cpu_s()
         for start in range(1, len(batch), 100):
             sink.write(batch[start:start + 100], [])
-        cpu, child = time.process_time() - cpu, children_cpu_s() - child
+        cpu, child = time.process_time() - cpu, live_children_cpu_s() - child
         wall = time.perf_counter()
         sink.flush()
         flush = time.perf_counter() - wall
