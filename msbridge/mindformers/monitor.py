@@ -49,7 +49,9 @@ class MSBridgeMonitor(BridgeMonitor):
     Example:
         >>> from msbridge.mindformers import MSBridgeMonitor
         >>> monitor = MSBridgeMonitor(experiment="tiny-llama", sinks=["jsonl"], flush_steps=10)
-        >>> trainer = Trainer(args="run.yaml", callbacks=[monitor])   # or `- type: MSBridgeMonitor` in the YAML
+        >>> trainer = Trainer(args="run.yaml", callbacks=[monitor])
+        >>> # built in Python it has only these keys; from `- type: MSBridgeMonitor` in the run YAML it also
+        >>> # reads that YAML's monitor_config
     """
 
     def __init__(self, **entry: Any) -> None:
