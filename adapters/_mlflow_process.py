@@ -4,15 +4,17 @@ MLflow's stores are pure Python (SQLAlchemy: ~1.3 ms of CPU per record of 13 met
 create a sqlite store). Run on a thread of the training process, every millisecond of it costs
 training about as much: the training thread waits up to the GIL's switch interval (5 ms) each time
 it needs the GIL back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL
-and runs on the CPU training leaves idle: its set-up (importing MLflow ~2 s, creating a sqlite store ~1.7 s) is done
-in idle gaps, and each window's batch after it.
+and runs on the CPU training leaves idle. The child starts when the sink is built, before training,
+and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through
+its pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
 raises what MLflow raised there, ``error_code`` included. A child that died is started again on
 the next call; a child whose parent died ends at the end of its input.
 
 Example:
-    >>> client = ClientProcess("sqlite:///mlflow.db")
+    >>> client = ClientProcess()                      # MLflow is imported in the child meanwhile
+    >>> client.connect("sqlite:///mlflow.db", {})
     >>> client.log_batch(run_id, metrics=[("train/loss", 2.5, 1700000000000, 1)], tags=[("k", "v")])
     >>> client.close()
 """
@@ -26,7 +28,7 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 #: The child's nice value: MLflow gets the CPU training leaves idle.
 NICE = 19
-_URI_VARIABLE = "MSBRIDGE_MLFLOW_CHILD_URI"
+_CONNECT = "_connect"
 
 
 class ClientProcess:
@@ -36,17 +38,24 @@ class ClientProcess:
     metrics ``(key, value, timestamp_ms, step)``, params and tags ``(key, value)``.
     """
 
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
+    def __init__(self) -> None:
+        self.uri = ""
+        self._env: Dict[str, str] = {}
         self._proc: Optional[subprocess.Popen] = None
+        self._connected = False  # whether the running child has the URI
         self.start()
 
     def start(self) -> None:
         """Start the child (if none is running); it imports MLflow while the caller goes on."""
         if self._proc is None or self._proc.poll() is not None:
-            # The URI goes in the environment, not argv: argv (and any token in the URI) is world-readable.
             self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env=dict(os.environ, **{_URI_VARIABLE: self.uri}))
+                                          stdout=subprocess.PIPE)
+            self._connected = False
+
+    def connect(self, uri: str, env: Dict[str, str]) -> None:
+        """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses; sent
+        with the next call, and again to a restarted child."""
+        self.uri, self._env, self._connected = uri, dict(env), False
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -55,6 +64,9 @@ class ClientProcess:
 
     def _call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         self.start()
+        if not self._connected:
+            self._connected = True
+            self._call(_CONNECT, (self.uri, self._env), {})
         proc = self._proc
         try:
             pickle.dump((name, args, kwargs), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -106,20 +118,25 @@ def _reply(ok: bool, value: Any) -> bytes:
     return data
 
 
-def serve(uri: str, requests: BinaryIO, replies: BinaryIO) -> None:
-    """Answer calls until the input ends."""
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """Answer calls until the input ends; ``_connect(uri, env)`` (re)points the client."""
     from mlflow.tracking import MlflowClient
 
-    client = None
+    uri, client = "", None
     while True:
         try:
             name, args, kwargs = pickle.load(requests)
         except EOFError:
             return
         try:
-            if client is None:
-                client = MlflowClient(uri)
-            answer = _reply(True, _run(client, name, args, kwargs))
+            if name == _CONNECT:
+                uri, env = args
+                os.environ.update(env)
+                client = None
+                answer = _reply(True, None)
+            else:
+                client = client or MlflowClient(uri)
+                answer = _reply(True, _run(client, name, args, kwargs))
         except Exception as exc:  # sent back and raised in the parent
             answer = _reply(False, exc)
         replies.write(answer)
@@ -137,7 +154,7 @@ def main() -> None:
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
-    serve(os.environ.pop(_URI_VARIABLE), sys.stdin.buffer, replies)
+    serve(sys.stdin.buffer, replies)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ class MlflowSink(Sink):
                          artifact_location=artifact_location, **numbers)
         self.uri = ""
         self.run_id: Optional[str] = None  # the MLflow run, once reached
-        self._client: Any = None
+        self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
         self._last_step = 0  # the highest step MLflow holds
         self._pending: Deque[Record] = deque(maxlen=max(1, int(numbers["max_pending"])))
         self._tags: Dict[str, str] = {}
@@ -172,16 +172,16 @@ class MlflowSink(Sink):
         self._down = self._warned_full = False
 
     def open(self, run: RunInfo) -> None:
-        """Starts MLflow's client process, no other I/O. Sets MLflow's HTTP limits first, once, before
-        the dispatcher thread runs (a change of the environment while other threads read it is not
-        safe in C); the child inherits them."""
+        """No I/O: points MLflow's client process at the run's tracking URI, with MLflow's HTTP limits
+        (an environment variable already set wins)."""
         super().open(run)
         self.uri = self._uri_for(run)
+        env = {}
         for option, (variable, default) in _HTTP_ENV.items():
             value = self.options[option]
             if value is not None or variable not in os.environ:
-                os.environ[variable] = str(int(default if value is None else value))
-        self._client = ClientProcess(self.uri)
+                env[variable] = str(int(default if value is None else value))
+        self._client.connect(self.uri, env)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:

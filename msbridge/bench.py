@@ -46,11 +46,13 @@ SETUPS: Dict[str, str] = {
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
 BASELINE = {"d_mf": "a_mf", "g": "a_ts"}
+#: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
+DEFAULT_HIDDEN = 32
 TARGETS = {"ratio_e": 0.99, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02}
 
 
 def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
-            timeout: float = 1800.0) -> Dict[str, Any]:
+            timeout: float = 1800.0, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
     """One setup in a fresh Python process; returns its JSON result (with ``error`` if it failed)."""
     work = os.path.join(out, "work", f"{setup}-{tag}")
     shutil.rmtree(work, ignore_errors=True)
@@ -58,7 +60,8 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
     result_path = os.path.join(work, "result.json")
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "msbridge.bench_worker", "--setup", setup, "--steps", str(steps),
-           "--seed", str(seed), "--stall-s", str(stall_s), "--work", work, "--result", result_path]
+           "--seed", str(seed), "--stall-s", str(stall_s), "--hidden", str(hidden), "--work", work,
+           "--result", result_path]
     with open(os.path.join(out, "logs", f"{setup}-{tag}.log"), "w") as log:
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
@@ -77,7 +80,7 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
 
 def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats: int = 3, seed: int = 7,
               out: str = "./bench_results", long_steps: int = 0, stall_s: float = 2.0, keep: bool = False,
-              echo: Any = print) -> Dict[str, Any]:
+              echo: Any = print, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
     """Run every setup ``repeats`` times, interleaved; write ``bench.json`` and ``bench.md`` to ``out``."""
     out = os.path.abspath(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
@@ -90,13 +93,13 @@ def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats:
         for setup in order:
             if runs[setup] and "error" in runs[setup][0]:
                 continue  # a setup that cannot run here fails the same way every time
-            result = run_one(setup, steps, seed, out, f"r{rep}", stall_s, keep)
+            result = run_one(setup, steps, seed, out, f"r{rep}", stall_s, keep, hidden=hidden)
             result["repeat"] = rep
             runs[setup].append(result)
             echo(f"[bench] repeat {rep + 1}/{repeats} {setup:<5} " + _one_line(result))
         load.append(os.getloadavg()[0])
     report: Dict[str, Any] = {
-        "steps": steps, "repeats": repeats, "seed": seed, "python": platform.python_version(),
+        "steps": steps, "repeats": repeats, "seed": seed, "hidden": hidden, "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "load_avg_1min": load,
         "minutes": (time.time() - started) / 60, "rows": [summarise(s, runs) for s in setups], "runs": runs,
     }
@@ -251,6 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-s", type=float, default=2.0,
                         help="training stalls mid-run (1 s to settle + this long, measured) to measure idle CPU")
     parser.add_argument("--keep", action="store_true", help="keep each run's outputs under OUT/work")
+    parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN,
+                        help=f"the model's hidden size (default {DEFAULT_HIDDEN}: a ~12 ms step here; 256: ~10x that)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -258,7 +263,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
         raise MsbridgeError(f"bench: unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
-    run_bench(setups, args.steps, args.repeats, args.seed, args.out, args.long_steps, args.stall_s, args.keep)
+    run_bench(setups, args.steps, args.repeats, args.seed, args.out, args.long_steps, args.stall_s, args.keep,
+              hidden=args.hidden)
     return 0
 
 

@@ -21,9 +21,9 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from mindspore.train import Callback
 
-from .bench import SETUPS
+from .bench import DEFAULT_HIDDEN, SETUPS
 
-MODEL = {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "seq_length": 32}
+MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
 BATCH = 8
 SINK_SIZE = 20
 
@@ -216,7 +216,7 @@ def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
     return builders[setup]()
 
 
-def run(setup: str, steps: int, seed: int, work: str, stall_s: float) -> Dict[str, Any]:
+def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
     import mindspore as ms
     import mindspore.dataset as ds
     import numpy as np
@@ -238,7 +238,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float) -> Dict[st
         loss_net = nn.WithLossCell(nn.SequentialCell(nn.Dense(16, 32), nn.ReLU(), nn.Dense(32, 1)), nn.MSELoss())
     else:
         data = {"tokens": make_tokens(per_epoch * BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)}
-        _, loss_net = build_model(**MODEL)
+        _, loss_net = build_model(hidden_size=hidden, **MODEL)
     dataset = ds.NumpySlicesDataset(data, shuffle=False).batch(BATCH, drop_remainder=True)
     lr = nn.WarmUpLR(0.003, 20)
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
@@ -320,13 +320,14 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--stall-s", type=float, default=2.0,
                         help="idle seconds measured inside training, after 1 s to settle (0: no stall)")
+    parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="the model's hidden size")
     parser.add_argument("--work", required=True, help="scratch dir for this run's outputs")
     parser.add_argument("--result", required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # mindformers writes ./output/log on import
     try:
-        result = run(args.setup, args.steps, args.seed, args.work, args.stall_s)
+        result = run(args.setup, args.steps, args.seed, args.work, args.stall_s, args.hidden)
     except Exception as exc:  # reported as the row's reason, e.g. a tool that does not run on CPU
         result = {"setup": args.setup, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
                   "traceback": traceback.format_exc()[-2000:]}
