@@ -124,8 +124,8 @@ class MlflowSink(Sink):
             ``mlartifacts/`` beside a sqlite file, the server's choice otherwise.
         http_timeout / http_retries: seconds one HTTP request may take (default 10) and MLflow's
             own retries of it (default 0: the backoff below retries). MLflow reads them from
-            ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``_MAX_RETRIES``, so ``open`` sets those once,
-            process-wide: an option given here wins, else a value already in the environment.
+            ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``_MAX_RETRIES``, so ``open`` sets those in MLflow's
+            client process: an option given here wins, else a value already in the environment.
         backoff_initial / backoff_max: seconds to wait after a failure, doubling up to the max.
         close_timeout: seconds ``close`` keeps retrying to deliver what is left.
         max_pending: records kept in memory while MLflow is unreachable; beyond it the oldest
