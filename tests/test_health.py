@@ -16,6 +16,7 @@ from msbridge.checks import GradNormSpike, LossSpike, NonFinite, Plateau, Throug
 from msbridge.dumps import DISK_FULL, QUOTA, RATE_LIMITED, WRITTEN, DumpWriter, directory_size
 from msbridge.health_config import HealthSpec
 from msbridge.signals import SignalGuard, TrainingInterrupted
+from plateau_oracle import first_plateau
 
 
 # -- schema -------------------------------------------------------------------------------
@@ -117,18 +118,7 @@ def test_plateau_uses_the_smoothed_loss_with_patience_and_min_delta():
     loss = [1.0 / (1 + 0.2 * i) for i in range(30)] + [0.15] * 40
     plateau = Plateau(patience=10, min_delta=1e-3, ema_decay=0.8, warmup_steps=5)
     fired = [f for step, v in enumerate(loss, 1) for f in [plateau.observe(step, v)] if f]
-    # Re-derive the step by hand: EMA, then the first step 10 steps after the last improvement > min_delta.
-    ema, best, wait, expected = None, None, 0, None
-    for step, v in enumerate(loss, 1):
-        ema = v if ema is None else 0.8 * ema + 0.2 * v
-        if step <= 5:
-            continue
-        if best is None or ema < best - 1e-3:
-            best, wait = ema, 0
-        else:
-            wait += 1
-            if wait == 10 and expected is None:
-                expected = step
+    expected = first_plateau(loss, decay=0.8, warmup=5, patience=10)
     assert [f.step for f in fired] == [expected] and expected > 40
 
 

@@ -27,6 +27,7 @@ from msbridge import BridgeMonitor, ConfigError
 from msbridge.dumps import directory_size
 from msbridge.runlog import read_run
 from msbridge.trainstep import TrainStep
+from plateau_oracle import first_plateau
 from training import OutputRecorder
 
 QUIET = {"throughput_drop": False}  # 1 ms CPU steps are too noisy for it; it has its own test
@@ -174,20 +175,8 @@ def test_plateau_early_stops_on_the_smoothed_loss_not_the_raw_one(tmp_path):
     assert outcome(mon)["status"] == "FINISHED"
     assert outcome(mon)["stopped by"].startswith(f"plateau at step {stop.step}")
 
-    def first_plateau(values, smooth):
-        ema, best, wait = None, None, 0
-        for step, value in enumerate(values, 1):
-            ema = value if ema is None or not smooth else 0.9 * ema + 0.1 * value
-            if step <= 10:
-                continue
-            if best is None or ema < best - 1e-3:
-                best, wait = ema, 0
-            else:
-                wait += 1
-                if wait == 15:
-                    return step
-    assert first_plateau(ref.losses, smooth=True) == stop.step
-    assert first_plateau(ref.losses, smooth=False) != stop.step
+    assert first_plateau(ref.losses, decay=0.9, warmup=10, patience=15) == stop.step
+    assert first_plateau(ref.losses, decay=None, warmup=10, patience=15) != stop.step
 
 
 def test_throughput_drop_against_the_post_warmup_baseline(tmp_path):

@@ -22,7 +22,7 @@ from msbridge.runlog import read_run
 from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
 from mindinsight_server import require_mindinsight, serve
 from training import train_regression
-from wire_cases import SCALAR_EVENTS  # noqa: E402
+from wire_cases import SCALAR_EVENTS
 
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 

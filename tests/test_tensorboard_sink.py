@@ -25,7 +25,7 @@ from msbridge.stream import is_global_metric
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata as hp_metadata
-from wire_cases import SCALAR_EVENTS  # noqa: E402
+from wire_cases import SCALAR_EVENTS
 
 README = "# run r1\n\nA *tiny* run."
 PARAMS = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}, "model": {"hidden": 4, "act": "gelu"}}
