@@ -1,10 +1,12 @@
 """MLflow's client in a child process, so MLflow's CPU never holds the training process's GIL.
 
-MLflow's stores are pure Python (SQLAlchemy: ~1.3 ms of CPU per record of 13 metrics, seconds to
-create a sqlite store). Run on a thread of the training process, every millisecond of it costs
+MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 metrics, seconds to
+create a sqlite store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms a
+record). Run on a thread of the training process, every millisecond of it costs
 training about as much: the training thread waits up to the GIL's switch interval (5 ms) each time
 it needs the GIL back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL
-and runs on the CPU training leaves idle. The child starts when the sink is built, before training,
+and yields the CPU to training, though not entirely (on this project's 2-vCPU VM an idle-class
+process using 15% of a core cost training ~20%), so the child must also use little CPU. The child starts when the sink is built, before training,
 and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through
 its pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
@@ -95,14 +97,42 @@ class ClientProcess:
             proc.wait()
 
 
-def _run(client: Any, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    if name == "log_batch":
+class _Tracker:
+    """The child's side: ``MlflowClient(uri)``, except that metric rows for a sqlite store, with the
+    tags sent along, are written by ``_mlflow_sqlite`` (MLflow's ORM costs ~16x their CPU)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._client: Any = None
+        self._rows: Any = False  # False: not looked at yet; None: MLflow's client writes them
+
+    def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(self.uri)
+        if name != "log_batch":
+            return getattr(self._client, name)(*args, **kwargs)
         from mlflow.entities import Metric, Param, RunTag
 
-        kwargs = {"metrics": [Metric(*m) for m in kwargs.get("metrics", ())],
-                  "params": [Param(*p) for p in kwargs.get("params", ())],
-                  "tags": [RunTag(*t) for t in kwargs.get("tags", ())]}
-    return getattr(client, name)(*args, **kwargs)
+        run_id = args[0]
+        metrics, params, tags = (kwargs.get(part, ()) for part in ("metrics", "params", "tags"))
+        if metrics and self._metric_rows() is not None and self._rows.log(run_id, metrics, tags):
+            metrics = tags = ()
+        if metrics or params or tags:
+            self._client.log_batch(run_id, metrics=[Metric(*m) for m in metrics],
+                                   params=[Param(*p) for p in params], tags=[RunTag(*t) for t in tags])
+
+    def close(self) -> None:
+        if self._rows:
+            self._rows.close()
+
+    def _metric_rows(self) -> Any:
+        if self._rows is False:  # by the first metrics, MLflow's client has made the store's tables
+            from ._mlflow_sqlite import rows_for
+
+            self._rows = rows_for(self.uri)
+        return self._rows
 
 
 def _reply(ok: bool, value: Any) -> bytes:
@@ -119,24 +149,23 @@ def _reply(ok: bool, value: Any) -> bytes:
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """Answer calls until the input ends; ``_connect(uri, env)`` (re)points the client."""
-    from mlflow.tracking import MlflowClient
-
-    uri, client = "", None
+    """Answer calls until the input ends; ``_connect(uri, env)`` (re)points the tracker."""
+    tracker = _Tracker("")
     while True:
         try:
             name, args, kwargs = pickle.load(requests)
         except EOFError:
+            tracker.close()
             return
         try:
             if name == _CONNECT:
                 uri, env = args
                 os.environ.update(env)
-                client = None
+                tracker.close()
+                tracker = _Tracker(uri)
                 answer = _reply(True, None)
             else:
-                client = client or MlflowClient(uri)
-                answer = _reply(True, _run(client, name, args, kwargs))
+                answer = _reply(True, tracker.call(name, args, kwargs))
         except Exception as exc:  # sent back and raised in the parent
             answer = _reply(False, exc)
         replies.write(answer)

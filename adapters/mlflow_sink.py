@@ -1,7 +1,8 @@
 """The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
 
 Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its
-pure-Python store never holds the training process's GIL; ``open`` starts it and does no other
+pure-Python store never holds the training process's GIL (a sqlite store gets its metric rows from
+sqlite itself there: ``_mlflow_sqlite``); ``open`` starts it and does no other
 I/O, and MLflow is reached on the first flush or write, from the dispatcher thread. Metrics keep the
 stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps
 NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).

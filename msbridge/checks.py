@@ -179,16 +179,24 @@ class LossSpike:
         if self._spike is not None:
             return self._while_spiking(step, loss)
         if step > self.warmup_steps and len(self._normal) >= MIN_BASELINE:
-            median = float(_median(self._normal))
-            sigma = MAD_TO_STD * float(_median([abs(v - median) for v in self._normal]))
-            margin = max(self.sigmas * sigma, self.min_rise * abs(median))
-            if loss - median > margin:
-                back = median + max(self.recover_sigmas * sigma, 0.5 * self.min_rise * abs(median))
-                self._spike = _Spike(step, loss, median, back)
-                return Finding(self.name, step, detail={
-                    "loss": loss, "median": median, "sigma": sigma, "threshold": median + margin})
+            finding = self._spike_at(step, loss)
+            if finding is not None:
+                return finding
         self._normal.append(loss)
         return None
+
+    def _spike_at(self, step: int, loss: float) -> Optional[Finding]:
+        median = float(_median(self._normal))
+        floor = self.min_rise * abs(median)
+        if loss - median <= floor:  # the margin is never below the floor: most steps need no MAD
+            return None
+        sigma = MAD_TO_STD * float(_median([abs(v - median) for v in self._normal]))
+        margin = max(self.sigmas * sigma, floor)
+        if loss - median <= margin:
+            return None
+        self._spike = _Spike(step, loss, median, median + max(self.recover_sigmas * sigma, 0.5 * floor))
+        return Finding(self.name, step, detail={
+            "loss": loss, "median": median, "sigma": sigma, "threshold": median + margin})
 
     def _while_spiking(self, step: int, loss: float) -> Optional[Finding]:
         spike = self._spike

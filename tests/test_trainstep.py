@@ -207,9 +207,25 @@ def test_fallback_to_the_step_buffer_with_any_train_one_step_cell(tmp_path):
     for i, cell in enumerate((nn.TrainOneStepCell, DoubledLoss, lambda n, o: nn.TrainOneStepCell(n, o, sens=2.0))):
         mon, ref = monitor(tmp_path / str(i)), OutputRecorder()
         train_regression([mon, ref], steps=7, train_cell=cell)
-        assert isinstance(mon._buffer, StepBuffer)
+        assert isinstance(mon._buffer, StepBuffer) and mon._buffer._in_host_memory  # CPU: read in place
         assert [r.step for r in records(mon)] == list(range(1, 8))
         np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
+
+
+def test_the_device_path_stacks_each_column_to_the_same_values(tmp_path, monkeypatch):
+    """On a device the step buffer stacks each column and copies it once; on CPU it reads each tensor
+    in place. The stacked path, forced here on CPU, gives the same series."""
+    detect = StepBuffer._set_layout
+
+    def as_on_a_device(self, outputs):
+        detect(self, outputs)
+        self._in_host_memory = False
+
+    monkeypatch.setattr(StepBuffer, "_set_layout", as_on_a_device)
+    mon, ref = monitor(tmp_path), OutputRecorder()
+    train_regression([mon, ref], steps=7)
+    assert mon._buffer._in_host_memory is False
+    np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
 
 
 def test_non_scalar_loss_is_warned_once_and_recorded_as_its_mean(tmp_path, caplog):
