@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from typing import Dict, Optional, Sequence, Tuple
+from urllib.parse import quote
 
 #: The columns MLflow's store has in each table this writes (MLflow 3.x), in the order written.
 COLUMNS: Dict[str, Tuple[str, ...]] = {
@@ -55,7 +56,8 @@ class MetricRows:
     """
 
     def __init__(self, path: str) -> None:
-        self._db = sqlite3.connect(path, timeout=20.0, isolation_level=None)
+        # mode=rw: a store MLflow has not made yet is an error here, never a new empty file
+        self._db = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=20.0, isolation_level=None)
         self._db.execute("PRAGMA foreign_keys = ON")
 
     def matches_schema(self) -> bool:

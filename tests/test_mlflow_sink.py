@@ -487,8 +487,11 @@ def test_sqlite_metric_rows_only_where_the_schema_is_known(tmp_path, shared_sqli
         db.execute("CREATE TABLE latest_metrics (key, value, timestamp, run_uuid, step, is_nan)")
         db.execute("CREATE TABLE tags (key, value, run_uuid)")
     assert rows_for(f"sqlite:///{other}") is None
-    for uri in ("sqlite:///:memory:", f"sqlite:///{other}?timeout=5", "http://127.0.0.1:5000", str(tmp_path)):
+    missing = tmp_path / "not yet.db"
+    for uri in ("sqlite:///:memory:", f"sqlite:///{other}?timeout=5", "http://127.0.0.1:5000", str(tmp_path),
+                f"sqlite:///{missing}"):
         assert rows_for(uri) is None, uri
+    assert not missing.exists()  # MLflow makes its store; this never makes an empty one
     tracker = _Tracker(shared_sqlite)  # the child's side, in this process: its log_batch takes the sqlite path
     client = MlflowClient(shared_sqlite)
     run_id = client.create_run(client.create_experiment(f"rows-{uuid.uuid4().hex[:8]}")).info.run_id
