@@ -1,14 +1,15 @@
 """MLflow's client in a child process, so MLflow's CPU never holds the training process's GIL.
 
 MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 metrics, seconds to
-create a sqlite store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms a
-record). Run on a thread of the training process, every millisecond of it costs
-training about as much: the training thread waits up to the GIL's switch interval (5 ms) each time
-it needs the GIL back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL
-and yields the CPU to training, though not entirely (on this project's 2-vCPU VM an idle-class
-process using 15% of a core cost training ~20%), so the child must also use little CPU. The child starts when the sink is built, before training,
-and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through
-its pipe (``connect``) when the run is known, so nothing secret is on its command line.
+create a sqlite store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms
+a record). Run on a thread of the training process, every millisecond of it costs training about as
+much: the training thread waits up to the GIL's switch interval (5 ms) each time it needs the GIL
+back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL and yields the CPU
+to training, though not entirely (on this project's 2-vCPU VM an idle-class process using 15% of a
+core cost training 16-22%), so the child must also use little CPU. The child starts when the sink
+is built, before training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's
+HTTP limits reach it through its pipe (``connect``) when the run is known, so nothing secret is on
+its command line.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
 raises what MLflow raised there, ``error_code`` included. A child that died is started again on
