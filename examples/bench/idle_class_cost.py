@@ -57,6 +57,8 @@ def main() -> None:
                 if burner is not None:
                     burner.kill()
                     burner.wait()
+            if "error" in result:
+                raise SystemExit(f"setup (a) failed: {result['error']} (logs in {out})")
             speeds[mode].append(result["steps_per_s"])
             print(f"repeat {rep + 1}: {mode:<6} {result['steps_per_s']:.1f} steps/s", flush=True)
     ratios = [b / a for a, b in zip(speeds["alone"], speeds["burner"])]
