@@ -56,8 +56,8 @@ import time
 from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from ..rundir import safe_component
-from ..sink import FINISHED, Event, Record, RunInfo, Sink, flatten
+from ..paths import safe_component
+from ..sinks.base import FINISHED, Event, Record, RunInfo, Sink, flatten
 from ._eventwire import MINDSPORE_VALUE, fsync, scalar_event
 
 _INT32 = 2 ** 31

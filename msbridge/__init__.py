@@ -17,9 +17,9 @@ from typing import Any
 # runtime and break `import mindspore`. Choosing it here too keeps any import order working.
 os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
-from .config import Config, load_config
+from .config.load import Config, load_config
 from .errors import ConfigError, MissingDependencyError, MsbridgeError
-from .sink import Event, Record, RunInfo, Sink
+from .sinks.base import Event, Record, RunInfo, Sink
 
 __version__ = "0.1.0"
 
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-_LAZY = {"BridgeMonitor": "callback", "TrainStep": "trainstep", "attach_ring": "ringcell"}
+_LAZY = {"BridgeMonitor": "callback", "TrainStep": "capture.train_step", "attach_ring": "capture.ring_cell"}
 
 
 def __getattr__(name: str) -> Any:

@@ -28,20 +28,22 @@ import mindspore as ms
 import numpy as np
 from mindspore.train import Callback
 
-from .budget import OverheadBudget
-from .buffer import StepBuffer
-from .config import Config, load_config
-from .dispatch import Dispatcher
-from .health import EXCEPTION, INTERRUPT, Health, make_event
-from .health_config import HealthSpec
-from .lr import LrReader, find_optimizer
-from .ring import RingReader, check_ring_size
-from .ringcell import find_ring_cell
-from .ranks import release_rank_file
-from .session import RunPlan, plan_run
-from .signals import SignalGuard, TrainingInterrupted
-from .sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
-from .stream import GLOBAL_LOSS, LOSS, Stream, Window
+from .capture.budget import OverheadBudget
+from .capture.host_buffer import StepBuffer
+from .config.load import Config, load_config
+from .sinks.dispatch import Dispatcher
+from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
+from .config.health import HealthSpec
+from .capture.lr import LrReader, find_optimizer
+from .capture.ring_reader import RingReader, check_ring_size
+from .capture.ring_cell import find_ring_cell
+from .run.ranks import release_rank_file
+from .run.plan import RunPlan, plan_run
+from .run.signals import SignalGuard, TrainingInterrupted
+from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
+from .names import GLOBAL_LOSS, LOSS
+from .capture.window import Window
+from .metrics.stream import Stream
 
 log = logging.getLogger("msbridge")
 
@@ -136,7 +138,7 @@ class BridgeMonitor(Callback):
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         if self.run.world_size > 1:
-            from .collective import make_reducer
+            from .metrics.cross_rank import make_reducer
 
             self._reducer = make_reducer(self.run, cfg, batch_size, on_timeout=self._on_collective_timeout)
             if self.health.every_step:

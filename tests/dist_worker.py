@@ -24,7 +24,7 @@ from mindspore.context import ParallelMode
 from mindspore.train import Callback, Model
 
 from msbridge import BridgeMonitor, ConfigError
-from msbridge.ranks import detect_ranks
+from msbridge.run.ranks import detect_ranks
 
 FEATURES = 16
 

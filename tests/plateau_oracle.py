@@ -1,4 +1,4 @@
-"""The plateau step re-derived by hand, independently of ``msbridge.checks.Plateau``: the test oracle."""
+"""The plateau step re-derived by hand, independently of ``msbridge.health.checks.Plateau``: the test oracle."""
 from typing import Optional, Sequence
 
 

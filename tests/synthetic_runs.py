@@ -26,9 +26,8 @@ from typing import Any, Callable, Dict, List, Sequence
 import numpy as np
 
 from msbridge.adapters.jsonl_sink import JsonlSink, rank_file
-from msbridge.sink import Event, Record, RunInfo
-from msbridge.stream import (GLOBAL_LOSS, GRAD_NORM, LOSS, LOSS_EMA, LOSS_MAX, LOSS_MIN, LOSS_STD, LR,
-                             OUTLIER_RANK, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, rank_loss)
+from msbridge.sinks.base import Event, Record, RunInfo
+from msbridge.names import GLOBAL_LOSS, rank_loss, GRAD_NORM, LOSS, LOSS_EMA, LOSS_MAX, LOSS_MIN, LOSS_STD, LR, OUTLIER_RANK, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S
 
 WARMUP = 30
 BATCH, SEQ = 16, 32

@@ -10,7 +10,7 @@ import pytest
 from mindspore import nn
 
 from msbridge import BridgeMonitor, ConfigError, Sink
-from msbridge.runlog import read_run
+from msbridge.sinks.runlog import read_run
 from training import OutputRecorder, train_regression
 
 
@@ -159,7 +159,7 @@ def test_tuple_output_records_first_scalar_and_says_which_once(tmp_path, caplog)
 
 
 def test_unknown_tuple_layout_warns_once_which_element(tmp_path, caplog):
-    from msbridge.buffer import detect_layout
+    from msbridge.capture.host_buffer import detect_layout
     import mindspore as ms
 
     with caplog.at_level(logging.WARNING, logger="msbridge"):

@@ -8,8 +8,8 @@ import textwrap
 
 import yaml
 
-from msbridge.cli import main
-from msbridge.config import load_config
+from msbridge.cli.main import main
+from msbridge.config.load import load_config
 
 SEED002 = os.path.join(os.path.dirname(__file__), "data", "seed002", "configs", "llama2")
 
@@ -98,7 +98,7 @@ def test_show_invalid_exits_1(tmp_path, capsys):
 def test_console_script_runs_check(tmp_path, persistent):
     name = write(tmp_path, "flush_steps: 0\n")
     env = dict(os.environ, GLOG_v="3")
-    out = subprocess.run([sys.executable, "-m", "msbridge.cli", "config", "check", name], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "config", "check", name], cwd=tmp_path,
                          capture_output=True, text=True, env=env)
     assert out.returncode == 1 and "run.yaml:1: flush_steps: expected an integer >= 1, got 0" in out.stdout
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msbridge.compose import compose, deep_merge, set_path
-from msbridge.config import ConfigError, load_config
+from msbridge.config.compose import compose, deep_merge, set_path
+from msbridge.config.load import ConfigError, load_config
 
 
 def write(path, text):

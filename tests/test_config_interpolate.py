@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msbridge.config import ConfigError, load_config
-from msbridge.interpolate import interpolate
-from msbridge.yaml_source import Origin, Tree
+from msbridge.config.load import ConfigError, load_config
+from msbridge.config.interpolate import interpolate
+from msbridge.config.yaml_lines import Origin, Tree
 
 
 def resolve(data):

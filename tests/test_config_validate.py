@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import msbridge.pathcheck as pathcheck
-from msbridge.config import FIELD_NAMES, Config, ConfigError, load_config
-from msbridge.dialects import HANDLERS
-from msbridge.registry import available
-from msbridge.schema import FIELDS
+import msbridge.config.paths as pathcheck
+from msbridge.config.load import FIELD_NAMES, Config, ConfigError, load_config
+from msbridge.config.dialects import HANDLERS
+from msbridge.sinks.registry import available
+from msbridge.config.fields import FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -205,7 +205,7 @@ def test_reference_doc_lists_every_field_and_dialect_key():
 
 
 def test_importing_the_config_imports_no_framework():
-    code = ("import sys, msbridge.config, msbridge.cli_config; "
+    code = ("import sys, msbridge.config.load, msbridge.cli.config_cmd; "
             "print(sorted(m for m in ('mindspore', 'mlflow', 'tensorboardX', 'mindformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]" and out.stderr == ""

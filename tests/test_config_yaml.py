@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from msbridge.yaml_source import Origin, Tree, format_path, parse_yaml, yaml_value
+from msbridge.config.yaml_lines import Origin, Tree, format_path, parse_yaml, yaml_value
 
 
 def test_every_key_and_list_item_has_its_line():

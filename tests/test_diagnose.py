@@ -11,10 +11,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import synthetic_runs as sr
-from msbridge.cli import main
-from msbridge.diagnose import diagnose, mad_sigma, rolling_median, spearman
-from msbridge.runlog import read_run
-from msbridge.stream import GRAD_NORM, LOSS, OVERFLOW
+from msbridge.cli.main import main
+from msbridge.offline.diagnose import diagnose, mad_sigma, rolling_median, spearman
+from msbridge.sinks.runlog import read_run
+from msbridge.names import GRAD_NORM, LOSS, OVERFLOW
 
 
 def report_of(tmp_path, scenario, name="run"):

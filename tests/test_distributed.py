@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 
 from msbridge import BridgeMonitor, ConfigError, load_config
-from msbridge.collective import Watchdog, agree_timestamp, cross_rank_metrics, make_reducer
-from msbridge.ranks import Ranks, detect_ranks, release_rank_file
-from msbridge.runlog import RankLog, read_run
-from msbridge.sink import RunInfo
+from msbridge.metrics.cross_rank import Watchdog, agree_timestamp, cross_rank_metrics, make_reducer
+from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
+from msbridge.sinks.runlog import RankLog, read_run
+from msbridge.sinks.base import RunInfo
 from processes import free_port
-from msbridge.stream import (GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric,
-                             rank_loss)
+from msbridge.names import GLOBAL_LOSS, rank_loss, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 BIN = os.path.dirname(sys.executable)
@@ -190,7 +189,7 @@ def test_a_rank_outside_the_world_size_is_refused_before_training(tmp_path, monk
 
 def hold_rank_file(run_dir: str) -> subprocess.Popen:
     """Another live process that claims rank 0's files of ``run_dir`` and keeps them until killed."""
-    code = ("import sys; from msbridge.ranks import claim_rank_file; claim_rank_file(sys.argv[1], 0); "
+    code = ("import sys; from msbridge.run.ranks import claim_rank_file; claim_rank_file(sys.argv[1], 0); "
             "print('held', flush=True); sys.stdin.read()")
     return subprocess.Popen([sys.executable, "-c", code, run_dir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)

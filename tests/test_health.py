@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from msbridge import ConfigError
-from msbridge.checks import GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
-from msbridge.dumps import DISK_FULL, QUOTA, RATE_LIMITED, WRITTEN, DumpWriter, directory_size
-from msbridge.health_config import HealthSpec
-from msbridge.signals import SignalGuard, TrainingInterrupted
+from msbridge.health.checks import GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
+from msbridge.health.dumps import DISK_FULL, QUOTA, RATE_LIMITED, WRITTEN, DumpWriter, directory_size
+from msbridge.config.health import HealthSpec
+from msbridge.run.signals import SignalGuard, TrainingInterrupted
 from plateau_oracle import first_plateau
 
 
@@ -47,7 +47,7 @@ def test_every_problem_is_reported_at_once_with_the_nearest_key():
 
 
 def test_problems_come_with_their_config_path_for_file_and_line():
-    from msbridge.health_config import health_problems
+    from msbridge.config.health import health_problems
 
     assert health_problems({"plateau": {"patience": 0}, "warmup_steps": "10"}) == [
         (("health", "warmup_steps"), "expected int, got '10'"),
@@ -57,7 +57,7 @@ def test_problems_come_with_their_config_path_for_file_and_line():
 
 
 def test_the_seed_yaml_reaches_health_through_the_config_loader(tmp_path):
-    from msbridge.config import load_config
+    from msbridge.config.load import load_config
 
     path = tmp_path / "seed000.yaml"
     path.write_text(f"""monitor_config:

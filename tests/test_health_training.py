@@ -24,9 +24,9 @@ from mindspore import nn
 from mindspore.train import Callback, Model
 
 from msbridge import BridgeMonitor, ConfigError
-from msbridge.dumps import directory_size
-from msbridge.runlog import read_run
-from msbridge.trainstep import TrainStep
+from msbridge.health.dumps import directory_size
+from msbridge.sinks.runlog import read_run
+from msbridge.capture.train_step import TrainStep
 from plateau_oracle import first_plateau
 from training import OutputRecorder
 

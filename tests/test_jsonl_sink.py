@@ -8,9 +8,9 @@ import os
 import pytest
 
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.runlog import rank_file
-from msbridge.runlog import RunLogError, read_rank_file, read_run
-from msbridge.sink import Event, Record, RunInfo
+from msbridge.sinks.runlog import rank_file
+from msbridge.sinks.runlog import RunLogError, read_rank_file, read_run
+from msbridge.sinks.base import Event, Record, RunInfo
 
 
 def run_info(tmp_path, rank=0, world_size=1):

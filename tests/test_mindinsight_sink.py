@@ -17,9 +17,9 @@ from msbridge import BridgeMonitor
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
 from msbridge.adapters.mindinsight_sink import MindInsightSink
-from msbridge.registry import resolve
-from msbridge.runlog import read_run
-from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.registry import resolve
+from msbridge.sinks.runlog import read_run
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
 from mindinsight_server import require_mindinsight, serve
 from training import train_regression
 from wire_cases import SCALAR_EVENTS

@@ -25,10 +25,10 @@ from mlflow.utils.validation import _validate_param_name
 from msbridge.adapters._mlflow_process import NICE, ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
-from msbridge.dispatch import Dispatcher
+from msbridge.sinks.dispatch import Dispatcher
 from msbridge.errors import ConfigError, MissingDependencyError
-from msbridge.runlog import read_run
-from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.runlog import read_run
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
 
 from mlflow_server import MlflowServer, free_port
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from msbridge import BridgeMonitor
-from msbridge.budget import OverheadBudget
-from msbridge.runlog import read_run
-from msbridge.trainstep import TrainStep
+from msbridge.capture.budget import OverheadBudget
+from msbridge.sinks.runlog import read_run
+from msbridge.capture.train_step import TrainStep
 from training import OutputRecorder, train_regression
 
 
@@ -69,8 +69,8 @@ def _monitor(tmp_path, **overrides):
 
 @pytest.mark.parametrize("ring", [False, True])
 def test_monitor_widens_its_flush_window_over_budget_and_still_records_every_step(tmp_path, caplog, monkeypatch, ring):
-    from msbridge.buffer import StepBuffer
-    from msbridge.ring import RingReader
+    from msbridge.capture.host_buffer import StepBuffer
+    from msbridge.capture.ring_reader import RingReader
 
     drains = []
     for cls in (StepBuffer, RingReader):
@@ -95,7 +95,7 @@ def test_monitor_widens_its_flush_window_over_budget_and_still_records_every_ste
 
 
 def test_within_budget_the_step_path_only_appends(tmp_path, monkeypatch):
-    from msbridge.buffer import StepBuffer
+    from msbridge.capture.host_buffer import StepBuffer
 
     drains = []
     original = StepBuffer.drain
@@ -131,7 +131,7 @@ def _result(repeat, steps_per_s, **extra):
 
 
 def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
-    from msbridge.bench import check_targets, markdown, summarise
+    from msbridge.cli.bench import check_targets, markdown, summarise
 
     runs = {"a": [_result(0, 100.0), _result(1, 50.0), _result(2, 60.0)],
             "e": [_result(1, 49.5, monitor_us_median=12.0, monitor_us_mean=30.0),
@@ -155,7 +155,7 @@ def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
 
 @pytest.mark.slow
 def test_bench_runs_setups_in_fresh_processes_and_writes_the_table(tmp_path):
-    from msbridge.bench import run_bench
+    from msbridge.cli.bench import run_bench
 
     report = run_bench(["f"], steps=40, repeats=1, out=str(tmp_path / "out"), stall_s=0.2, echo=lambda _: None)
     rows = {r["setup"]: r for r in report["rows"]}

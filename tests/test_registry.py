@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from msbridge import registry
+from msbridge.sinks import registry
 from msbridge.errors import ConfigError, MissingDependencyError
 
 
@@ -24,7 +24,7 @@ def test_unknown_name_lists_registered():
 def test_third_party_sink_through_entry_point(tmp_path, monkeypatch):
     """A real installed distribution (a dist-info on sys.path) declaring an msbridge.sinks entry point."""
     (tmp_path / "my_sink.py").write_text(textwrap.dedent("""
-        from msbridge.sink import Sink
+        from msbridge.sinks.base import Sink
         class MySink(Sink):
             name = "mysink"
             def write(self, records, events):
@@ -49,7 +49,7 @@ def test_missing_extra_names_the_pip_line(monkeypatch):
 
 
 def test_importing_msbridge_imports_no_tracker():
-    code = ("import sys, msbridge, msbridge.config, msbridge.registry, msbridge.runlog;"
+    code = ("import sys, msbridge, msbridge.config.load, msbridge.sinks.registry, msbridge.sinks.runlog;"
             "print(sorted(m for m in ('mlflow','tensorboardX','mindformers','mindspore') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

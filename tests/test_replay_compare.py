@@ -10,10 +10,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from msbridge import BridgeMonitor
-from msbridge.cli import main
-from msbridge.compare import compare, default_tracking_uri
-from msbridge.demo import demo_config, train
-from msbridge.runlog import read_run
+from msbridge.cli.main import main
+from msbridge.offline.compare import compare, default_tracking_uri
+from msbridge.cli.demo import demo_config, train
+from msbridge.sinks.runlog import read_run
 from processes import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "sweep"))

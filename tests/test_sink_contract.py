@@ -13,8 +13,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from msbridge.registry import BUILTINS, resolve
-from msbridge.sink import Event, Record, RunInfo
+from msbridge.sinks.registry import BUILTINS, resolve
+from msbridge.sinks.base import Event, Record, RunInfo
 
 Series = Dict[str, List[Tuple[int, float]]]
 SINKS = list(BUILTINS)
@@ -36,7 +36,7 @@ def make_records(steps: int, start: int = 1) -> List[Record]:
 
 # -- each tracker's own reader ------------------------------------------------------------------
 def read_jsonl(run: RunInfo, sink) -> Series:
-    from msbridge.runlog import read_run
+    from msbridge.sinks.runlog import read_run
 
     log = read_run(run.run_dir).ranks[0]
     return {name: log.series(name) for name in log.metric_names()}

@@ -16,11 +16,11 @@ import pytest
 from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
-from msbridge.dispatch import Dispatcher
+from msbridge.sinks.dispatch import Dispatcher
 from msbridge.errors import MissingDependencyError
-from msbridge.runlog import read_run
-from msbridge.sink import FAILED, FINISHED, KILLED, Event, Record, RunInfo
-from msbridge.stream import is_global_metric
+from msbridge.sinks.runlog import read_run
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.names import is_global_metric
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer

@@ -18,11 +18,11 @@ from mindspore import Tensor, nn, ops
 from mindspore.train import Callback
 
 from msbridge import BridgeMonitor, ConfigError
-from msbridge.buffer import StepBuffer
-from msbridge.ring import RingReader, min_ring_size, ring_size_for
-from msbridge.ringcell import attach_ring
-from msbridge.runlog import read_run
-from msbridge.trainstep import TrainStep
+from msbridge.capture.host_buffer import StepBuffer
+from msbridge.capture.ring_reader import RingReader, min_ring_size, ring_size_for
+from msbridge.capture.ring_cell import attach_ring
+from msbridge.sinks.runlog import read_run
+from msbridge.capture.train_step import TrainStep
 from training import OutputRecorder, regression_data, train_regression
 
 SCHEDULE = (0.01, 0.9, 1)  # ExponentialDecayLR: step s uses 0.01 * 0.9 ** (s - 1)

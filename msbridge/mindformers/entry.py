@@ -8,7 +8,7 @@ entry and nothing else. So that ``monitor_config`` (``step_interval``,
 ``--config FILE`` argument (``run_mindformer.py``), else the Trainer's loaded
 config (no line numbers). The entry is found in its ``callbacks:`` list by its
 keys, so every message names the file, the line and ``callbacks[i]``; what
-is read from where is ``msbridge.callback_entry``'s. Every other top-level
+is read from where is ``msbridge.config.mindformers_entry``'s. Every other top-level
 section (model, optimizer, runner_config ...) is logged as a training param.
 
 Example:
@@ -23,10 +23,10 @@ import os
 import sys
 from typing import Any, Dict, List, Mapping, Tuple
 
-from ..callback_entry import ENTRY_NAME, entry_sections, find_entry
-from ..compose import compose, plain
-from ..config import Config, config_from_tree, log_notes
-from ..yaml_source import Tree
+from ..config.mindformers_entry import ENTRY_NAME, entry_sections, find_entry
+from ..config.compose import compose, plain
+from ..config.load import Config, config_from_tree, log_notes
+from ..config.yaml_lines import Tree
 
 Located = Tuple[Tree, int, str, List[str]]  # tree, index in callbacks, label, problems
 

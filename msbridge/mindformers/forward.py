@@ -31,8 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ..sink import Event
-from ..stream import GRAD_NORM, Window
+from ..sinks.base import Event
+from ..names import GRAD_NORM
+from ..capture.window import Window
 
 log = logging.getLogger("msbridge")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ringcell import DEFAULT_RING_SIZE, RingAttached, attach_ring
+from ..capture.ring_cell import DEFAULT_RING_SIZE, RingAttached, attach_ring
 
 
 class MSBridgeRing:

@@ -1,0 +1,136 @@
+"""``TrainStep``: ``nn.TrainOneStepCell`` plus loss scaling, clipping and the device ring buffer.
+
+One compiled step does forward, backward, (un)scaling, the global grad norm,
+an overflow check with IsFinite/ReduceAll (``NPUGetFloatStatusV2`` has no CPU
+kernel), optional clipping by global norm, the optimizer update, and one row
+of the ring buffer: loss, grad norm, the lr the optimizer used, loss scale,
+overflow. It returns the loss, so every ordinary callback still works.
+
+Example:
+    >>> from msbridge import BridgeMonitor, TrainStep
+    >>> step = TrainStep(loss_net, optimizer, scale_sense=nn.DynamicLossScaleUpdateCell(2**12, 2, 1000),
+    ...                  clip_grad_norm=1.0, ring_size=256)
+    >>> Model(step).train(3, ds, callbacks=[BridgeMonitor(cfg)], dataset_sink_mode=True, sink_size=20)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
+
+from .ring_cell import DEFAULT_RING_SIZE, RingCell
+from ..names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
+
+_square_sum = ops.MultitypeFuncGraph("msbridge_square_sum")
+_all_finite = ops.MultitypeFuncGraph("msbridge_all_finite")
+_scale = ops.MultitypeFuncGraph("msbridge_scale")
+
+
+@_square_sum.register("Tensor")
+def _tensor_square_sum(grad: Any) -> Any:
+    return ops.square(ops.cast(grad, ms.float32)).sum()
+
+
+@_all_finite.register("Tensor")
+def _tensor_all_finite(grad: Any) -> Any:
+    return ops.isfinite(grad).all()
+
+
+@_scale.register("Tensor", "Tensor")
+def _tensor_scale(factor: Any, grad: Any) -> Any:
+    return grad * ops.cast(factor, grad.dtype)
+
+
+class TrainStep(RingCell):
+    """A drop-in train-step cell that also fills msbridge's device ring buffer.
+
+    With ``scale_sense=None`` and ``clip_grad_norm=None`` it computes the same
+    update as ``nn.TrainOneStepCell``; the ring costs a grad-norm reduction, an
+    IsFinite pass over the grads and one scatter of 5 floats per step.
+
+    Args:
+        network: a cell that returns the loss (``nn.WithLossCell`` or your own).
+        optimizer: a MindSpore optimizer; its ``get_lr()`` gives the recorded lr.
+        scale_sense: None (no loss scaling), a number or Tensor (static scale), or
+            a loss-scale update cell such as ``nn.DynamicLossScaleUpdateCell``
+            (dynamic scale). With a scale, a step whose grads overflow is skipped.
+        clip_grad_norm: clip gradients to this global L2 norm (None: no clipping).
+            The recorded grad norm is the one before clipping.
+        ring_size: rows of the ring buffer, at least the monitor's flush window
+            plus the steps of one sink (``msbridge.capture.ring_reader.ring_size_for``).
+        skip_nonfinite: skip the update (weights, optimizer state and its step
+            stay bit-identical) when the loss or any gradient is NaN/Inf.
+
+    Example:
+        >>> step = TrainStep(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.01),
+        ...                  clip_grad_norm=1.0, skip_nonfinite=True)
+        >>> loss = step(x, y)
+    """
+
+    def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Union[None, float, Tensor, nn.Cell] = None,
+                 clip_grad_norm: Optional[float] = None, ring_size: int = DEFAULT_RING_SIZE,
+                 skip_nonfinite: bool = False) -> None:
+        super().__init__(ring_size)
+        self.network = network
+        self.network.set_grad()
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.hyper_map = ops.HyperMap()
+        self.scaled = scale_sense is not None
+        self.scale_manager: Optional[nn.Cell] = None
+        if isinstance(scale_sense, nn.Cell):
+            self.scale_manager = scale_sense
+            scale_sense = scale_sense.get_loss_scale()
+        scale = Tensor(1.0 if scale_sense is None else scale_sense, ms.float32).reshape(())
+        # A Parameter only when there is a scale to keep (and checkpoint); otherwise a graph constant.
+        self.scale_sense = Parameter(scale, name="scale_sense", requires_grad=False) if self.scaled else scale
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be > 0, got {clip_grad_norm}")
+        self.clip = clip_grad_norm is not None
+        self.clip_norm = Tensor(math.inf if clip_grad_norm is None else clip_grad_norm, ms.float32)
+        # Skip the update on a bad step: always with a loss scale (MindSpore's semantics), else on request.
+        self.skip_bad_steps = self.scaled or bool(skip_nonfinite)
+        self.has_lr = hasattr(optimizer, "get_lr")
+        self.group_lr = bool(getattr(optimizer, "is_group_lr", False))
+        self.grad_reducer = nn.Identity()
+        if _get_parallel_mode() in (ParallelMode.DATA_PARALLEL, ParallelMode.HYBRID_PARALLEL):
+            self.grad_reducer = nn.DistributedGradReducer(self.weights, _get_gradients_mean(), _get_device_num())
+        self.ring_columns = tuple(name for name, on in ((LOSS, True), (GRAD_NORM, True), (LR, self.has_lr),
+                                                        (LOSS_SCALE, self.scaled), (OVERFLOW, True)) if on)
+        self._get_attr_from_cell(network)
+
+    def construct(self, *inputs: Any) -> Any:
+        loss = self.network(*inputs)
+        scale = ops.cast(self.scale_sense, ms.float32)  # the scale this step uses, before any update
+        sens = ops.ones_like(loss)
+        if self.scaled:
+            sens = sens * ops.cast(scale, loss.dtype)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.grad_reducer(grads)
+        if self.scaled:
+            grads = self.hyper_map(ops.partial(_scale, ops.reciprocal(scale)), grads)
+        grad_norm = ops.sqrt(ops.stack(self.hyper_map(_square_sum, grads)).sum())
+        finite = ops.logical_and(ops.stack(self.hyper_map(_all_finite, grads)).all(), ops.isfinite(loss).all())
+        overflow = ops.logical_not(finite)
+        if self.scale_manager is not None:
+            overflow = self.scale_manager(self.scale_sense, overflow)
+        if self.clip:
+            factor = ops.minimum(self.clip_norm / (grad_norm + 1e-6), 1.0)
+            grads = self.hyper_map(ops.partial(_scale, factor), grads)
+        lr = self.nan
+        if self.has_lr:  # read before the optimizer advances its global_step: the lr this step uses
+            lr = self.optimizer.get_lr()
+            if self.group_lr:
+                lr = lr[0]
+        grads = ops.depend(grads, lr)
+        if self.skip_bad_steps:
+            if not overflow:
+                loss = ops.depend(loss, self.optimizer(grads))
+        else:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return ops.depend(loss, self.record_step(loss, grad_norm, lr, scale, overflow))

@@ -1,0 +1,37 @@
+"""``Window``: the steps between two flushes as host arrays, what capture hands to metrics and health.
+
+Example:
+    >>> window = Window(steps=np.arange(3), epochs=np.zeros(3), wall_time=np.zeros(3),
+    ...                 step_time_s=np.full(3, 0.01), monitor_s=np.zeros(3), scalars={"train/loss": np.ones(3)})
+    >>> len(window)
+    3
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+import numpy as np
+
+@dataclass
+class Window:
+    """The steps between two flushes, as host arrays of equal length.
+
+    ``scalars`` maps a name from ``STEP_SCALARS`` to one float per step;
+    ``step_time_s`` is the host-measured wall time of each step and
+    ``monitor_s`` the monitor's own host time in that step. ``at_flush`` holds
+    state read once at the flush (a live Parameter, such as the loss scale
+    mindformers' train cells return): it is recorded on the window's last step.
+    """
+
+    steps: np.ndarray
+    epochs: np.ndarray
+    wall_time: np.ndarray
+    step_time_s: np.ndarray
+    monitor_s: np.ndarray
+    scalars: Dict[str, np.ndarray] = field(default_factory=dict)
+    global_scalars: Dict[str, np.ndarray] = field(default_factory=dict)
+    at_flush: Dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.steps)

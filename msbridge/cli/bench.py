@@ -1,0 +1,278 @@
+"""``msbridge bench``: what monitoring costs, measured against no monitoring on the same job.
+
+Every setup trains the same demo transformer on the same data with the same
+seed, each run in a fresh process (``msbridge.cli.bench_worker``). Runs are
+interleaved (a b c ... a b c ...), with the order rotated each repeat, and each
+setup's throughput is reported as the median over repeats of its ratio to the
+no-monitoring run of the same repeat, so slow drifts of the machine's load
+cancel out. Also reported: host CPU time, peak RSS, CPU burnt while training is
+idle (a 2 s stall inside training), msbridge's own host time per step, and, with
+``--long-steps``, RSS across a long run with every sink on.
+
+Example:
+    $ msbridge bench --steps 300 --repeats 3 --out ./bench_results
+    $ python examples/bench/run_bench.py --setups a,e,f --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from statistics import median
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import MsbridgeError
+
+#: setup key -> what runs. ``a`` is the reference every ratio is taken against.
+SETUPS: Dict[str, str] = {
+    "a": "no monitoring",
+    "a_ts": "TrainStep (ring buffer), no monitoring",
+    "b": "LossMonitor(1) + SummaryCollector(1) + mlflow.log_metric per step",
+    "c": "LossMonitor(20) + SummaryCollector(20)",
+    "d": "mindformers MFLossMonitor + TrainingStateMonitor, tensorboard (plain demo model)",
+    "a_mf": "mindformers train cell (CPU overflow check), no monitoring",
+    "d_mf": "mindformers train cell + MFLossMonitor + TrainingStateMonitor, tensorboard",
+    "e": "msbridge, all sinks, every step",
+    "f": "msbridge, jsonl only",
+    "g": "msbridge, TrainStep ring, sink mode sink_size=20, all sinks",
+    "long": "msbridge, all sinks, tiny model, long run",
+    "long_a": "no monitoring, tiny model, long run",
+}
+DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
+#: setups compared with another baseline than ``a`` (same train cell, no monitoring).
+BASELINE = {"d_mf": "a_mf", "g": "a_ts"}
+#: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
+DEFAULT_HIDDEN = 32
+TARGETS = {"ratio_e": 0.99, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02}
+
+
+def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
+            timeout: float = 1800.0, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
+    """One setup in a fresh Python process; returns its JSON result (with ``error`` if it failed)."""
+    work = os.path.join(out, "work", f"{setup}-{tag}")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    result_path = os.path.join(work, "result.json")
+    env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "msbridge.cli.bench_worker", "--setup", setup, "--steps", str(steps),
+           "--seed", str(seed), "--stall-s", str(stall_s), "--hidden", str(hidden), "--work", work,
+           "--result", result_path]
+    with open(os.path.join(out, "logs", f"{setup}-{tag}.log"), "w") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    try:
+        with open(result_path) as fh:
+            result = json.load(fh)
+    except (OSError, ValueError):
+        result = {"setup": setup, "error": f"worker exited with {code}; see logs/{setup}-{tag}.log"}
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats: int = 3, seed: int = 7,
+              out: str = "./bench_results", long_steps: int = 0, stall_s: float = 2.0, keep: bool = False,
+              echo: Any = print, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
+    """Run every setup ``repeats`` times, interleaved; write ``bench.json`` and ``bench.md`` to ``out``."""
+    out = os.path.abspath(out)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    setups = list(dict.fromkeys(["a", *[s for s in setups if not s.startswith("long")], *_baselines(setups)]))
+    runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in setups}
+    load = [os.getloadavg()[0]]
+    started = time.time()
+    for rep in range(repeats):
+        order = setups[rep % len(setups):] + setups[:rep % len(setups)]
+        for setup in order:
+            if runs[setup] and "error" in runs[setup][0]:
+                continue  # a setup that cannot run here fails the same way every time
+            result = run_one(setup, steps, seed, out, f"r{rep}", stall_s, keep, hidden=hidden)
+            result["repeat"] = rep
+            runs[setup].append(result)
+            echo(f"[bench] repeat {rep + 1}/{repeats} {setup:<5} " + _one_line(result))
+        load.append(os.getloadavg()[0])
+    report: Dict[str, Any] = {
+        "steps": steps, "repeats": repeats, "seed": seed, "hidden": hidden, "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "load_avg_1min": load,
+        "minutes": (time.time() - started) / 60, "rows": [summarise(s, runs) for s in setups], "runs": runs,
+    }
+    if long_steps:
+        echo(f"[bench] long run: {long_steps} steps, every sink on")
+        for setup in ("long_a", "long"):
+            report[setup] = run_one(setup, long_steps, seed, out, "r0", 0.0, keep, timeout=7200.0)
+            echo(f"[bench] {setup}: " + _one_line(report[setup]) + f", RSS {_rss_line(report[setup])}")
+    report["targets"] = check_targets(report)
+    with open(os.path.join(out, "bench.json"), "w") as fh:
+        json.dump(report, fh, indent=2)
+    table = markdown(report)
+    with open(os.path.join(out, "bench.md"), "w") as fh:
+        fh.write(table)
+    echo(table)
+    return report
+
+
+def _baselines(setups: Sequence[str]) -> List[str]:
+    return [BASELINE[s] for s in setups if s in BASELINE]
+
+
+def _rss_line(result: Dict[str, Any]) -> str:
+    samples = result.get("rss_samples") or []
+    if not samples:
+        return "n/a"
+    return (f"{samples[0][1]:.0f} MB at step {samples[0][0]} -> {samples[-1][1]:.0f} MB at step {samples[-1][0]} "
+            f"({samples[-1][1] - samples[0][1]:+.1f} MB)")
+
+
+def _one_line(result: Dict[str, Any]) -> str:
+    if "error" in result:
+        return f"n/a: {result['error']}"
+    return (f"{result['steps_per_s']:.1f} steps/s, median step {result['median_step_ms']:.1f} ms, "
+            f"cpu {_fmt(result['cpu_ms_per_step'], '.1f')} ms/step")
+
+
+def summarise(setup: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Medians over repeats; the ratio is paired with the baseline run of the same repeat."""
+    mine = [r for r in runs[setup] if "error" not in r]
+    row: Dict[str, Any] = {"setup": setup, "label": SETUPS[setup], "ok": len(mine)}
+    if not mine:
+        row["error"] = runs[setup][0]["error"] if runs[setup] else "not run"
+        return row
+    base_key = BASELINE.get(setup, "a")
+    base = {r["repeat"]: r for r in runs.get(base_key, []) if "error" not in r}
+    ratios = [r["steps_per_s"] / base[r["repeat"]]["steps_per_s"] for r in mine if r["repeat"] in base]
+    by_median = [base[r["repeat"]]["median_step_ms"] / r["median_step_ms"] for r in mine if r["repeat"] in base]
+    ref = {r["repeat"]: r for r in runs.get("a", []) if "error" not in r}
+    vs_a = [r["steps_per_s"] / ref[r["repeat"]]["steps_per_s"] for r in mine if r["repeat"] in ref]
+    row.update({
+        "baseline": base_key,
+        "ratio": median(ratios) if ratios else None, "ratio_min": min(ratios, default=None),
+        "ratio_max": max(ratios, default=None), "ratio_to_a": median(vs_a) if vs_a else None,
+        "ratio_median_step": median(by_median) if by_median else None,
+    })
+    for key in ("steps_per_s", "median_step_ms", "cpu_ms_per_step", "peak_rss_mb", "children_rss_mb", "idle_cpu_per_s",
+                "monitor_us_median", "monitor_us_mean", "sink_thread_ms_per_step", "steps_recorded",
+                "flush_steps_final"):
+        values = [r[key] for r in mine if r.get(key) is not None]
+        row[key] = median(values) if values else None
+    return row
+
+
+def check_targets(report: Dict[str, Any]) -> Dict[str, Any]:
+    """The measured figures next to the targets (nothing is assumed when a figure is missing)."""
+    rows = {r["setup"]: r for r in report["rows"]}
+    e = rows.get("e", {})
+    msb = [rows[s] for s in ("e", "f", "g") if rows.get(s, {}).get("ok")]
+    idle_a = rows.get("a", {}).get("idle_cpu_per_s") or 0.0
+    out: Dict[str, Any] = {
+        "ratio_e": {"target": f">= {TARGETS['ratio_e']}", "measured": e.get("ratio")},
+        "monitor_us_median": {"target": f"< {TARGETS['monitor_us_median']:.0f} us",
+                              "measured": max((r["monitor_us_median"] for r in msb), default=None)},
+        # MindSpore's own threads (the dataset pipeline prefetching) use some CPU in (a) too: compare with it.
+        "idle_cpu_above_a": {"target": f"< {TARGETS['idle_cpu_above_a']} s/s",
+                             "measured": max((r["idle_cpu_per_s"] - idle_a for r in msb
+                                              if r.get("idle_cpu_per_s") is not None), default=None)},
+    }
+    long = report.get("long")
+    if long and "error" not in long and long.get("rss_samples"):
+        samples = long["rss_samples"]
+        out["rss_growth_mb"] = {"target": f"< {TARGETS['rss_growth_mb']:.0f} MB", "steps": long["steps"],
+                                "start_mb": samples[0][1], "end_mb": samples[-1][1],
+                                "measured": samples[-1][1] - samples[0][1],
+                                "without_monitoring": _rss_line(report.get("long_a") or {})}
+    for item in out.values():
+        item["met"] = _met(item)
+    return out
+
+
+def _met(item: Dict[str, Any]) -> Optional[bool]:
+    value, target = item.get("measured"), item["target"]
+    if value is None:
+        return None
+    if target.startswith(">="):
+        return value >= float(target[2:])
+    return value < float(target[1:].split()[0])
+
+
+def _children(row: Dict[str, Any]) -> str:
+    rss = row.get("children_rss_mb")
+    return f" (+{rss:.0f})" if rss else ""
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    """The results as a markdown table plus the targets."""
+    lines = [f"## msbridge bench: {report['steps']} steps x {report['repeats']} repeats, seed {report['seed']}",
+             "", f"{report['machine']}, Python {report['python']}, 1-min load average during the run "
+             f"{min(report['load_avg_1min']):.1f}-{max(report['load_avg_1min']):.1f}; "
+             f"{report['minutes']:.1f} min.", "",
+             "| setup | what | steps/s | ratio to baseline (min-max) | ratio to (a) | median step ms "
+             "(ratio) | host CPU ms/step | peak RSS MB (+children) | idle CPU s/s | msbridge us/step median (mean) | "
+             "sink thread CPU ms/step | flush window |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        if "error" in row:
+            lines.append(f"| ({row['setup']}) | {row['label']} | n/a | n/a: {row['error']} | | | | | | | | |")
+            continue
+        base = "" if row["baseline"] == "a" else f" vs ({row['baseline']})"
+        msb = (f"{row['monitor_us_median']:.1f} ({row['monitor_us_mean']:.1f})"
+               if row.get("monitor_us_median") is not None else "")
+        lines.append(
+            f"| ({row['setup']}) | {row['label']} | {row['steps_per_s']:.1f} | "
+            f"{_fmt(row['ratio'], '.3f')} ({_fmt(row['ratio_min'], '.3f')}-{_fmt(row['ratio_max'], '.3f')}){base} | "
+            f"{_fmt(row['ratio_to_a'], '.3f')} | {row['median_step_ms']:.2f} "
+            f"({_fmt(row['ratio_median_step'], '.3f')}) | {_fmt(row['cpu_ms_per_step'], '.2f')} | "
+            f"{row['peak_rss_mb']:.0f}{_children(row)} | {_fmt(row['idle_cpu_per_s'], '.3f')} | {msb} | "
+            f"{_fmt(row.get('sink_thread_ms_per_step'), '.2f')} | {_fmt(row.get('flush_steps_final'), '')} |")
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    for name, item in report["targets"].items():
+        measured = _fmt(item["measured"], ".3f") if isinstance(item["measured"], float) else item["measured"]
+        extra = (f" (RSS {item['start_mb']:.0f} -> {item['end_mb']:.0f} MB, steps 1000-{item['steps']}; "
+                 f"without monitoring: {item['without_monitoring']})" if name == "rss_growth_mb" else "")
+        lines.append(f"| {name} {item['target']} | {measured}{extra} | {item['met']} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", default="./bench_results")
+    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
+                        help=f"comma-separated, from: {', '.join(s for s in SETUPS if not s.startswith('long'))}")
+    parser.add_argument("--long-steps", type=int, default=0,
+                        help="also run a long job (e.g. 100000 steps, tiny model, every sink) and report RSS")
+    parser.add_argument("--stall-s", type=float, default=2.0,
+                        help="training stalls mid-run (1 s to settle + this long, measured) to measure idle CPU")
+    parser.add_argument("--keep", action="store_true", help="keep each run's outputs under OUT/work")
+    parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN,
+                        help=f"the model's hidden size (default {DEFAULT_HIDDEN}: a ~12 ms step here; 256: ~10x that)")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown:
+        raise MsbridgeError(f"bench: unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
+    run_bench(setups, args.steps, args.repeats, args.seed, args.out, args.long_steps, args.stall_s, args.keep,
+              hidden=args.hidden)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

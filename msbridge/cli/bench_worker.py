@@ -1,0 +1,340 @@
+"""One benchmark setup in a fresh process: train the demo model once and print what it cost as JSON.
+
+``msbridge.cli.bench`` starts this module once per setup and repeat; the setups
+share the model, data and seed and differ only in the train cell and the
+callbacks. Timings come from a step-end timestamp callback that is first in
+every setup's list, so it costs the same everywhere.
+
+Example:
+    $ python -m msbridge.cli.bench_worker --setup e --steps 300 --seed 7 --work /tmp/w --result /tmp/w/e.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Tuple
+
+from mindspore.train import Callback
+
+from .bench import DEFAULT_HIDDEN, SETUPS
+
+MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
+BATCH = 8
+SINK_SIZE = 20
+
+
+def process_cpu_s() -> float:
+    """CPU seconds of this process (all threads) and its children, live or reaped."""
+    import psutil
+
+    times = psutil.Process().cpu_times()
+    return times.user + times.system + times.children_user + times.children_system + live_children_cpu_s()
+
+
+def live_children_cpu_s() -> float:
+    """CPU seconds of this process's live child processes (a reaped one is in ``children_*``)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def thread_cpu_s(name: str) -> Any:
+    """CPU seconds of this process's thread called ``name`` (None if there is none)."""
+    import threading
+
+    import psutil
+
+    ids = {t.native_id for t in threading.enumerate() if t.name == name}
+    if not ids:
+        return None
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
+def rss_mb(children: bool = False) -> float:
+    """RSS of this process, or the summed RSS of its live child processes (writers, workers)."""
+    import psutil
+
+    procs = psutil.Process().children(recursive=True) if children else [psutil.Process()]
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+class _Timer(Callback):
+    """Step-end timestamps; optionally stalls once (training idle) and measures CPU over the stall."""
+
+    def __init__(self, cpu_at: Tuple[int, int], stall_at: int = 0, stall_s: float = 2.0, settle_s: float = 1.0,
+                 rss_every: int = 0) -> None:
+        super().__init__()
+        self.times: List[Tuple[int, float]] = []
+        self.cpu_at = cpu_at  # steady state: from the end of warm-up to the last step
+        self.cpu: List[float] = []
+        self.sink_thread_cpu: List[Any] = []
+        self.stall_at, self.stall_s, self.settle_s = stall_at, stall_s, settle_s
+        self.idle_cpu_per_s = None
+        self.children_rss_mb = None
+        self.stalled_s = 0.0
+        self.rss_every = rss_every
+        self.rss: List[Tuple[int, float]] = []
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        step = int(run_context.original_args().cur_step_num)
+        self.times.append((step, time.perf_counter()))
+        if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
+            self.cpu.append(process_cpu_s())
+            self.sink_thread_cpu.append(thread_cpu_s("msbridge-dispatch"))
+        if self.rss_every and (step % self.rss_every == 0 or step == 1000):
+            self.rss.append((step, rss_mb()))
+        if step >= self.cpu_at[1]:
+            run_context.request_stop()  # the last epoch may run past the steps asked for
+        if self.stall_at and step >= self.stall_at and not self.stalled_s:
+            start = time.perf_counter()
+            time.sleep(self.settle_s)  # let in-flight sink writes finish: what follows is idle
+            cpu0, t0 = process_cpu_s(), time.perf_counter()
+            time.sleep(self.stall_s)
+            self.idle_cpu_per_s = (process_cpu_s() - cpu0) / (time.perf_counter() - t0)
+            self.children_rss_mb = rss_mb(children=True)
+            self.stalled_s = time.perf_counter() - start
+
+
+class _MlflowPerStep(Callback):
+    """What many training scripts do: ``mlflow.log_metric`` of the loss after every step."""
+
+    def __init__(self, work: str) -> None:
+        super().__init__()
+        self.uri = f"sqlite:///{os.path.join(work, 'mlflow.db')}"
+
+    def on_train_begin(self, run_context: Any) -> None:
+        import mlflow
+
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_experiment("bench")
+        mlflow.start_run()
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        import mlflow
+
+        cb = run_context.original_args()
+        mlflow.log_metric("loss", float(cb.net_outputs.asnumpy()), step=int(cb.cur_step_num))
+
+    def on_train_end(self, run_context: Any) -> None:
+        import mlflow
+
+        mlflow.end_run()
+
+
+def _msbridge(work: str, sinks: Any) -> Any:
+    """msbridge with its default settings (flush every 100 steps or 10 s); ``None``: every installed sink."""
+    from ..callback import BridgeMonitor
+    from .demo import demo_config
+
+    if sinks is None:
+        sinks = demo_config(work)["sinks"]
+    return BridgeMonitor({"experiment": "bench", "run_name": "run", "sinks": sinks, "seq_length": 32,
+                          "output_dir": os.path.join(work, "runs", "{experiment}", "{run_name}")})
+
+
+def _mindformers(work: str, steps: int, lr: Any) -> List[Any]:
+    """MFLossMonitor + TrainingStateMonitor writing to tensorboard through mindformers' global writer."""
+    from types import SimpleNamespace
+
+    from mindformers.core.callback.callback import MFLossMonitor, TrainingStateMonitor
+    from mindformers.utils import tensorboard as mf_tensorboard
+
+    mf_tensorboard._set_tensorboard_writer(SimpleNamespace(tensorboard_dir=os.path.join(work, "tb"),
+                                                           tensorboard_queue_size=10))
+    return [MFLossMonitor(learning_rate=lr, per_print_times=1, origin_epochs=1, dataset_size=steps,
+                          global_batch_size=BATCH),
+            TrainingStateMonitor(origin_epochs=1, dataset_size=steps, global_batch_size=BATCH,
+                                 config={"local_loss_format": "tensorboard"})]
+
+
+def _mindformers_cell(loss_net: Any, optimizer: Any) -> Any:
+    """mindformers' train cell on CPU: the overflow check done with IsFinite/ReduceAll, no clipping in effect."""
+    from mindformers.wrapper import MFTrainOneStepCell
+    from mindspore import ops
+
+    class CpuMFTrainOneStepCell(MFTrainOneStepCell):
+        def get_overflow_status(self, status, compute_output):
+            return ops.logical_not(ops.stack([ops.isfinite(g).all() for g in compute_output]).all())
+
+    return CpuMFTrainOneStepCell(loss_net, optimizer, use_clip_grad=True, max_grad_norm=1e9, scale_sense=1.0)
+
+
+def _scalar_lr(lr: Any) -> Any:
+    """The same schedule returning a scalar: MFLossMonitor turns a shape-(1,) lr into '[x]' and float() fails."""
+    from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+
+    class ScalarLR(LearningRateSchedule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = lr
+
+        def construct(self, step: Any) -> Any:
+            return self.inner(step).reshape(())
+
+    return ScalarLR()
+
+
+def _summary(work: str, freq: int) -> Any:
+    from mindspore.train import SummaryCollector
+
+    # collect_dataset_graph crashes under protobuf 7 (DESIGN.md); everything else stays at its default.
+    return SummaryCollector(os.path.join(work, "summary"), collect_freq=freq,
+                            collect_specified_data={"collect_dataset_graph": False})
+
+
+def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
+    from mindspore.train import LossMonitor
+
+    builders: Dict[str, Callable[[], List[Any]]] = {
+        "a": lambda: [], "a_ts": lambda: [],
+        "b": lambda: [LossMonitor(1), _summary(work, 1), _MlflowPerStep(work)],
+        "c": lambda: [LossMonitor(20), _summary(work, 20)],
+        "d": lambda: _mindformers(work, steps, lr),
+        "a_mf": lambda: [], "d_mf": lambda: _mindformers(work, steps, _scalar_lr(lr)),
+        "e": lambda: [_msbridge(work, None)], "g": lambda: [_msbridge(work, None)],
+        "long": lambda: [_msbridge(work, None)], "long_a": lambda: [],
+        "f": lambda: [_msbridge(work, ["jsonl"])],
+    }
+    return builders[setup]()
+
+
+def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
+    import mindspore as ms
+    import mindspore.dataset as ds
+    import numpy as np
+    from mindspore import nn
+    from mindspore.train import Model
+
+    from .demo import build_model, make_tokens
+    from ..capture.ring_reader import ring_size_for
+    from ..capture.train_step import TrainStep
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(seed)
+    long_run = setup.startswith("long")
+    per_epoch = min(steps, 1000)
+    if long_run:  # a small MLP regressor: a step costs ~1 ms, so 100 000 steps take minutes
+        rng = np.random.default_rng(seed)
+        x = rng.normal(size=(per_epoch * BATCH, 16)).astype(np.float32)
+        data = {"x": x, "y": np.tanh(x[:, :1] * x[:, 1:2]).astype(np.float32)}
+        loss_net = nn.WithLossCell(nn.SequentialCell(nn.Dense(16, 32), nn.ReLU(), nn.Dense(32, 1)), nn.MSELoss())
+    else:
+        data = {"tokens": make_tokens(per_epoch * BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)}
+        _, loss_net = build_model(hidden_size=hidden, **MODEL)
+    dataset = ds.NumpySlicesDataset(data, shuffle=False).batch(BATCH, drop_remainder=True)
+    lr = nn.WarmUpLR(0.003, 20)
+    optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
+    callbacks = callbacks_for(setup, work, steps, lr)
+    if setup in ("a_ts", "g"):
+        config = callbacks[0].config if callbacks else None
+        size = ring_size_for(config, SINK_SIZE) if config else 256
+        train_cell = TrainStep(loss_net, optimizer, ring_size=size)
+    elif setup in ("a_mf", "d_mf"):
+        train_cell = _mindformers_cell(loss_net, optimizer)
+    else:
+        train_cell = nn.TrainOneStepCell(loss_net, optimizer)
+    timer = _Timer((warmup_steps(steps), steps), stall_at=0 if long_run or not stall_s else steps // 2,
+                   stall_s=stall_s, rss_every=10_000 if long_run else 0)
+    sink = setup == "g"
+    # CPU runs sink mode step by step and ignores sink_size (one epoch = the whole dataset); a device
+    # runs sink_size steps per epoch, so it needs steps / sink_size epochs for the same steps.
+    epochs = -(-steps // per_epoch)  # the timer stops training at `steps`
+    if sink and ms.get_context("device_target") != "CPU":
+        epochs = steps // SINK_SIZE
+    cpu0, wall0 = process_cpu_s(), time.perf_counter()
+    Model(train_cell).train(epochs, dataset, callbacks=[timer, *callbacks], dataset_sink_mode=sink,
+                            sink_size=SINK_SIZE if sink else -1)
+    wall = time.perf_counter() - wall0
+    cpu = process_cpu_s() - cpu0
+    return _summarise(setup, timer, callbacks, wall, cpu, steps)
+
+
+def warmup_steps(steps: int) -> int:
+    """Steps left out of the steady-state figures: the first ones include graph compilation."""
+    return max(10, steps // 10)
+
+
+def _summarise(setup: str, timer: _Timer, callbacks: List[Any], wall: float, cpu: float,
+               steps: int) -> Dict[str, Any]:
+    import numpy as np
+
+    marks = np.array([t for _, t in timer.times])
+    warm = warmup_steps(len(marks))
+    measured = marks[-1] - marks[warm - 1] - timer.stalled_s
+    steady_cpu = timer.cpu[-1] - timer.cpu[0] if len(timer.cpu) == 2 else None
+    sink_cpu = timer.sink_thread_cpu
+    sink_cpu = sink_cpu[1] - sink_cpu[0] if len(sink_cpu) == 2 and None not in sink_cpu else None
+    out: Dict[str, Any] = {
+        "setup": setup, "steps": int(timer.times[-1][0]) if timer.times else 0,
+        "steps_per_s": (len(marks) - warm) / measured if measured > 0 else None,
+        "median_step_ms": float(np.median(np.diff(marks[warm:]))) * 1e3,
+        "wall_s": wall, "cpu_s": cpu,
+        "cpu_ms_per_step": None if steady_cpu is None else steady_cpu / (len(marks) - warm) * 1e3,
+        "sink_thread_ms_per_step": None if sink_cpu is None else sink_cpu / (len(marks) - warm) * 1e3,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "idle_cpu_per_s": timer.idle_cpu_per_s, "children_rss_mb": timer.children_rss_mb,
+        "rss_samples": timer.rss,
+    }
+    monitor = next((cb for cb in callbacks if hasattr(cb, "run_dir") and hasattr(cb, "steps_recorded")), None)
+    if monitor is not None:
+        out.update(_monitor_figures(monitor))
+    return out
+
+
+def _monitor_figures(monitor: Any) -> Dict[str, Any]:
+    """msbridge's own host time per step, from what it recorded (perf/monitor_overhead x step time)."""
+    import numpy as np
+
+    from ..sinks.runlog import read_run
+
+    log = read_run(monitor.run_dir).ranks[0]
+    per_step = np.array([r.values["perf/monitor_overhead"] * r.values["perf/step_time_ms"] * 1e3
+                         for r in log.records if "perf/monitor_overhead" in r.values])
+    return {"steps_recorded": monitor.steps_recorded, "records_in_jsonl": len(log.records),
+            "sinks": sorted(monitor.config.sinks), "flush_steps_final": monitor._budget.flush_steps,
+            "monitor_us_median": float(np.median(per_step)), "monitor_us_mean": float(per_step.mean())}
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", required=True, choices=sorted(SETUPS))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--stall-s", type=float, default=2.0,
+                        help="idle seconds measured inside training, after 1 s to settle (0: no stall)")
+    parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="the model's hidden size")
+    parser.add_argument("--work", required=True, help="scratch dir for this run's outputs")
+    parser.add_argument("--result", required=True, help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    os.makedirs(args.work, exist_ok=True)
+    os.chdir(args.work)  # mindformers writes ./output/log on import
+    try:
+        result = run(args.setup, args.steps, args.seed, args.work, args.stall_s, args.hidden)
+    except Exception as exc:  # reported as the row's reason, e.g. a tool that does not run on CPU
+        result = {"setup": args.setup, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                  "traceback": traceback.format_exc()[-2000:]}
+    with open(args.result, "w") as fh:
+        json.dump(result, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The ``msbridge`` command line.
+
+Example:
+    $ msbridge demo --steps 300 --out ./demo_run
+    $ msbridge config check monitor.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import List, Optional
+
+from .analyze import add_analysis_commands
+from .bench import add_arguments as add_bench_arguments
+from .bench import run_from_args as cmd_bench
+from .config_cmd import add_config_commands
+from ..errors import MsbridgeError
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("GLOG_v", "3")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not its database-migration INFO lines
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ..callback import BridgeMonitor
+    from ..config.load import load_config
+    from .demo import demo_config, train
+
+    out = os.path.abspath(args.out)
+    config = load_config(args.config if args.config else demo_config(out), overrides=args.set)
+    monitor = BridgeMonitor(config)
+    print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
+    train(monitor, args.steps, config.params)
+    _print_outputs(monitor)
+    return 0
+
+
+def _print_outputs(monitor) -> None:
+    from ..run.metadata import view_commands
+
+    run_dir = monitor.run_dir
+    print(f"\n[msbridge] done: {monitor.steps_recorded} steps recorded")
+    print(f"  {'run dir':<11}: {run_dir}")
+    print(f"  {'README':<11}: {os.path.join(run_dir, 'README.md')}")
+    sinks = {s.name: s.describe(monitor.run) for s in monitor.plan.sinks}
+    for name, info in sinks.items():
+        if info.get("where"):
+            print(f"  {name:<11}: {info['where']}")
+    print("\n  look at it:")
+    for command in view_commands(run_dir, sinks):
+        print(f"    {command}")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from ..masking import mask_text
+    from ..offline.replay import replay
+
+    options = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
+    counts = replay(args.run_dir, args.to, options)
+    target = f" at {mask_text(args.tracking_uri)}" if args.tracking_uri else ""
+    print(f"[msbridge] replayed {counts['records']} records and {counts['events']} events "
+          f"from {counts['ranks']} rank(s) to {args.to}{target}")
+    if counts["truncated"]:
+        print(f"[msbridge] {counts['truncated']} cut last line(s) skipped (a killed run); every complete line was used")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ..offline.compare import compare, default_tracking_uri, format_table
+
+    uri = args.tracking_uri or default_tracking_uri(args.experiment, args.root)
+    if not args.tracking_uri and not os.path.exists(uri[len("sqlite:///"):]):
+        raise MsbridgeError(f"no MLflow store at {uri[len('sqlite:///'):]}; "
+                            "train with the mlflow sink first, or pass --tracking-uri")
+    rows, differing = compare(args.experiment, uri)
+    print(format_table(rows, differing, args.format))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="msbridge", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="train a tiny transformer LM on CPU with every available sink")
+    demo.add_argument("--steps", type=int, default=300)
+    demo.add_argument("--out", default="./msbridge_runs")
+    demo.add_argument("--config", help="a YAML config instead of the embedded demo config")
+    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value (YAML-typed), repeatable")
+    demo.set_defaults(func=cmd_demo)
+
+    rep = sub.add_parser("replay", help="rebuild a sink from a run's jsonl write-ahead log (offline mode)")
+    rep.add_argument("run_dir")
+    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"])
+    rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
+    rep.set_defaults(func=cmd_replay)
+
+    cmp_ = sub.add_parser("compare", help="a sweep's runs side by side, from MLflow")
+    cmp_.add_argument("experiment")
+    cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db")
+    cmp_.add_argument("--root", default="./msbridge_runs", help="output root of the default store")
+    cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text")
+    cmp_.set_defaults(func=cmd_compare)
+
+    bench = sub.add_parser("bench", help="measure what monitoring costs: throughput vs no monitoring, CPU, RSS")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
+    add_config_commands(sub)
+    add_analysis_commands(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    _quiet_libraries()
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MsbridgeError as exc:
+        print(f"msbridge: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

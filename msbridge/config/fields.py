@@ -1,0 +1,181 @@
+"""What each msbridge setting may hold: type, range, and one line of meaning.
+
+``FIELDS`` is the single list of canonical settings (README's reference table
+is written from it); ``check_values`` returns every problem with the values at
+once, as ``(path, message)`` pairs without file locations, so the loader can
+point each one at the line the user wrote.
+
+Example:
+    >>> check_values({"flush_steps": 0, "sinks": ["tensorbord"]})
+    [(('flush_steps',), 'expected an integer >= 1, got 0'), (('sinks', 'tensorbord'), "unknown sink 'tensorbord'; did you mean 'tensorboard'? (registered sinks: jsonl, tensorboard, mlflow, mindinsight)")]
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import ConfigError
+from .keys import did_you_mean
+from .yaml_lines import Path
+
+Check = Callable[[Any], Optional[str]]
+
+
+def _bool(value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(minimum: int, optional: bool = False) -> Check:
+    def check(value: Any) -> Optional[str]:
+        if (optional and value is None) or (_is_int(value) and value >= minimum):
+            return None
+        return f"expected {'null or ' if optional else ''}an integer >= {minimum}, got {value!r}"
+    return check
+
+
+def _number(low: float, high: Optional[float] = None) -> Check:
+    allowed = f"a number > {low}" if high is None else f"a number between {low} and {high} (exclusive)"
+
+    def check(value: Any) -> Optional[str]:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > low
+        return None if ok and (high is None or value < high) else f"expected {allowed}, got {value!r}"
+    return check
+
+
+def _text(optional: bool = False) -> Check:
+    def check(value: Any) -> Optional[str]:
+        if (optional and value is None) or (isinstance(value, str) and value):
+            return None
+        hint = f" (quote it: '{value}')" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        return f"expected {'null or ' if optional else ''}a non-empty string, got {value!r}{hint}"
+    return check
+
+
+def _regex(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return f"expected null or a regular expression over parameter names, got {value!r}"
+    try:
+        re.compile(value)
+    except re.error as exc:
+        return f"{value!r} is not a valid regular expression: {exc}"
+    return None
+
+
+def _mapping(value: Any) -> Optional[str]:
+    return None if isinstance(value, Mapping) else f"expected a mapping, got {value!r}"
+
+
+def _ranks(value: Any) -> Optional[str]:
+    if value is None or (isinstance(value, (list, tuple)) and value and all(_is_int(r) and r >= 0 for r in value)):
+        return None
+    return f"expected null or a non-empty list of ranks (integers >= 0), got {value!r}"
+
+
+def _tags(value: Any) -> Optional[str]:
+    if not isinstance(value, Mapping):
+        return f"expected a mapping of tag -> value, got {value!r}"
+    bad = [k for k, v in value.items() if isinstance(v, (Mapping, list, tuple)) or v is None]
+    return f"tag values must be strings or numbers; {', '.join(map(str, bad))} are not" if bad else None
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting: its type as README shows it, its check, and what it means."""
+
+    type: str
+    check: Check
+    meaning: str
+
+
+FIELDS: Dict[str, Field] = {
+    "monitor_on": Field("bool", _bool, "master switch; false builds nothing and records nothing"),
+    "experiment": Field("str", _text(), "experiment name (MLflow experiment, parent dir of runs)"),
+    "run_name": Field("str", _text(), "run name template: {dotted.key} from params or settings, {timestamp}, {rank}"),
+    "output_dir": Field("str", _text(), "run directory template: {experiment}, {run_name}, {rank}, {timestamp}"),
+    "step_interval": Field("int >= 1", _int(1), "record every N-th step (sampling granularity)"),
+    "flush_steps": Field("int >= 1", _int(1), "steps buffered between device->host copies and writes"),
+    "flush_seconds": Field("float > 0", _number(0), "also flush when this many seconds passed"),
+    "print_interval": Field("int >= 1", _int(1), "console progress line every N steps (global rank)"),
+    "local_loss": Field("bool", _bool, "record each rank's own loss (train/loss)"),
+    "global_loss": Field("bool", _bool, "record the loss averaged over ranks and its spread (rank 0)"),
+    "grad_norm": Field("bool", _bool, "record the global gradient norm"),
+    "learning_rate": Field("bool", _bool, "record the optimizer's learning rate"),
+    "throughput": Field("bool", _bool, "record step time, samples/s and tokens/s"),
+    "memory": Field("bool", _bool, "record device/host memory"),
+    "layer_norms": Field("regex or null", _regex, "per-parameter norms for names matching (re.search); off if null"),
+    "histograms": Field("regex or null", _regex, "histograms for parameter names matching (re.search); off if null"),
+    "seq_length": Field("int >= 1 or null", _int(1, optional=True), "tokens per sample, for tokens/s"),
+    "sinks": Field("list or mapping", lambda v: None, "sink names, or name -> options; jsonl is always on"),
+    "health": Field("mapping", _mapping, "health checks and actions (nonfinite, dump_dir, warmup_steps ...)"),
+    "overhead_budget": Field("float in (0, 1)", _number(0, 1), "allowed share of step time spent monitoring"),
+    "buffer_size": Field("int >= 0", _int(0), "rows a TrainStep/attach_ring device ring must have at least; "
+                         "0 = auto (2 x flush_steps); also caps how far overhead_budget widens the flush window"),
+    "reduce_ranks": Field("list of int >= 0 or null", _ranks,
+                          "ranks whose loss makes train/global_loss and dist/* (pipeline parallel: last stage); null: all"),
+    "collective_timeout_s": Field("float > 0", _number(0),
+                                  "seconds the per-flush cross-rank collective may block before the run is closed FAILED"),
+    "sweep_id": Field("str or null", _text(optional=True), "groups the runs of one sweep"),
+    "tags": Field("mapping", _tags, "tags for trackers (values become strings)"),
+    "params": Field("mapping", _mapping, "the training job's hyperparameters, logged, not interpreted"),
+}
+
+
+def normalise_sinks(sinks: Any) -> Dict[str, Any]:
+    """A list / single name / mapping of sinks as ``{name: options}``, jsonl always included.
+
+    Example:
+        >>> normalise_sinks(["tensorboard"])
+        {'tensorboard': {}, 'jsonl': {}}
+    """
+    if sinks is None:
+        sinks = {}
+    if isinstance(sinks, str):
+        sinks = [sinks]
+    if isinstance(sinks, Mapping):
+        out = {str(k): (dict(v) if isinstance(v, Mapping) else ({} if v is None else v)) for k, v in sinks.items()}
+    else:
+        out = {str(name): {} for name in sinks}
+    # jsonl is the write-ahead log every other sink can be rebuilt from: always on.
+    out.setdefault("jsonl", {})
+    return out
+
+
+def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
+    from ..sinks.registry import available, check_available
+
+    if not isinstance(value, (Mapping, list, tuple, str)) and value is not None:
+        return [(("sinks",), f"expected a list of sink names or a mapping name -> options, got {value!r}")]
+    problems: List[Tuple[Path, str]] = []
+    for name, options in normalise_sinks(value).items():
+        try:
+            check_available(name)
+        except ConfigError:
+            problems.append((("sinks", name), f"unknown sink {name!r}{did_you_mean(name, available())} "
+                                              f"(registered sinks: {', '.join(available())})"))
+        except ImportError as exc:
+            problems.append((("sinks", name), str(exc)))
+        if not isinstance(options, Mapping):
+            problems.append((("sinks", name), f"sink options must be a mapping, got {options!r}"))
+    return problems
+
+
+def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
+    """Every problem with the given settings (absent ones are not checked)."""
+    problems: List[Tuple[Path, str]] = []
+    for name, spec in FIELDS.items():
+        if name not in values:
+            continue
+        if name == "sinks":
+            problems.extend(_check_sinks(values[name]))
+            continue
+        message = spec.check(values[name])
+        if message:
+            problems.append(((name,), message))
+    return problems

@@ -1,0 +1,299 @@
+"""The validated, immutable msbridge config, and ``load_config`` that builds it from YAML.
+
+``Config`` holds msbridge's own settings; ``params`` holds the training job's
+hyperparameters (model, optimizer, runner ...) that msbridge logs but does not
+interpret. ``load_config`` runs the whole pipeline: compose (``base_config:``,
+``---`` documents, ``--set``) -> resolve ``${...}`` -> map dialects -> check
+every value and directory -> ``Config``. Every problem is collected first and
+raised together as one ``ConfigError``, each line with ``file:line`` where YAML
+gives it. What each value's source was is kept in ``Config.provenance``.
+
+Example:
+    >>> cfg = load_config({"experiment": "tiny-lm", "sinks": ["jsonl", "tensorboard"]})
+    >>> cfg.flush_steps, sorted(cfg.sinks)
+    (100, ['jsonl', 'tensorboard'])
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import MISSING, dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from .mindformers_entry import entry_sections, find_entry
+from .canonical import canonicalize
+from .compose import compose
+from .compose import plain as thaw
+from .keys import Assignment, Note, did_you_mean, section_of
+from ..errors import ConfigError
+from .health import health_problems
+from .interpolate import interpolate
+from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
+from ..paths import render_template
+from .fields import check_values, normalise_sinks
+from .yaml_lines import Origin, Path, Tree, format_path
+
+__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "config_from_tree",
+           "did_you_mean", "load_config", "log_notes", "thaw"]
+
+log = logging.getLogger("msbridge")
+
+DEFAULT_OUTPUT_DIR = "./msbridge_runs/{experiment}/{run_name}"
+OUTPUT_PLACEHOLDERS = ("experiment", "run_name", "rank", "timestamp")
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a loaded config's values came from, and the dialect lines said while loading.
+
+    Example:
+        >>> cfg = load_config("seed000_monitor.yaml")
+        >>> cfg.provenance.origin(("flush_steps",))
+        ('seed000_monitor.yaml:4', 'monitor_config.interval')
+    """
+
+    source: str = "<defaults>"
+    origins: Mapping[Path, Tuple[str, str]] = field(default_factory=dict)
+    notes: Tuple[Note, ...] = ()
+
+    def origin(self, path: Path) -> Tuple[str, str]:
+        """``(where, user key)`` of ``path`` or its nearest ancestor; ``("default", "")`` if unset."""
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.origins:
+                return self.origins[path[:end]]
+        return ("default", "")
+
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        return tuple(str(n) for n in self.notes if n.level >= logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Config:
+    """msbridge's settings. Build it with ``load_config``; every field is in README's reference table.
+
+    Example:
+        >>> Config(experiment="sweep", flush_steps=50).flush_steps
+        50
+    """
+
+    monitor_on: bool = True
+    experiment: str = "default"
+    run_name: str = "run-{timestamp}"
+    output_dir: str = DEFAULT_OUTPUT_DIR
+    step_interval: int = 1
+    flush_steps: int = 100
+    flush_seconds: float = 10.0
+    print_interval: int = 20
+    local_loss: bool = True
+    global_loss: bool = True
+    grad_norm: bool = True
+    learning_rate: bool = True
+    throughput: bool = True
+    memory: bool = False
+    layer_norms: Optional[str] = None
+    histograms: Optional[str] = None
+    seq_length: Optional[int] = None
+    sinks: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"jsonl": {}})
+    health: Mapping[str, Any] = field(default_factory=dict)
+    overhead_budget: float = 0.01
+    buffer_size: int = 0
+    reduce_ranks: Optional[Tuple[int, ...]] = None
+    collective_timeout_s: float = 60.0
+    sweep_id: Optional[str] = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = check_values({f.name: getattr(self, f.name) for f in fields(self)})
+        if problems:
+            raise ConfigError([f"{format_path(path)}: {message}" for path, message in problems])
+        object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
+        object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
+        for name in ("health", "params"):
+            object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
+
+    @property
+    def provenance(self) -> Provenance:
+        """Where each value came from (empty for a Config built directly)."""
+        return self.__dict__.get("_provenance") or Provenance()
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A plain dict of every field (for logging and the resolved YAML)."""
+        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
+
+    def with_changes(self, **changes: Any) -> "Config":
+        """A copy with some fields changed (validated again; provenance is not kept)."""
+        return replace(self, **changes)
+
+
+FIELD_NAMES = tuple(f.name for f in fields(Config))
+
+
+def _defaults() -> Dict[str, Any]:
+    return {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(Config)}
+
+
+class _Checker:
+    """Turns canonical-path problems into ``file:line: user.key: message`` lines."""
+
+    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path]) -> None:
+        self.winners, self.failed = winners, failed
+        self.problems: List[str] = []
+        self.notes: List[Note] = []
+
+    def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
+        for end in range(len(path), 0, -1):
+            item = self.winners.get(path[:end])
+            if item is not None:
+                return item.origin, item.source + path[end:]
+        deeper = next((a for t, a in self.winners.items() if t[:len(path)] == path), None)
+        if deeper is None:
+            return None, path
+        extra = len(deeper.target) - len(path)
+        return deeper.origin, deeper.source[:len(deeper.source) - extra]
+
+    def problem(self, path: Path, message: str) -> None:
+        origin, source = self.source(path)
+        if any(source[:len(bad)] == bad for bad in self.failed):
+            return  # its ${...} could not be resolved; that problem is already reported
+        renamed = source and path and isinstance(source[-1], str) and source[-1] != path[-1]
+        sets = f" (it sets {format_path(path)})" if renamed else ""
+        text = f"{format_path(source)}: {message}{sets}"
+        self.problems.append(f"{origin}: {text}" if origin else text)
+
+    def directory(self, path: Path, template: Any, placeholders: bool) -> None:
+        if not isinstance(template, str) or not template:
+            self.problem(path, f"expected a directory path, got {template!r}")
+            return
+        bad = placeholder_problem(template, OUTPUT_PLACEHOLDERS) if placeholders else None
+        if bad:
+            self.problem(path, bad)
+            return
+        prefix = static_prefix(template) if placeholders else os.path.expanduser(template)
+        problem = writable_problem(prefix)
+        if problem:
+            self.problem(path, problem)
+            return
+        reason = volatile_reason(prefix)
+        if reason:
+            origin, source = self.source(path)
+            self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
+                                   f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
+                                   "it; use a persistent directory", logging.WARNING))
+
+
+def _check(full: Dict[str, Any], checker: _Checker) -> None:
+    for path, message in check_values(full):
+        checker.problem(path, message)
+    for path, message in health_problems(full["health"]):
+        checker.problem(path, message)
+    if isinstance(full["run_name"], str) and isinstance(full["params"], Mapping):
+        try:
+            render_template(full["run_name"], full["params"], full, {"timestamp": "t", "rank": 0})
+        except ConfigError as exc:
+            checker.problem(("run_name",), str(exc).split(": ", 1)[-1])
+    if full["monitor_on"] is False:
+        origin, source = checker.source(("monitor_on",))
+        checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: false -> msbridge builds "
+                                  "no sink and records nothing", logging.WARNING))
+    if full["monitor_on"] is not True:
+        return
+    if isinstance(full["output_dir"], str) and full["output_dir"]:
+        checker.directory(("output_dir",), full["output_dir"], placeholders=True)
+    health = full["health"] if isinstance(full["health"], Mapping) else {}
+    if "dump_dir" in health:
+        checker.directory(("health", "dump_dir"), health["dump_dir"], placeholders=True)
+    sinks = full["sinks"] if isinstance(full["sinks"], Mapping) else {}
+    for name, options in sinks.items():
+        for key, value in (options.items() if isinstance(options, Mapping) else ()):
+            if str(key).endswith("dir") and isinstance(value, str):
+                checker.directory(("sinks", name, key), value, placeholders=False)
+
+
+def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],
+                notes: List[Note]) -> Provenance:
+    def key(path: Path) -> str:
+        return f"{format_path(path)} = {written[path]}" if path in written else format_path(path)
+
+    origins: Dict[Path, Tuple[str, str]] = {}
+    for target, item in winners.items():
+        origins[target] = (str(item.origin), key(item.source))
+        if isinstance(item.value, (Mapping, list)) and item.value:
+            depth = len(item.source)
+            for path, origin in tree.origins.items():
+                if len(path) > depth and path[:depth] == item.source:
+                    origins[target + path[depth:]] = (str(origin), key(path))
+    return Provenance(source, origins, tuple(notes))
+
+
+def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config, None] = None,
+                 overrides: Sequence[str] = ()) -> Config:
+    """Like ``load_config``, but logs nothing (``msbridge config`` prints the notes itself)."""
+    if isinstance(source, Config):
+        source = source.to_dict()
+    tree, notes, problems = compose(source, overrides)
+    label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
+    index = find_entry(tree.data) if section_of(tree.data) != "msbridge" else None
+    if index is None:
+        return config_from_tree(tree, label, notes, problems)
+    # a mindformers run YAML with a `- type: MSBridgeMonitor` entry: check it as the callback will
+    tree, sections, more_notes, more = entry_sections(tree, index, label)
+    return config_from_tree(tree, label, notes + more_notes, problems + more, sections=sections)
+
+
+def config_from_tree(tree: Tree, label: str, notes: Sequence[Note] = (), problems: Sequence[str] = (),
+                     sections: Optional[Sequence[Path]] = None) -> Config:
+    """A validated ``Config`` from a composed tree; ``sections`` as in ``canonicalize``.
+
+    Raises:
+        ConfigError: every problem found, including the ``problems`` passed in.
+    """
+    notes, problems = list(notes), list(problems)
+    tree, ref_problems, failed, written = interpolate(tree)
+    values, winners, mapped = canonicalize(tree, failed, sections)
+    problems += ref_problems + mapped.problems
+    notes += mapped.notes
+    full = dict(_defaults(), **values)
+    checker = _Checker(winners, failed)
+    _check(full, checker)
+    problems += checker.problems
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    config = Config(**full)
+    notes = list(dict.fromkeys(notes + checker.notes))
+    object.__setattr__(config, "_provenance", _provenance(label, tree, winners, written, notes))
+    return config
+
+
+def load_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config, None] = None,
+                overrides: Sequence[str] = ()) -> Config:
+    """A validated ``Config`` from a YAML file path, a dict or a Config, with ``key=value`` overrides.
+
+    Each dialect mapping and warning is logged once on the ``msbridge`` logger.
+
+    Raises:
+        ConfigError: with ``.problems``, one ``file:line: key: message`` line per problem.
+
+    Example:
+        >>> cfg = load_config("train.yaml", overrides=["monitor_config.interval=50"])
+    """
+    if isinstance(source, Config) and not overrides:
+        return source
+    return log_notes(build_config(source, overrides))
+
+
+def log_notes(config: Config) -> Config:
+    """Log each dialect mapping and warning of ``config`` once on the ``msbridge`` logger."""
+    for note in config.provenance.notes:
+        log.log(note.level, "msbridge config: %s", note)
+    return config

@@ -1,0 +1,113 @@
+"""Plans a run before training (names, paths, ranks, sink classes) and starts it.
+
+Everything that can be wrong with a config is found in ``plan_run``, which the
+callback calls in its constructor: an unknown sink, a missing extra, an output
+dir that cannot be written. ``RunPlan.start`` then opens the sinks behind one
+dispatcher. The rank question is settled here, once: a rank that is not global
+never builds a global-only sink (MLflow).
+
+Example:
+    >>> plan = plan_run(load_config({"sinks": ["jsonl"]}))
+    >>> dispatcher, run = plan.start(expected_steps=300)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..metrics.cross_rank import agree_timestamp
+from ..config.load import Config
+from ..sinks.dispatch import Dispatcher
+from ..errors import ConfigError
+from ..masking import mask_secrets
+from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
+from ..sinks.console import ConsoleSink
+from .ranks import Ranks, claim_rank_file, detect_ranks
+from ..sinks.registry import resolve
+from ..sinks.runlog import last_step, rank_file
+from ..paths import render_output_dir, render_template
+from ..sinks.base import RunInfo, Sink
+
+log = logging.getLogger("msbridge")
+
+
+def check_writable(path: str, what: str = "output_dir") -> None:
+    """Create ``path`` and prove a file can be written there, or raise ConfigError naming it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".msbridge-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot write to {path!r}: {exc.strerror or exc}") from None
+
+
+@dataclass
+class RunPlan:
+    """Everything decided before the first step."""
+
+    config: Config
+    ranks: Ranks
+    run_name: str
+    run_dir: str
+    run_id: str
+    sinks: List[Sink]
+    progress: bool = True
+
+    def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
+        cfg = self.config
+        sinks = list(self.sinks)
+        if self.progress and self.ranks.is_global:
+            sinks.append(ConsoleSink(print_interval=cfg.print_interval))
+        config_dict = mask_secrets(cfg.to_dict())
+        meta = collect_metadata(config_dict, self.ranks.world_size, expected_steps)
+        meta["batch_size"] = batch_size
+        wal = rank_file(self.run_dir, self.ranks.rank)
+        run = RunInfo(run_id=self.run_id, run_name=self.run_name, experiment=cfg.experiment,
+                      rank=self.ranks.rank, world_size=self.ranks.world_size,
+                      is_global=self.ranks.is_global, run_dir=self.run_dir,
+                      config=config_dict, metadata=meta,
+                      resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
+        where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
+        readme = render_readme(self.run_name, self.run_id, meta, where, self.run_dir)
+        run = replace(run, readme=readme)
+        self._meta, self._where = dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=where), where
+        if self.ranks.is_global:
+            write_run_files(self.run_dir, self._meta, readme)
+        dispatcher = Dispatcher(sinks, run)
+        return dispatcher, run
+
+    def finish(self, outcome: Dict[str, Any]) -> None:
+        """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json."""
+        if not self.ranks.is_global or not hasattr(self, "_meta"):
+            return
+        meta = dict(self._meta, outcome=outcome)
+        readme = render_readme(self.run_name, self.run_id, meta, self._where, self.run_dir, outcome=outcome)
+        write_run_files(self.run_dir, meta, readme)
+
+
+def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[Ranks] = None,
+             now: Optional[float] = None) -> RunPlan:
+    """Validate everything that can be checked before training and fix the run's names and paths."""
+    ranks = ranks or detect_ranks()
+    stamp = agree_timestamp(ranks, "{timestamp}" in config.run_name + config.output_dir, now)
+    own = config.to_dict()
+    run_name = render_template(config.run_name, dict(config.params), own, {"timestamp": stamp, "rank": ranks.rank})
+    run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp)
+    check_writable(run_dir)
+    claim_rank_file(run_dir, ranks.rank)
+    return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir,
+                   run_id=run_id_for(run_dir), sinks=build_sinks(config, ranks) + list(extra_sinks))
+
+
+def build_sinks(config: Config, ranks: Ranks) -> List[Sink]:
+    """The configured sinks of this rank, built now so a bad option fails before training.
+
+    jsonl comes first (the write-ahead log); a global-only sink (MLflow) exists on the global rank only.
+    """
+    names = sorted(config.sinks, key=lambda name: name != "jsonl")
+    classes = [(name, resolve(name)) for name in names]
+    return [cls(**dict(config.sinks[name])) for name, cls in classes
+            if cls.ranks != "global" or ranks.is_global]

@@ -1,0 +1,124 @@
+"""One background thread that hands batches to every sink, jsonl first.
+
+The training thread only puts work on a bounded queue. The thread blocks on
+the queue while idle (no polling), writes the write-ahead log (jsonl) first,
+then every other sink, each in its own try/except: a sink that raises is
+logged once with its name, counted, and the others carry on.
+
+The thread starts by flushing every sink once, so a tracker's first contact
+(MLflow creating a store and a run: seconds) happens while the graph compiles,
+not at the first window in the middle of training.
+
+Example:
+    >>> d = Dispatcher([JsonlSink()], run_info)
+    >>> d.submit(records, events)
+    >>> d.close("FINISHED")   # drains the queue, closes every sink
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+from typing import Dict, List, Optional, Sequence
+
+from .base import FINISHED, KILLED, Event, Record, RunInfo, Sink
+
+log = logging.getLogger("msbridge")
+
+_STOP = object()
+
+
+class Dispatcher:
+    """Runs ``sinks`` on one daemon thread fed by a bounded queue.
+
+    Args:
+        sinks: opened here, in order; put jsonl first, it is the write-ahead log.
+        run: what every sink is opened with.
+        max_batches: queue bound; a full queue makes ``submit`` wait (nothing is dropped).
+    """
+
+    def __init__(self, sinks: Sequence[Sink], run: RunInfo, max_batches: int = 64) -> None:
+        self.sinks: List[Sink] = list(sinks)
+        self.run = run
+        self.errors: Dict[str, int] = {}
+        self._queue: "queue.Queue[object]" = queue.Queue(maxsize=max_batches)
+        self._closed = False
+        self._warned_full = False
+        for sink in list(self.sinks):
+            if not self._call(sink, "open", run):
+                self.sinks.remove(sink)
+        self._thread = threading.Thread(target=self._loop, name="msbridge-dispatch", daemon=True)
+        self._thread.start()
+        atexit.register(self._atexit)
+
+    # -- training thread -------------------------------------------------
+    def submit(self, records: Sequence[Record], events: Sequence[Event] = ()) -> None:
+        """Queue one batch. Returns at once unless the queue is full."""
+        if self._closed or (not records and not events):
+            return
+        item = ("write", list(records), list(events))
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning("msbridge: sink queue full (%d batches); training waits for the sinks", self._queue.maxsize)
+            self._queue.put(item)
+
+    def flush(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every sink has written and flushed what was submitted so far."""
+        if self._closed:
+            return True
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        return done.wait(timeout)
+
+    def close(self, status: str = FINISHED, timeout: Optional[float] = 120.0) -> None:
+        """Drain the queue, then close every sink with ``status``."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(("close", status))
+            self._queue.put(_STOP)
+            atexit.unregister(self._atexit)
+        # A second close (say the collective watchdog's, then the training thread's) waits for the first.
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("msbridge: sinks did not finish within %.0f s; jsonl holds every record", timeout)
+
+    def _atexit(self) -> None:
+        # Backstop for a process that exits without train_end: keep what we have.
+        self.close(KILLED, timeout=30.0)
+
+    # -- dispatcher thread -------------------------------------------------
+    def _loop(self) -> None:
+        for sink in self.sinks:  # first contact off the training thread, before the first window
+            self._call(sink, "flush")
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            kind = item[0]
+            if kind == "write":
+                for sink in self.sinks:
+                    self._call(sink, "write", item[1], item[2])
+            elif kind == "flush":
+                for sink in self.sinks:
+                    self._call(sink, "flush")
+                item[1].set()
+            elif kind == "close":
+                for sink in self.sinks:
+                    self._call(sink, "close", item[1])
+
+    def _call(self, sink: Sink, method: str, *args: object) -> bool:
+        try:
+            getattr(sink, method)(*args)
+            return True
+        except Exception as exc:  # one broken sink never stops training or the others
+            count = self.errors.get(sink.name, 0) + 1
+            self.errors[sink.name] = count
+            if count == 1:
+                log.error("msbridge: sink %r failed in %s(): %s: %s; other sinks carry on",
+                          sink.name, method, type(exc).__name__, exc)
+            return False
