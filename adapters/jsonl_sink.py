@@ -21,8 +21,8 @@ import math
 import os
 from typing import IO, Any, Dict, Optional, Sequence
 
-from ..sinks.runlog import last_step, rank_file, trim_partial_line
 from ..sinks.base import SCHEMA_VERSION, Event, Record, RunInfo, Sink, json_safe
+from ..sinks.runlog import last_step, rank_file, trim_partial_line
 
 
 def _encode_values(values: Dict[str, float]) -> Dict[str, Any]:

@@ -30,11 +30,10 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from ..config.load import did_you_mean
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError, did_you_mean
 from ..masking import mask_secrets, mask_text
-from ..sinks.runlog import rank_file, read_rank_file
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Sink, flatten, json_safe
+from ..sinks.runlog import rank_file, read_rank_file
 from ._mlflow_process import ClientProcess
 
 log = logging.getLogger("msbridge")

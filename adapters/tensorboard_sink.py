@@ -56,9 +56,9 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MissingDependencyError
+from ..names import GLOBAL_LOSS, LOSS, is_global_metric
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink, flatten
-from ..names import GLOBAL_LOSS, LOSS, is_global_metric
 from ._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, version_event
 
 log = logging.getLogger("msbridge")

@@ -30,20 +30,20 @@ from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
 from .capture.host_buffer import StepBuffer
-from .config.load import Config, load_config
-from .sinks.dispatch import Dispatcher
-from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
-from .config.health import HealthSpec
 from .capture.lr import LrReader, find_optimizer
-from .capture.ring_reader import RingReader, check_ring_size
 from .capture.ring_cell import find_ring_cell
-from .run.ranks import release_rank_file
+from .capture.ring_reader import RingReader, check_ring_size
+from .capture.window import Window
+from .config.health import HealthSpec
+from .config.load import Config, load_config
+from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
+from .metrics.stream import Stream
+from .names import GLOBAL_LOSS, LOSS
 from .run.plan import RunPlan, plan_run
+from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
 from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
-from .names import GLOBAL_LOSS, LOSS
-from .capture.window import Window
-from .metrics.stream import Stream
+from .sinks.dispatch import Dispatcher
 
 log = logging.getLogger("msbridge")
 

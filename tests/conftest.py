@@ -8,7 +8,7 @@ os.environ.setdefault("GLOG_v", "3")
 # `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log.
 os.environ.setdefault("LOG_MF_PATH", os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log"))
 
-import msbridge  # noqa: E402,F401  (first: it picks the protobuf runtime MindSpore needs)
+import msbridge  # noqa: E402,F401,I001  (first: it picks the protobuf runtime MindSpore needs)
 import pytest  # noqa: E402
 
 

@@ -25,9 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
-from processes import free_port, group_alive, stop_group
-
 import pytest
+from processes import free_port, group_alive, stop_group
 
 VENV = Path(__file__).resolve().parents[1] / ".venv-mindinsight"
 API = "/v1/mindinsight"

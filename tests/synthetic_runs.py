@@ -24,10 +24,24 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Sequence
 
 import numpy as np
-
 from msbridge.adapters.jsonl_sink import JsonlSink, rank_file
+
+from msbridge.names import (
+    GLOBAL_LOSS,
+    GRAD_NORM,
+    LOSS,
+    LOSS_EMA,
+    LOSS_MAX,
+    LOSS_MIN,
+    LOSS_STD,
+    LR,
+    OUTLIER_RANK,
+    SAMPLES_PER_S,
+    STEP_TIME,
+    TOKENS_PER_S,
+    rank_loss,
+)
 from msbridge.sinks.base import Event, Record, RunInfo
-from msbridge.names import GLOBAL_LOSS, rank_loss, GRAD_NORM, LOSS, LOSS_EMA, LOSS_MAX, LOSS_MIN, LOSS_STD, LR, OUTLIER_RANK, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S
 
 WARMUP = 30
 BATCH, SEQ = 16, 32
@@ -221,9 +235,9 @@ def train_real_run(run_dir: str, steps: int = 200, learning_rate: float = 0.01, 
     import mindspore as ms
     from mindspore import nn, ops
     from mindspore.train import Model
+    from training import regression_data
 
     from msbridge import BridgeMonitor
-    from training import regression_data
 
     class GradNormStep(nn.TrainOneStepCell):
         def construct(self, *inputs):

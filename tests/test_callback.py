@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 from mindspore import nn
+from training import OutputRecorder, train_regression
 
 from msbridge import BridgeMonitor, ConfigError, Sink
 from msbridge.sinks.runlog import read_run
-from training import OutputRecorder, train_regression
 
 
 def monitor(tmp_path, **overrides):
@@ -70,10 +70,9 @@ def test_tokens_per_s_when_seq_length_given(tmp_path):
 
 
 def test_non_finite_loss_written_as_null_and_listed(tmp_path):
-    from training import regression_data
-
     import mindspore as ms
     from mindspore.train import Model
+    from training import regression_data
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(16, 1)
@@ -159,8 +158,9 @@ def test_tuple_output_records_first_scalar_and_says_which_once(tmp_path, caplog)
 
 
 def test_unknown_tuple_layout_warns_once_which_element(tmp_path, caplog):
-    from msbridge.capture.host_buffer import detect_layout
     import mindspore as ms
+
+    from msbridge.capture.host_buffer import detect_layout
 
     with caplog.at_level(logging.WARNING, logger="msbridge"):
         layout = detect_layout(("label", ms.Tensor(1.0), ms.Tensor(2.0)))

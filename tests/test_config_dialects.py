@@ -14,9 +14,9 @@ import textwrap
 import pytest
 
 import msbridge.config.load as config_module
-from msbridge.config.load import ConfigError, load_config
 from msbridge.config.dialects import HANDLERS, SUMMARY_KEYS
 from msbridge.config.fields import FIELDS
+from msbridge.config.load import ConfigError, load_config
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 SEED002 = os.path.join(DATA, "seed002", "configs", "llama2")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msbridge.config.load import ConfigError, load_config
 from msbridge.config.interpolate import interpolate
+from msbridge.config.load import ConfigError, load_config
 from msbridge.config.yaml_lines import Origin, Tree
 
 

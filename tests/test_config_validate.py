@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import msbridge.config.paths as pathcheck
-from msbridge.config.load import FIELD_NAMES, Config, ConfigError, load_config
 from msbridge.config.dialects import HANDLERS
-from msbridge.sinks.registry import available
 from msbridge.config.fields import FIELDS
+from msbridge.config.load import FIELD_NAMES, Config, ConfigError, load_config
+from msbridge.sinks.registry import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

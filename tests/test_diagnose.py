@@ -7,14 +7,14 @@ import tempfile
 
 import numpy as np
 import pytest
+import synthetic_runs as sr
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import synthetic_runs as sr
 from msbridge.cli.main import main
+from msbridge.names import GRAD_NORM, LOSS, OVERFLOW
 from msbridge.offline.diagnose import diagnose, mad_sigma, rolling_median, spearman
 from msbridge.sinks.runlog import read_run
-from msbridge.names import GRAD_NORM, LOSS, OVERFLOW
 
 
 def report_of(tmp_path, scenario, name="run"):

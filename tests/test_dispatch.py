@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 import time
 
-from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.base import Record, RunInfo, Sink
+from msbridge.sinks.dispatch import Dispatcher
 
 RUN = RunInfo(run_id="x", run_name="r", experiment="e", rank=0, world_size=1, is_global=True, run_dir="/nonexistent")
 

@@ -15,14 +15,14 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
+from processes import free_port
 
 from msbridge import BridgeMonitor, ConfigError, load_config
 from msbridge.metrics.cross_rank import Watchdog, agree_timestamp, cross_rank_metrics, make_reducer
+from msbridge.names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric, rank_loss
 from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
-from msbridge.sinks.runlog import RankLog, read_run
 from msbridge.sinks.base import RunInfo
-from processes import free_port
-from msbridge.names import GLOBAL_LOSS, rank_loss, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric
+from msbridge.sinks.runlog import RankLog, read_run
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 BIN = os.path.dirname(sys.executable)

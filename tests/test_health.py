@@ -10,13 +10,13 @@ import signal
 
 import numpy as np
 import pytest
+from plateau_oracle import first_plateau
 
 from msbridge import ConfigError
+from msbridge.config.health import HealthSpec
 from msbridge.health.checks import GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
 from msbridge.health.dumps import DISK_FULL, QUOTA, RATE_LIMITED, WRITTEN, DumpWriter, directory_size
-from msbridge.config.health import HealthSpec
 from msbridge.run.signals import SignalGuard, TrainingInterrupted
-from plateau_oracle import first_plateau
 
 
 # -- schema -------------------------------------------------------------------------------

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from mindspore import nn
 from mindspore.train import Callback, Model
-
-from msbridge import BridgeMonitor, ConfigError
-from msbridge.health.dumps import directory_size
-from msbridge.sinks.runlog import read_run
-from msbridge.capture.train_step import TrainStep
 from plateau_oracle import first_plateau
 from training import OutputRecorder
+
+from msbridge import BridgeMonitor, ConfigError
+from msbridge.capture.train_step import TrainStep
+from msbridge.health.dumps import directory_size
+from msbridge.sinks.runlog import read_run
 
 QUIET = {"throughput_drop": False}  # 1 ms CPU steps are too noisy for it; it has its own test
 

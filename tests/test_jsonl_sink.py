@@ -6,11 +6,10 @@ import math
 import os
 
 import pytest
-
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.sinks.runlog import rank_file
-from msbridge.sinks.runlog import RunLogError, read_rank_file, read_run
+
 from msbridge.sinks.base import Event, Record, RunInfo
+from msbridge.sinks.runlog import RunLogError, rank_file, read_rank_file, read_run
 
 
 def run_info(tmp_path, rank=0, world_size=1):

@@ -19,9 +19,9 @@ pytest.importorskip("mindformers")
 
 from mindformers.core.callback.callback import CheckpointMonitor, TrainingStateMonitor  # noqa: E402
 
+from msbridge.capture.window import Window  # noqa: E402
 from msbridge.mindformers.forward import HEALTH_CKPT, SKIP_DATA, SPIKE, MindformersFindings  # noqa: E402
 from msbridge.names import GRAD_NORM
-from msbridge.capture.window import Window  # noqa: E402
 
 
 def step_params(step: int, global_norm: float) -> _InternalCallbackParam:

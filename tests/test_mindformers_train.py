@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("mindformers")
 
 from mindinsight_server import require_mindinsight, serve  # noqa: E402
+
 from msbridge.sinks.runlog import read_run  # noqa: E402
 
 pytestmark = pytest.mark.slow

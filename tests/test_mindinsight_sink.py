@@ -10,19 +10,19 @@ import time
 
 import numpy as np
 import pytest
+from mindinsight_server import require_mindinsight, serve
 from mindspore.train.lineage_pb2 import LineageEvent
 from mindspore.train.summary_pb2 import Event as SummaryEvent
-
-from msbridge import BridgeMonitor
-from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
+from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mindinsight_sink import MindInsightSink
-from msbridge.sinks.registry import resolve
-from msbridge.sinks.runlog import read_run
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
-from mindinsight_server import require_mindinsight, serve
 from training import train_regression
 from wire_cases import SCALAR_EVENTS
+
+from msbridge import BridgeMonitor
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.registry import resolve
+from msbridge.sinks.runlog import read_run
 
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 

@@ -21,16 +21,15 @@ from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
-
+from mlflow_server import MlflowServer, free_port
 from msbridge.adapters._mlflow_process import NICE, ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
-from msbridge.sinks.dispatch import Dispatcher
-from msbridge.errors import ConfigError, MissingDependencyError
-from msbridge.sinks.runlog import read_run
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
 
-from mlflow_server import MlflowServer, free_port
+from msbridge.errors import ConfigError, MissingDependencyError
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.dispatch import Dispatcher
+from msbridge.sinks.runlog import read_run
 
 SECRET = "hunter2"
 LONG = "long prompt " * 600  # 7200 characters: over MLflow's 6000
@@ -417,8 +416,9 @@ def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
 
 
 def test_bridge_monitor_training_matches_jsonl(tmp_path):
-    import msbridge
     from training import train_regression
+
+    import msbridge
 
     monitor = msbridge.BridgeMonitor({"sinks": ["jsonl", "mlflow"], "experiment": "t", "flush_steps": 10,
                                       "output_dir": str(tmp_path / "{experiment}/{run_name}")}, progress=False)
@@ -451,7 +451,6 @@ def _history(client, run_id):
 
 def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
     from mlflow.entities import Metric, RunTag
-
     from msbridge.adapters._mlflow_sqlite import rows_for
 
     client = MlflowClient(shared_sqlite)

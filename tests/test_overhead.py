@@ -6,12 +6,12 @@ import time
 
 import numpy as np
 import pytest
+from training import OutputRecorder, train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.capture.budget import OverheadBudget
-from msbridge.sinks.runlog import read_run
 from msbridge.capture.train_step import TrainStep
-from training import OutputRecorder, train_regression
+from msbridge.sinks.runlog import read_run
 
 
 def window(share, steps=10, step_s=0.01):

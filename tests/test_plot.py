@@ -6,14 +6,14 @@ import sys
 
 import numpy as np
 import pytest
-
 import synthetic_runs as sr
+
 from msbridge.cli.main import main
-from msbridge.offline.diagnose import diagnose
 from msbridge.errors import MsbridgeError
+from msbridge.names import GRAD_NORM, LOSS
+from msbridge.offline.diagnose import diagnose
 from msbridge.offline.plot import RED, draw, plot_run
 from msbridge.sinks.runlog import read_run
-from msbridge.names import GRAD_NORM, LOSS
 
 pytest.importorskip("matplotlib")
 from matplotlib.colors import to_rgb  # noqa: E402

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from msbridge.sinks import registry
 from msbridge.errors import ConfigError, MissingDependencyError
+from msbridge.sinks import registry
 
 
 def test_builtins_resolve():

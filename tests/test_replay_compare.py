@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from processes import free_port
 
 from msbridge import BridgeMonitor
+from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
 from msbridge.offline.compare import compare, default_tracking_uri
-from msbridge.cli.demo import demo_config, train
 from msbridge.sinks.runlog import read_run
-from processes import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "sweep"))
 from run_sweep import EXPERIMENT, run_sweep  # noqa: E402

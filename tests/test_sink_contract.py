@@ -13,8 +13,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from msbridge.sinks.registry import BUILTINS, resolve
 from msbridge.sinks.base import Event, Record, RunInfo
+from msbridge.sinks.registry import BUILTINS, resolve
 
 Series = Dict[str, List[Tuple[int, float]]]
 SINKS = list(BUILTINS)

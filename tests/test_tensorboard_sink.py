@@ -12,20 +12,19 @@ import time
 
 import numpy as np
 import pytest
-
 from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
-from msbridge.sinks.dispatch import Dispatcher
-from msbridge.errors import MissingDependencyError
-from msbridge.sinks.runlog import read_run
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
-from msbridge.names import is_global_metric
-
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata as hp_metadata
 from wire_cases import SCALAR_EVENTS
+
+from msbridge.errors import MissingDependencyError
+from msbridge.names import is_global_metric
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.dispatch import Dispatcher
+from msbridge.sinks.runlog import read_run
 
 README = "# run r1\n\nA *tiny* run."
 PARAMS = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}, "model": {"hidden": 4, "act": "gelu"}}
@@ -351,8 +350,9 @@ def test_tensorboardx_is_imported_only_by_the_sink(monkeypatch):
 
 
 def test_real_training_loss_curve_equals_jsonl(tmp_path):
-    from msbridge import BridgeMonitor
     from training import train_regression
+
+    from msbridge import BridgeMonitor
 
     monitor = BridgeMonitor({"experiment": "tb", "run_name": "dense", "flush_steps": 5,
                              "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 from mindspore.train import Callback
+from training import OutputRecorder, regression_data, train_regression
 
 from msbridge import BridgeMonitor, ConfigError
 from msbridge.capture.host_buffer import StepBuffer
-from msbridge.capture.ring_reader import RingReader, min_ring_size, ring_size_for
 from msbridge.capture.ring_cell import attach_ring
-from msbridge.sinks.runlog import read_run
+from msbridge.capture.ring_reader import RingReader, min_ring_size, ring_size_for
 from msbridge.capture.train_step import TrainStep
-from training import OutputRecorder, regression_data, train_regression
+from msbridge.sinks.runlog import read_run
 
 SCHEDULE = (0.01, 0.9, 1)  # ExponentialDecayLR: step s uses 0.01 * 0.9 ** (s - 1)
 

@@ -20,8 +20,8 @@ from typing import Dict, List
 import mindspore  # noqa: F401  (the protobuf runtime of a real training process)
 
 from msbridge.cli.bench_worker import live_children_cpu_s
-from msbridge.sinks.registry import BUILTINS, resolve
 from msbridge.sinks.base import Record, RunInfo
+from msbridge.sinks.registry import BUILTINS, resolve
 
 NAMES = ["train/loss", "train/loss_ema", "train/global_loss", "train/lr", "train/grad_norm", "train/epoch",
          "perf/step_time_ms", "perf/samples_per_s", "perf/tokens_per_s", "perf/monitor_overhead",

@@ -93,8 +93,8 @@ def work(args: argparse.Namespace) -> None:
     from mindspore.train import Callback, Model
 
     from msbridge import BridgeMonitor
-    from msbridge.names import LOSS
     from msbridge.capture.window import Window
+    from msbridge.names import LOSS
 
     class StepClock(Callback):
         """Host time at every step end; the mean step of a segment leaves its first step (start-up) out."""

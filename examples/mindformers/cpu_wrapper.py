@@ -19,11 +19,10 @@ Importing this module registers the class as a mindformers WRAPPER, so a run YAM
 Registering is a dict assignment keyed by class name, so importing twice (or reloading)
 only replaces the entry with an identical class.
 """
-from mindspore import Tensor, ops
-from mindspore.common import dtype as mstype
-
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindformers.wrapper.wrapper import MFTrainOneStepCell
+from mindspore import Tensor, ops
+from mindspore.common import dtype as mstype
 
 __all__ = ["CPUTrainOneStepCell"]
 

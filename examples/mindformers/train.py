@@ -70,6 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     vocab=model.vocab_size, seed=args.seed)
 
     import cpu_wrapper  # noqa: F401  (registers CPUTrainOneStepCell)
+
     import msbridge.mindformers  # noqa: F401  (registers MSBridgeMonitor and MSBridgeRing)
     for name in args.imports:
         importlib.import_module(name)

@@ -29,10 +29,10 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from .host_buffer import HostSteps, detect_layout
 from ..errors import ConfigError
-from .ring_cell import RingCell
 from ..names import LOSS, LR, STEP_SCALARS
+from .host_buffer import HostSteps, detect_layout
+from .ring_cell import RingCell
 from .window import Window
 
 log = logging.getLogger("msbridge")

@@ -22,8 +22,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
-from .ring_cell import DEFAULT_RING_SIZE, RingCell
 from ..names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
+from .ring_cell import DEFAULT_RING_SIZE, RingCell
 
 _square_sum = ops.MultitypeFuncGraph("msbridge_square_sum")
 _all_finite = ops.MultitypeFuncGraph("msbridge_all_finite")

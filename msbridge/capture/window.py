@@ -13,6 +13,7 @@ from typing import Dict
 
 import numpy as np
 
+
 @dataclass
 class Window:
     """The steps between two flushes, as host arrays of equal length.

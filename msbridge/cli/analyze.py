@@ -15,8 +15,8 @@ import json
 import os
 
 from ..offline.diagnose import diagnose
-from ..sinks.runlog import read_run
 from ..offline.series import run_notes
+from ..sinks.runlog import read_run
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

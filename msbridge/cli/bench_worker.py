@@ -223,9 +223,9 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     from mindspore import nn
     from mindspore.train import Model
 
-    from .demo import build_model, make_tokens
     from ..capture.ring_reader import ring_size_for
     from ..capture.train_step import TrainStep
+    from .demo import build_model, make_tokens
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(seed)

@@ -21,8 +21,8 @@ import yaml
 
 from ..config.compose import plain
 from ..config.load import FIELD_NAMES, Config, Provenance, build_config
-from ..errors import ConfigError
 from ..config.yaml_lines import Path, format_path
+from ..errors import ConfigError
 
 Line = Tuple[str, str]
 

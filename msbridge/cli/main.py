@@ -12,11 +12,11 @@ import os
 import sys
 from typing import List, Optional
 
+from ..errors import MsbridgeError
 from .analyze import add_analysis_commands
 from .bench import add_arguments as add_bench_arguments
 from .bench import run_from_args as cmd_bench
 from .config_cmd import add_config_commands
-from ..errors import MsbridgeError
 
 
 def _quiet_libraries() -> None:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..errors import did_you_mean
 from .dialects import HANDLERS, VOCABULARY
-from .keys import (TRAINING_SECTIONS, Assignment, Key, Mapped, Note, did_you_mean, is_training_yaml,
-                   section_of)
 from .fields import FIELDS
+from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_yaml, section_of
 from .yaml_lines import Origin, Path, Tree, format_path
 
 _FLATTENED = ("health", "tags", "params")

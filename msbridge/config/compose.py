@@ -24,8 +24,9 @@ import copy
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..errors import did_you_mean
 from .dialects import VOCABULARY
-from .keys import Note, did_you_mean, is_training_yaml, section_of
+from .keys import Note, is_training_yaml, section_of
 from .yaml_lines import Origin, Path, Tree, format_path, parse_yaml, yaml_value
 
 BASE_KEYS = ("base_config", "base")

@@ -31,8 +31,9 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from .keys import Key, did_you_mean, show
+from ..errors import did_you_mean
 from .fields import FIELDS
+from .keys import Key, show
 
 SINK_NAMES = ("tensorboard", "mlflow", "jsonl", "mindinsight")
 FORMAT_VALUES = ("log",) + SINK_NAMES

@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError
-from .keys import did_you_mean
+from ..errors import ConfigError, did_you_mean
 from .yaml_lines import Path
 
 Check = Callable[[Any], Optional[str]]

@@ -33,8 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError
-from .keys import did_you_mean
+from ..errors import ConfigError, did_you_mean
 
 LOG, DUMP, SKIP, STOP, CHECKPOINT_AND_STOP = "log", "dump", "skip", "stop", "checkpoint_and_stop"
 ACTIONS = (LOG, DUMP, SKIP, STOP, CHECKPOINT_AND_STOP)

@@ -20,7 +20,7 @@ import copy
 import re
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
-from .keys import did_you_mean
+from ..errors import did_you_mean
 from .yaml_lines import Path, Tree, format_path
 
 _REF = re.compile(r"(\$?)\$\{([^${}]*)\}")

@@ -13,25 +13,13 @@ Example:
 """
 from __future__ import annotations
 
-import difflib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional
 
 from .yaml_lines import Origin, Path, format_path
 
 SECTIONS = ("msbridge", "monitor_config")  # when both are present, ``msbridge:`` is msbridge's
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest choice, or ``""``.
-
-    Example:
-        >>> did_you_mean("intreval", ["interval", "flush_steps"])
-        "; did you mean 'interval'?"
-    """
-    match = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 #: Top-level sections that mark a file as a training YAML even without a monitor section.

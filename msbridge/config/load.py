@@ -21,17 +21,17 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from .mindformers_entry import entry_sections, find_entry
+from ..errors import ConfigError, did_you_mean
+from ..paths import render_template
 from .canonical import canonicalize
 from .compose import compose
 from .compose import plain as thaw
-from .keys import Assignment, Note, did_you_mean, section_of
-from ..errors import ConfigError
+from .fields import check_values, normalise_sinks
 from .health import health_problems
 from .interpolate import interpolate
+from .keys import Assignment, Note, section_of
+from .mindformers_entry import entry_sections, find_entry
 from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
-from ..paths import render_template
-from .fields import check_values, normalise_sinks
 from .yaml_lines import Origin, Path, Tree, format_path
 
 __all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "config_from_tree",

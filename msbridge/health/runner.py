@@ -44,15 +44,15 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checks import RECOVERY, Finding, GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
-from .dumps import DISK_FULL, QUOTA, WRITTEN, DumpWriter
-from ..errors import ConfigError
+from ..capture.window import Window
 from ..config.health import CHECKPOINT_AND_STOP, LOG, SKIP, STOP_ACTIONS, HealthSpec
+from ..errors import ConfigError
 from ..masking import mask_secrets
+from ..names import GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SAMPLES_PER_S
 from ..paths import render_output_dir, timestamp
 from ..sinks.base import FAILED, FINISHED, Event, Record, RunInfo, json_safe
-from ..names import GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SAMPLES_PER_S
-from ..capture.window import Window
+from .checks import RECOVERY, Finding, GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
+from .dumps import DISK_FULL, QUOTA, WRITTEN, DumpWriter
 
 # Event kinds (every sink mirrors them: jsonl lines, TB text, MLflow tags + events.jsonl, MindInsight markers).
 ANOMALY, ACTION, CHECKPOINT, EARLY_STOP, DUMP_REFUSED = "anomaly", "action", "checkpoint", "early_stop", "dump_refused"

@@ -40,13 +40,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import numpy as np
 
+from ..capture.window import Window
 from ..config.load import Config
 from ..errors import ConfigError
-from ..run.ranks import Ranks, communication_ready
-from ..paths import timestamp
-from ..sinks.base import RunInfo
-from ..capture.window import Window
 from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
+from ..paths import timestamp
+from ..run.ranks import Ranks, communication_ready
+from ..sinks.base import RunInfo
 
 log = logging.getLogger("msbridge")
 

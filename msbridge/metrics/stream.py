@@ -19,8 +19,19 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..capture.window import Window
-from ..names import (EPOCH, GRAD_NORM, LOSS, LOSS_EMA, LOSS_SCALE, LR, MONITOR_OVERHEAD, OVERFLOW, SAMPLES_PER_S,
-                     STEP_TIME, TOKENS_PER_S)
+from ..names import (
+    EPOCH,
+    GRAD_NORM,
+    LOSS,
+    LOSS_EMA,
+    LOSS_SCALE,
+    LR,
+    MONITOR_OVERHEAD,
+    OVERFLOW,
+    SAMPLES_PER_S,
+    STEP_TIME,
+    TOKENS_PER_S,
+)
 from ..sinks.base import Record
 
 

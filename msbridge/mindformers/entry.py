@@ -23,9 +23,9 @@ import os
 import sys
 from typing import Any, Dict, List, Mapping, Tuple
 
-from ..config.mindformers_entry import ENTRY_NAME, entry_sections, find_entry
 from ..config.compose import compose, plain
 from ..config.load import Config, config_from_tree, log_notes
+from ..config.mindformers_entry import ENTRY_NAME, entry_sections, find_entry
 from ..config.yaml_lines import Tree
 
 Located = Tuple[Tree, int, str, List[str]]  # tree, index in callbacks, label, problems

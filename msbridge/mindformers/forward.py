@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ..sinks.base import Event
-from ..names import GRAD_NORM
 from ..capture.window import Window
+from ..names import GRAD_NORM
+from ..sinks.base import Event
 
 log = logging.getLogger("msbridge")
 

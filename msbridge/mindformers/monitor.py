@@ -27,8 +27,8 @@ import logging
 from typing import Any, List, Optional
 
 from ..callback import BridgeMonitor, _param
-from ..sinks.base import Event
 from ..capture.window import Window
+from ..sinks.base import Event
 from .entry import ENTRY_NAME, entry_config
 from .forward import MindformersFindings
 

@@ -10,18 +10,18 @@ Example:
 from __future__ import annotations
 
 import csv
-import os
 import io
 import json
 import math
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
-from ..paths import safe_component
 from ..names import LOSS, SAMPLES_PER_S
+from ..paths import safe_component
 
 NAN = float("nan")
 

@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .report import Finding, Report
-from ..sinks.runlog import RunLog
-from .series import global_loss, metric_series, rank_losses, run_notes, warmup_end
 from ..names import EPOCH, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
+from ..sinks.runlog import RunLog
+from .report import Finding, Report
+from .series import global_loss, metric_series, rank_losses, run_notes, warmup_end
 
 MIN_STEPS = 30
 SPIKE_Z, SPIKE_RATIO, SPIKE_MAX_LEN, RECOVERY_STEPS = 6.0, 1.2, 10, 20

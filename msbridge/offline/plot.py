@@ -23,10 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import MsbridgeError
-from .report import Report
-from ..sinks.runlog import RunLog
-from .series import Series, global_loss, metric_series, rank_losses, run_notes
 from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LOSS_EMA, LR, SAMPLES_PER_S, TOKENS_PER_S
+from ..sinks.runlog import RunLog
+from .report import Report
+from .series import Series, global_loss, metric_series, rank_losses, run_notes
 
 RED = "#d62728"
 

@@ -21,9 +21,9 @@ from typing import Any, Dict, Mapping, Optional
 
 from ..errors import MsbridgeError
 from ..run.metadata import README, RUN_JSON
+from ..sinks.base import KILLED, STATUSES, RunInfo
 from ..sinks.registry import resolve
 from ..sinks.runlog import RunLogError, read_run
-from ..sinks.base import KILLED, STATUSES, RunInfo
 
 BATCH = 1000
 

@@ -14,8 +14,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ..sinks.runlog import RankLog, RunLog
 from ..names import GLOBAL_LOSS, LOSS, LR
+from ..sinks.runlog import RankLog, RunLog
 
 _RANK_LOSS = re.compile(r"^dist/loss/rank_(\d+)$")
 

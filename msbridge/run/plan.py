@@ -18,18 +18,18 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..metrics.cross_rank import agree_timestamp
 from ..config.load import Config
-from ..sinks.dispatch import Dispatcher
 from ..errors import ConfigError
 from ..masking import mask_secrets
-from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
-from ..sinks.console import ConsoleSink
-from .ranks import Ranks, claim_rank_file, detect_ranks
-from ..sinks.registry import resolve
-from ..sinks.runlog import last_step, rank_file
+from ..metrics.cross_rank import agree_timestamp
 from ..paths import render_output_dir, render_template
 from ..sinks.base import RunInfo, Sink
+from ..sinks.console import ConsoleSink
+from ..sinks.dispatch import Dispatcher
+from ..sinks.registry import resolve
+from ..sinks.runlog import last_step, rank_file
+from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
+from .ranks import Ranks, claim_rank_file, detect_ranks
 
 log = logging.getLogger("msbridge")
 

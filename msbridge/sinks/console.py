@@ -12,8 +12,8 @@ import sys
 from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
 
-from .base import Event, Record, RunInfo, Sink
 from ..names import LOSS, SAMPLES_PER_S, STEP_TIME
+from .base import Event, Record, RunInfo, Sink
 
 
 def format_eta(seconds: float) -> str:
