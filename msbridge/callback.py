@@ -140,7 +140,8 @@ class BridgeMonitor(Callback):
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
-            self._reducer = make_reducer(self.run, cfg, batch_size, on_timeout=self._on_collective_timeout)
+            self._reducer = make_reducer(self.run, batch_size, cfg.flush_steps, cfg.reduce_ranks,
+                                         cfg.collective_timeout_s, on_timeout=self._on_collective_timeout)
             if self.health.every_step:
                 # Ranks meet in one collective per flush, never per step: a stop lands at the flush.
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "

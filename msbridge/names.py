@@ -46,3 +46,9 @@ def is_global_metric(name: str) -> bool:
 
 #: The canonical per-step scalars a train step may hand over, in ring-buffer column order.
 STEP_SCALARS = (LOSS, GRAD_NORM, LR, LOSS_SCALE, OVERFLOW)
+
+#: Where each scalar sits in a train cell's output tuple; the host buffer and the device ring both read these.
+#: mindformers' train cells: ``(loss, overflow, loss_scale, lr, global_norm[, local norms ...])``.
+MINDFORMERS_OUTPUT = (LOSS, OVERFLOW, LOSS_SCALE, LR, GRAD_NORM)
+#: MindSpore's ``nn.TrainOneStepWithLossScaleCell``: ``(loss, overflow, loss_scale)``.
+LOSS_SCALE_OUTPUT = (LOSS, OVERFLOW, LOSS_SCALE)

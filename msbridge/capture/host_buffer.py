@@ -26,15 +26,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
+from ..names import LOSS, LOSS_SCALE_OUTPUT, LR, MINDFORMERS_OUTPUT
 from .window import Window
 
 log = logging.getLogger("msbridge")
 
 Layout = Tuple[Tuple[int, str], ...]  # (index in the output tuple, metric name)
 
-_MINDFORMERS_LAYOUT: Layout = ((0, LOSS), (1, OVERFLOW), (2, LOSS_SCALE), (3, LR), (4, GRAD_NORM))
-_LOSS_SCALE_LAYOUT: Layout = ((0, LOSS), (1, OVERFLOW), (2, LOSS_SCALE))
+_MINDFORMERS_LAYOUT: Layout = tuple(enumerate(MINDFORMERS_OUTPUT))
+_LOSS_SCALE_LAYOUT: Layout = tuple(enumerate(LOSS_SCALE_OUTPUT))
 
 
 def _is_tensor(value: Any) -> bool:
@@ -46,9 +46,9 @@ def detect_layout(outputs: Any) -> Layout:
     if _is_tensor(outputs):
         return ((-1, LOSS),)
     if isinstance(outputs, (tuple, list)):
-        if len(outputs) >= 5 and _is_tensor(outputs[0]):
+        if len(outputs) >= len(MINDFORMERS_OUTPUT) and _is_tensor(outputs[0]):
             return tuple((i, name) for i, name in _MINDFORMERS_LAYOUT if _is_tensor(outputs[i]))
-        if len(outputs) == 3 and all(_is_tensor(o) for o in outputs):
+        if len(outputs) == len(LOSS_SCALE_OUTPUT) and all(_is_tensor(o) for o in outputs):
             return _LOSS_SCALE_LAYOUT
         for i, item in enumerate(outputs):
             if _is_tensor(item):

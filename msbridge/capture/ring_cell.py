@@ -27,7 +27,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..names import STEP_SCALARS
+from ..names import LOSS, LOSS_SCALE, LOSS_SCALE_OUTPUT, MINDFORMERS_OUTPUT, OVERFLOW, STEP_SCALARS
+
+# Positions in a wrapped cell's output tuple (the layouts are ``msbridge.names``'); graph mode reads them as
+# constants. Ring columns are ``STEP_SCALARS``: loss, grad norm, lr, loss scale, overflow.
+_MF_LOSS, _MF_NORM, _MF_LR, _MF_SCALE, _MF_OVERFLOW = (MINDFORMERS_OUTPUT.index(n) for n in STEP_SCALARS)
+_LS_LOSS, _LS_SCALE, _LS_OVERFLOW = (LOSS_SCALE_OUTPUT.index(n) for n in (LOSS, LOSS_SCALE, OVERFLOW))
+_MF_LEN, _LS_LEN = len(MINDFORMERS_OUTPUT), len(LOSS_SCALE_OUTPUT)
 
 #: The ring size ``TrainStep`` and ``attach_ring`` use when none is given: a flush window of
 #: 100 steps (the default) plus a sink of up to 156 steps fits.
@@ -105,11 +111,11 @@ class RingAttached(RingCell):
         out = self.train_cell(*inputs)
         nan = self.nan
         if isinstance(out, tuple):
-            if len(out) >= 5:  # mindformers: (loss, overflow, loss_scale, lr, global_norm[, ...])
-                norm = nan if out[4] is None else out[4]
-                self.record_step(out[0], norm, out[3], out[2], out[1])
-            elif len(out) == 3:  # nn.TrainOneStepWithLossScaleCell: (loss, overflow, loss_scale)
-                self.record_step(out[0], nan, nan, out[2], out[1])
+            if len(out) >= _MF_LEN:  # mindformers' train cells
+                norm = nan if out[_MF_NORM] is None else out[_MF_NORM]
+                self.record_step(out[_MF_LOSS], norm, out[_MF_LR], out[_MF_SCALE], out[_MF_OVERFLOW])
+            elif len(out) == _LS_LEN:  # nn.TrainOneStepWithLossScaleCell
+                self.record_step(out[_LS_LOSS], nan, nan, out[_LS_SCALE], out[_LS_OVERFLOW])
             else:
                 self.record_step(out[0], nan, nan, nan, nan)
         else:

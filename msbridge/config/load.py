@@ -21,21 +21,21 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError
 from ..paths import render_template
 from .canonical import canonicalize
-from .compose import compose
 from .compose import plain as thaw
 from .fields import check_values, normalise_sinks
 from .health import health_problems
 from .interpolate import interpolate
-from .keys import Assignment, Note, section_of
-from .mindformers_entry import entry_sections, find_entry
+from .keys import Assignment, Note
+from .mindformers_entry import ENTRY_NAME
 from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
+from .prepare import Prepared, Source, prepare
 from .yaml_lines import Origin, Path, Tree, format_path
 
-__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config", "config_from_tree",
-           "did_you_mean", "load_config", "log_notes", "thaw"]
+__all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config",
+           "load_config", "log_notes", "thaw"]
 
 log = logging.getLogger("msbridge")
 
@@ -236,31 +236,27 @@ def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], writte
     return Provenance(source, origins, tuple(notes))
 
 
-def build_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config, None] = None,
-                 overrides: Sequence[str] = ()) -> Config:
-    """Like ``load_config``, but logs nothing (``msbridge config`` prints the notes itself)."""
+def build_config(source: Union[Source, Config] = None, overrides: Sequence[str] = (),
+                 entry: Optional[Mapping[str, Any]] = None, name: str = ENTRY_NAME,
+                 label: Optional[str] = None) -> Config:
+    """Like ``load_config``, but logs nothing (``msbridge config`` prints the notes itself).
+
+    ``entry``/``name``/``label``: see ``prepare`` (the mindformers callback passes its own entry).
+    """
     if isinstance(source, Config):
         source = source.to_dict()
-    tree, notes, problems = compose(source, overrides)
-    label = "<dict>" if isinstance(source, Mapping) else "<defaults>" if source is None else os.fspath(source)
-    index = find_entry(tree.data) if section_of(tree.data) != "msbridge" else None
-    if index is None:
-        return config_from_tree(tree, label, notes, problems)
-    # a mindformers run YAML with a `- type: MSBridgeMonitor` entry: check it as the callback will
-    tree, sections, more_notes, more = entry_sections(tree, index, label)
-    return config_from_tree(tree, label, notes + more_notes, problems + more, sections=sections)
+    return _checked(prepare(source, overrides, entry, name, label))
 
 
-def config_from_tree(tree: Tree, label: str, notes: Sequence[Note] = (), problems: Sequence[str] = (),
-                     sections: Optional[Sequence[Path]] = None) -> Config:
-    """A validated ``Config`` from a composed tree; ``sections`` as in ``canonicalize``.
+def _checked(prepared: Prepared) -> Config:
+    """The pipeline after preparation: interpolate, canonical names, validate.
 
     Raises:
-        ConfigError: every problem found, including the ``problems`` passed in.
+        ConfigError: every problem found, including those found while preparing.
     """
-    notes, problems = list(notes), list(problems)
-    tree, ref_problems, failed, written = interpolate(tree)
-    values, winners, mapped = canonicalize(tree, failed, sections)
+    notes, problems, label = list(prepared.notes), list(prepared.problems), prepared.label
+    tree, ref_problems, failed, written = interpolate(prepared.tree)
+    values, winners, mapped = canonicalize(tree, failed, prepared.sections)
     problems += ref_problems + mapped.problems
     notes += mapped.notes
     full = dict(_defaults(), **values)

@@ -1,35 +1,33 @@
-"""A ``MSBridgeMonitor`` entry in a mindformers run YAML's ``callbacks:`` list, as msbridge sections.
+"""A ``MSBridgeMonitor`` entry in a mindformers run YAML's ``callbacks:`` list, laid out as msbridge sections.
 
 mindformers builds ``MSBridgeMonitor`` from the entry's keys; msbridge also
 reads the run's ``monitor_config:`` so that ``step_interval``, ``dump_path``,
-the global-norm keys ... are written once. ``entry_sections`` turns a composed
-run YAML into the tree and sections that ``config.config_from_tree`` checks.
-Settings, lowest precedence first:
+the global-norm keys ... are written once. Settings, lowest precedence first:
 
 1. ``monitor_config:`` (the standalone dialect; its ``monitor_on`` stays
    mindformers' switch for TrainingStateMonitor);
-2. the msbridge YAML named by the entry's ``config:``;
+2. the msbridge YAML named by the entry's ``config:`` (``prepare`` reads it
+   and hands it to ``graft``);
 3. the entry's own keys.
 
-Messages name the key as ``callbacks[i].key`` with its file and line. Used by
-``msbridge.mindformers`` (the callback) and by ``msbridge config check`` (a run
-YAML with such an entry). Nothing here imports mindformers.
+Everything here is a pure tree transformation: no file is read, nothing
+imports mindformers. Messages name the key as ``callbacks[i].key`` with its
+file and line.
 
 Example:
-    >>> tree, _, _ = compose("run.yaml")
     >>> index = find_entry(tree.data)
-    >>> tree, sections, notes, problems = entry_sections(tree, index, "run.yaml")
+    >>> tree = on_top(tree, index)
+    >>> tree, sections, notes = entry_sections(tree, index, "run.yaml")
     >>> sections
     [('monitor_config',), ('callbacks', 1)]
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .compose import compose, deep_merge
-from .keys import Note, section_of
+from .compose import deep_merge
+from .keys import Note
 from .yaml_lines import Origin, Path, Tree
 
 ENTRY_NAME = "MSBridgeMonitor"
@@ -37,15 +35,9 @@ ENTRY_NAME = "MSBridgeMonitor"
 _ENTRY_KEYS = ("type", "config", "auto_register")
 
 
-def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path], List[Note], List[str]]:
-    """The tree with the entry ready to check, msbridge's sections in it, notes and problems."""
+def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path], List[Note]]:
+    """The tree without the entry's own keys, msbridge's sections in it, and notes."""
     notes: List[Note] = []
-    problems: List[str] = []
-    base = _top_seq(tree)
-    tree = _entry_on_top(tree, index, base)
-    config_file = tree.data["callbacks"][index].get("config")
-    if config_file is not None:
-        tree, problems = _graft_config_file(tree, index, config_file, label, base)
     tree = _without(tree, [("callbacks", index, key) for key in _ENTRY_KEYS])
     monitor = tree.data.get("monitor_config")
     if isinstance(monitor, Mapping) and "monitor_on" in monitor:
@@ -55,7 +47,7 @@ def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path]
         tree = _without(tree, [("monitor_config", "monitor_on")])
     sections: List[Path] = [("monitor_config",)] if isinstance(tree.data.get("monitor_config"), Mapping) else []
     sections.append(("callbacks", index))
-    return tree, sections, notes, problems
+    return tree, sections, notes
 
 
 def find_entry(data: Mapping[str, Any], entry: Optional[Mapping[str, Any]] = None,
@@ -75,38 +67,27 @@ def _top_seq(tree: Tree) -> int:
     return max((o.seq for o in tree.origins.values()), default=0)
 
 
-def _entry_on_top(tree: Tree, index: int, base: int) -> Tree:
-    """The entry's own keys in the highest layer: they win over monitor_config and the config file."""
-    prefix = ("callbacks", index)
-    return Tree(tree.data, {p: replace(o, seq=base + 2) if p[:2] == prefix else o for p, o in tree.origins.items()})
+def on_top(tree: Tree, index: int) -> Tree:
+    """The entry's own keys in the highest layer: they win over monitor_config and its config file."""
+    prefix, top = ("callbacks", index), _top_seq(tree) + 2
+    return Tree(tree.data, {p: replace(o, seq=top) if p[:2] == prefix else o for p, o in tree.origins.items()})
 
 
-def _graft_config_file(tree: Tree, index: int, name: Any, label: str, base: int) -> Tuple[Tree, List[str]]:
-    """The msbridge YAML named by ``config:`` merged under the entry's own keys."""
-    where = ("callbacks", index, "config")
-    origin = tree.origins.get(where, Origin(label))
-    if not isinstance(name, str) or not name:
-        return tree, [f"{origin}: callbacks[{index}].config: expected the path of a msbridge YAML, got {name!r}"]
-    here = os.path.dirname(os.path.abspath(label)) if os.path.isfile(label) else os.getcwd()
-    path = os.path.join(here, name)  # relative to the run YAML, else to the working directory
-    if not os.path.isfile(path) and os.path.isfile(name):
-        path = name
-    loaded, _, problems = compose(path)
+def graft(tree: Tree, index: int, loaded: Tree, prefix: Path) -> Tree:
+    """``loaded`` (the entry's ``config:`` file, its settings under ``prefix``) merged under the entry's keys.
+
+    Call after ``on_top``: the file's settings land one layer below the entry's own.
+    """
     data = loaded.data
-    prefix: Path = ()
-    section = section_of(data)
-    if section is not None:  # a training YAML: its msbridge section
-        data, prefix = data[section] or {}, (section,)
-    if not isinstance(data, Mapping):
-        return tree, problems + [f"{origin}: callbacks[{index}].config: {name!r} holds no mapping of msbridge "
-                                 "settings"]
+    for key in prefix:
+        data = data[key] or {}
     entry = tree.data["callbacks"][index]
     tree.data["callbacks"][index] = deep_merge(data, entry)
-    at = ("callbacks", index)
-    origins = {at + p[len(prefix):]: replace(o, seq=base + 1) for p, o in loaded.origins.items()
+    at, seq = ("callbacks", index), _top_seq(tree) - 1
+    origins = {at + p[len(prefix):]: replace(o, seq=seq) for p, o in loaded.origins.items()
                if p[:len(prefix)] == prefix and len(p) > len(prefix)}
     origins.update(tree.origins)  # the entry's own keys keep their origins (and win)
-    return Tree(tree.data, origins), problems
+    return Tree(tree.data, origins)
 
 
 def _without(tree: Tree, paths: List[Path]) -> Tree:

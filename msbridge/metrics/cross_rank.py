@@ -24,7 +24,7 @@ pipeline stage under pipeline parallelism):
 Other ranks gather too (the collective is symmetric) but add nothing global.
 
 Example:
-    >>> reducer = make_reducer(run, config, batch_size=8)   # on every rank, after init()
+    >>> reducer = make_reducer(run, batch_size=8, capacity=100)   # on every rank, after init()
     >>> reducer.reduce(window)                               # every rank, at the same steps
     >>> window.global_scalars["train/global_loss"]           # rank 0 only
     array([2.31, 2.29, ...])
@@ -41,7 +41,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 import numpy as np
 
 from ..capture.window import Window
-from ..config.load import Config
 from ..errors import ConfigError
 from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
 from ..paths import timestamp
@@ -277,24 +276,21 @@ class Reducer:
         return losses, table[:, 1].astype(np.float64)
 
 
-def make_reducer(run: RunInfo, config: Config, batch_size: Optional[int], ranks: Optional[Sequence[int]] = None,
-                 timeout_s: Optional[float] = None, on_timeout: Optional[TimeoutHook] = None) -> Reducer:
+def make_reducer(run: RunInfo, batch_size: Optional[int], capacity: int, ranks: Optional[Sequence[int]] = None,
+                 timeout_s: float = 60.0, on_timeout: Optional[TimeoutHook] = None) -> Reducer:
     """The reducer of a distributed run; build it on every rank, after ``mindspore.communication.init()``.
 
-    ``ranks`` and ``timeout_s`` default to the config's ``reduce_ranks`` (all ranks when unset)
-    and ``collective_timeout_s`` (60 s).
+    ``capacity`` is the most steps one flush holds (``flush_steps``); ``ranks`` are the ranks whose
+    losses make the global loss (all when None; ``reduce_ranks``), ``timeout_s`` how long a rank waits
+    for the others (``collective_timeout_s``).
 
     Example:
-        >>> reducer = make_reducer(run, config, batch_size=8, on_timeout=close_failed)
+        >>> reducer = make_reducer(run, batch_size=8, capacity=100, on_timeout=close_failed)
     """
     if not communication_ready():
         raise ConfigError(
             f"world size {run.world_size} (from RANK_SIZE) but mindspore.communication is not initialised, so "
             "ranks cannot exchange losses; call mindspore.communication.init() before model.train, or unset "
             "RANK_ID/RANK_SIZE to train as a single process")
-    if ranks is None:
-        ranks = config.reduce_ranks
-    if timeout_s is None:
-        timeout_s = config.collective_timeout_s
     return Reducer(rank=run.rank, world_size=run.world_size, is_global=run.is_global, batch_size=batch_size,
-                   capacity=config.flush_steps, ranks=ranks, timeout_s=timeout_s, on_timeout=on_timeout)
+                   capacity=capacity, ranks=ranks, timeout_s=timeout_s, on_timeout=on_timeout)

@@ -21,39 +21,34 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 from ..config.compose import compose, plain
-from ..config.load import Config, config_from_tree, log_notes
-from ..config.mindformers_entry import ENTRY_NAME, entry_sections, find_entry
-from ..config.yaml_lines import Tree
+from ..config.load import Config, build_config, log_notes
+from ..config.mindformers_entry import ENTRY_NAME, find_entry
 
-Located = Tuple[Tree, int, str, List[str]]  # tree, index in callbacks, label, problems
+Located = Tuple[Union[str, Dict[str, Any]], str]  # the source holding the entry, and its label
 
 
 def entry_config(entry: Mapping[str, Any], name: str = ENTRY_NAME) -> Config:
     """The validated ``Config`` for the callback entry whose keys (``type`` aside) are ``entry``."""
-    tree, index, label, problems = _locate(plain(entry), name)
-    tree, sections, notes, more = entry_sections(tree, index, label)
-    return log_notes(config_from_tree(tree, label, notes, problems + more, sections=sections))
+    entry = plain(entry)
+    source, label = _locate(entry, name)
+    return log_notes(build_config(source, entry=entry, name=name, label=label))
 
 
 def _locate(entry: Dict[str, Any], name: str) -> Located:
-    """The run YAML (or config) holding ``entry``, and the entry's index in ``callbacks``."""
+    """The run YAML (or mindformers' loaded config) that holds ``entry`` in its ``callbacks``."""
     trainer = _building_trainer()
     for path in _candidate_files(trainer):
-        tree, _, problems = compose(path)
-        index = find_entry(tree.data, entry, name)
-        if index is not None:
-            return tree, index, path, problems
+        if find_entry(compose(path)[0].data, entry, name) is not None:
+            return path, path
     loaded = getattr(trainer, "config", None)
     if isinstance(loaded, Mapping):
         data = plain(loaded)
-        index = find_entry(data, entry, name)
-        if index is not None:
-            return compose(data, label="<mindformers config>")[0], index, "<mindformers config>", []
-    label = f"<callbacks entry {name}>"
-    return compose({"callbacks": [dict(entry, type=name)]}, label=label)[0], 0, label, []
+        if find_entry(data, entry, name) is not None:
+            return data, "<mindformers config>"
+    return {"callbacks": [dict(entry, type=name)]}, f"<callbacks entry {name}>"
 
 
 def _building_trainer() -> Any:

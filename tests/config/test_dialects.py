@@ -18,7 +18,7 @@ from msbridge.config.dialects import HANDLERS, SUMMARY_KEYS
 from msbridge.config.fields import FIELDS
 from msbridge.config.load import ConfigError, load_config
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
 SEED002 = os.path.join(DATA, "seed002", "configs", "llama2")
 
 

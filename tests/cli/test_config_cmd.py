@@ -11,7 +11,7 @@ import yaml
 from msbridge.cli.main import main
 from msbridge.config.load import load_config
 
-SEED002 = os.path.join(os.path.dirname(__file__), "data", "seed002", "configs", "llama2")
+SEED002 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "seed002", "configs", "llama2")
 
 
 def write(tmp_path, text, name="run.yaml"):

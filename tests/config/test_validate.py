@@ -17,7 +17,7 @@ from msbridge.config.fields import FIELDS
 from msbridge.config.load import FIELD_NAMES, Config, ConfigError, load_config
 from msbridge.sinks.registry import available
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def write(tmp_path, text, name="run.yaml"):

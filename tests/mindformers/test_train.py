@@ -25,7 +25,7 @@ from msbridge.sinks.runlog import read_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mindformers"
 # MFLossMonitor: "{ Epoch:[  1/  1], step:[    2/   30], loss:[5.549915/5.547392], per_step_time: 1869ms,
 #                  lr: 0.0033333334, overflow cond: False, loss_scale: 1.0, global_norm: [1.00614]"

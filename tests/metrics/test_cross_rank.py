@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from processes import free_port
 
-from msbridge import BridgeMonitor, ConfigError, load_config
+from msbridge import BridgeMonitor, ConfigError
 from msbridge.metrics.cross_rank import Watchdog, agree_timestamp, cross_rank_metrics, make_reducer
 from msbridge.names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric, rank_loss
 from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
 from msbridge.sinks.base import RunInfo
 from msbridge.sinks.runlog import RankLog, read_run
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).resolve().parents[1] / "dist_worker.py"
 BIN = os.path.dirname(sys.executable)
 
 
@@ -263,4 +263,4 @@ def test_timestamp_from_env_else_local_with_one_warning(monkeypatch, caplog):
 def test_a_distributed_world_without_communication_is_a_clear_error():
     run = RunInfo(run_id="x", run_name="r", experiment="e", rank=0, world_size=2, is_global=True, run_dir="/tmp/r")
     with pytest.raises(ConfigError, match=r"communication\.init\(\)"):
-        make_reducer(run, load_config({}), batch_size=8)
+        make_reducer(run, batch_size=8, capacity=100)

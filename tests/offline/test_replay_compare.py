@@ -16,7 +16,7 @@ from msbridge.cli.main import main
 from msbridge.offline.compare import compare, default_tracking_uri
 from msbridge.sinks.runlog import read_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "sweep"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "sweep"))
 from run_sweep import EXPERIMENT, run_sweep  # noqa: E402
 
 STEPS = 40
