@@ -33,8 +33,8 @@ from .capture.host_buffer import StepBuffer
 from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
 from .capture.ring_reader import RingReader, check_ring_size
+from .capture.train_step import TrainStep
 from .capture.window import Window
-from .config.health import HealthSpec
 from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .metrics.stream import Stream
@@ -71,7 +71,7 @@ class BridgeMonitor(Callback):
                  overrides: Sequence[str] = (), sinks: Sequence[Sink] = (), progress: bool = True) -> None:
         super().__init__()
         self.config: Config = load_config(config, overrides=overrides)
-        self.health = Health(HealthSpec.parse(self.config.health))
+        self.health = Health(self.config.health_spec)
         self.plan: Optional[RunPlan] = None
         if self.config.monitor_on:
             self.plan = plan_run(self.config, extra_sinks=sinks)
@@ -128,7 +128,11 @@ class BridgeMonitor(Callback):
             widest = cfg.buffer_size or 8 * cfg.flush_steps
         batch_size = _batch_size(cb)
         expected = _expected_steps(cb)
-        self.health.bind(_param(cb, "train_network"), first_step=first_step)  # refuses `skip` before any sink opens
+        # refuses `skip` before any sink opens. Loss-scale cells (MindSpore's, mindformers') skip an
+        # overflow step; TrainStep skips (non-finite and overflow steps) only when told to.
+        skips = isinstance(ring_cell, TrainStep) and bool(ring_cell.skip_bad_steps)
+        self.health.bind(_param(cb, "train_network"), skips_nonfinite=skips,
+                         skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
         self._stream = Stream(rank=self.run.rank, batch_size=batch_size, seq_length=cfg.seq_length,

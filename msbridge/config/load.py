@@ -22,11 +22,11 @@ from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ConfigError
+from ..health.spec import HealthSpec, resolve_health
 from ..paths import render_template
 from .canonical import canonicalize
 from .compose import plain as thaw
 from .fields import check_values, normalise_sinks
-from .health import health_problems
 from .interpolate import interpolate
 from .keys import Assignment, Note
 from .mindformers_entry import ENTRY_NAME
@@ -123,6 +123,19 @@ class Config:
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
 
     @property
+    def health_spec(self) -> HealthSpec:
+        """The ``health`` section parsed: once at load, or on first use for a Config built directly.
+
+        Raises:
+            ConfigError: the section is invalid (only for a Config built directly; ``load_config`` checks it).
+        """
+        spec = self.__dict__.get("_health_spec")
+        if spec is None:
+            spec = HealthSpec.parse(self.health)
+            object.__setattr__(self, "_health_spec", spec)
+        return spec
+
+    @property
     def provenance(self) -> Provenance:
         """Where each value came from (empty for a Config built directly)."""
         return self.__dict__.get("_provenance") or Provenance()
@@ -192,10 +205,12 @@ class _Checker:
                                    "it; use a persistent directory", logging.WARNING))
 
 
-def _check(full: Dict[str, Any], checker: _Checker) -> None:
+def _check(full: Dict[str, Any], checker: _Checker) -> Optional[HealthSpec]:
+    """Report every problem of ``full`` to ``checker``; the parsed ``health`` section when it is valid."""
     for path, message in check_values(full):
         checker.problem(path, message)
-    for path, message in health_problems(full["health"]):
+    health_spec, health_problems = resolve_health(full["health"])
+    for path, message in health_problems:
         checker.problem(path, message)
     if isinstance(full["run_name"], str) and isinstance(full["params"], Mapping):
         try:
@@ -207,7 +222,7 @@ def _check(full: Dict[str, Any], checker: _Checker) -> None:
         checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: false -> msbridge builds "
                                   "no sink and records nothing", logging.WARNING))
     if full["monitor_on"] is not True:
-        return
+        return health_spec
     if isinstance(full["output_dir"], str) and full["output_dir"]:
         checker.directory(("output_dir",), full["output_dir"], placeholders=True)
     health = full["health"] if isinstance(full["health"], Mapping) else {}
@@ -218,6 +233,7 @@ def _check(full: Dict[str, Any], checker: _Checker) -> None:
         for key, value in (options.items() if isinstance(options, Mapping) else ()):
             if str(key).endswith("dir") and isinstance(value, str):
                 checker.directory(("sinks", name, key), value, placeholders=False)
+    return health_spec
 
 
 def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],
@@ -261,11 +277,12 @@ def _checked(prepared: Prepared) -> Config:
     notes += mapped.notes
     full = dict(_defaults(), **values)
     checker = _Checker(winners, failed)
-    _check(full, checker)
+    health_spec = _check(full, checker)
     problems += checker.problems
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
     config = Config(**full)
+    object.__setattr__(config, "_health_spec", health_spec)  # parsed once, by _check
     notes = list(dict.fromkeys(notes + checker.notes))
     object.__setattr__(config, "_provenance", _provenance(label, tree, winners, written, notes))
     return config

@@ -1,8 +1,9 @@
 """Training health: checks every recorded step of a flushed window, takes the configured action.
 
 ``BridgeMonitor`` hands each converted window (host arrays, no extra device
-sync) and its records to ``Health.check``. Health runs the detectors of
-``msbridge.health.checks`` step by step, adds the cumulative counters
+sync) and its records to ``Health.check``. Health shows each step, as a
+``StepView``, to every enabled detector of ``msbridge.health.detectors.DETECTORS``
+(it never looks at a check's name), adds the cumulative counters
 ``health/nan_steps`` and ``health/skipped_steps`` to every record (so smoothing
 can never hide a NaN), and for each finding emits typed events and acts:
 
@@ -11,7 +12,7 @@ can never hide a NaN), and for each finding emits typed events and acts:
 - ``skip``: the update was already dropped inside the graph by
   ``msbridge.TrainStep(skip_nonfinite=True)``; refused at train begin for any other cell;
 - ``stop``: ``Health.stop`` is set; the callback requests the stop and closes
-  every sink FAILED (an early stop on ``plateau`` closes FINISHED);
+  every sink FAILED (FINISHED for a detector that declares ``early_stop``, such as ``plateau``);
 - ``checkpoint_and_stop``: saves the last healthy weights first, then stops.
 
 Precise stops: a stop-class action makes ``every_step`` true, and the callback
@@ -26,7 +27,7 @@ copy per snapshot and that much host memory. It is taken only when
 
 Example:
     >>> health = Health(HealthSpec.parse({"profile": "debug"}))
-    >>> health.bind(cb_params.train_network)      # ConfigError: skip without TrainStep(skip_nonfinite=True)
+    >>> health.bind(cb_params.train_network, skips_nonfinite=False)  # ConfigError: skip needs it
     >>> health.start(run_info)
     >>> verdict = health.check(window, records)    # records with counters, events; health.stop if stopping
 """
@@ -45,17 +46,19 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..capture.window import Window
-from ..config.health import CHECKPOINT_AND_STOP, LOG, SKIP, STOP_ACTIONS, HealthSpec
 from ..errors import ConfigError
 from ..masking import mask_secrets
 from ..names import GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SAMPLES_PER_S
 from ..paths import render_output_dir, timestamp
 from ..sinks.base import FAILED, FINISHED, Event, Record, RunInfo, json_safe
-from .checks import RECOVERY, Finding, GradNormSpike, LossSpike, NonFinite, Plateau, ThroughputDrop
+from .detectors import DETECTORS, Detector
+from .detectors.base import ANOMALY, CHECKPOINT_AND_STOP, LOG, RECOVERY, SKIP, STOP_ACTIONS, Finding, StepView
 from .dumps import DISK_FULL, QUOTA, WRITTEN, DumpWriter
+from .spec import HealthSpec
 
-# Event kinds (every sink mirrors them: jsonl lines, TB text, MLflow tags + events.jsonl, MindInsight markers).
-ANOMALY, ACTION, CHECKPOINT, EARLY_STOP, DUMP_REFUSED = "anomaly", "action", "checkpoint", "early_stop", "dump_refused"
+# Event kinds besides a finding's ANOMALY / RECOVERY (every sink mirrors them: jsonl lines, TB text,
+# MLflow tags + events.jsonl, MindInsight markers).
+ACTION, CHECKPOINT, EARLY_STOP, DUMP_REFUSED = "action", "checkpoint", "early_stop", "dump_refused"
 RESUME, INTERRUPT, EXCEPTION = "resume", "interrupt", "exception"
 
 NAN_STEPS = "health/nan_steps"
@@ -99,7 +102,7 @@ class Health:
     """Runs the configured checks on each window and takes their actions.
 
     Args:
-        spec: the validated ``health`` section (``HealthSpec.parse(config.health)``).
+        spec: the validated ``health`` section (``config.health_spec``, or ``HealthSpec.parse(section)``).
 
     Example:
         >>> health = Health(HealthSpec.parse({"nonfinite": {"action": "stop"}}))
@@ -126,28 +129,29 @@ class Health:
         self._refusals_told: set = set()
 
     # -- before training -------------------------------------------------------
-    def bind(self, train_network: Any, first_step: int = 0) -> None:
+    def bind(self, train_network: Any, skips_nonfinite: bool, skips_overflow: bool = True,
+             first_step: int = 0) -> None:
         """Check the actions against the train cell ``Model`` trains; call before any sink opens.
 
-        Raises:
-            ConfigError: ``skip`` is configured but the cell is not ``TrainStep(skip_nonfinite=True)``.
-        """
-        from ..capture.ring_cell import find_ring_cell
-        from ..capture.train_step import TrainStep
+        Args:
+            train_network: the cell ``Model`` trains (its parameters are what a checkpoint saves).
+            skips_nonfinite: the cell drops a non-finite update inside the graph
+                (``TrainStep(skip_nonfinite=True)``).
+            skips_overflow: the cell skips the update of a step it flags as overflowed.
 
-        cell = find_ring_cell(train_network)
-        is_train_step = isinstance(cell, TrainStep)
-        self._skips_nonfinite = is_train_step and bool(cell.skip_bad_steps)
-        # Loss-scale cells (MindSpore's, mindformers') skip an overflow step; TrainStep only when told to.
-        self._skips_overflow = self._skips_nonfinite or not is_train_step
-        if self.spec.action("nonfinite") == SKIP and not self._skips_nonfinite:
+        Raises:
+            ConfigError: ``skip`` is configured but the cell does not skip non-finite updates.
+        """
+        self._skips_nonfinite = skips_nonfinite
+        self._skips_overflow = skips_overflow
+        skipping = self.spec.checks_with(SKIP)
+        if skipping and not skips_nonfinite:
             raise ConfigError(
-                f"health.nonfinite.action: skip needs the train cell to drop non-finite updates inside the graph, "
-                f"but Model trains {type(train_network).__name__}; build it with "
+                f"health.{skipping[0]}.action: skip needs the train cell to drop non-finite updates inside the "
+                f"graph, but Model trains {type(train_network).__name__}; build it with "
                 "msbridge.TrainStep(loss_net, optimizer, skip_nonfinite=True), or use action dump or stop")
         self._network = train_network
-        needs = [c for c in self.spec.checks_with(CHECKPOINT_AND_STOP)
-                 if not (c == "nonfinite" and self._skips_nonfinite)]
+        needs = [c for c in self.spec.checks_with(CHECKPOINT_AND_STOP) if not self._live_is_healthy(c)]
         self._needs_snapshot = bool(needs)
         if self._needs_snapshot:
             self._take_snapshot(first_step)  # the weights training starts from are healthy by definition
@@ -170,19 +174,16 @@ class Health:
 
         A stop-class action sets ``self.stop``; the caller requests the stop and closes the sinks.
         """
-        column = {name: window.scalars.get(name) for name in (LOSS, GRAD_NORM, OVERFLOW)}
-        scaled = LOSS_SCALE in window.scalars
+        columns = [window.scalars.get(name) for name in _COLUMNS]
         out: List[Record] = []
         events: List[Event] = []
         healthy = True
         for i, rec in enumerate(records):
-            loss, grad, overflow = (None if column[n] is None else float(column[n][i])
-                                    for n in (LOSS, GRAD_NORM, OVERFLOW))
-            overflowed = bool(overflow) and math.isfinite(overflow)
-            if NonFinite.which(loss, grad, scaled and overflowed):
+            view = _view(rec, [None if c is None else float(c[i]) for c in columns], float(window.step_time_s[i]))
+            if view.nonfinite:
                 self.nan_steps += 1
                 healthy = False
-            if overflowed and self._skips_overflow:
+            if view.overflow and self._skips_overflow:
                 self.skipped_steps += 1
             rec = replace(rec, values={**rec.values, NAN_STEPS: float(self.nan_steps),
                                        SKIPPED_STEPS: float(self.skipped_steps)})
@@ -190,11 +191,7 @@ class Health:
             self._recent.append(rec)
             if self.stop is not None:
                 continue  # steps that ran after the stop fired are recorded, not judged again
-            rate = rec.values.get(SAMPLES_PER_S)
-            unit = "samples/s"
-            if rate is None:
-                rate, unit = 1.0 / max(float(window.step_time_s[i]), 1e-9), "steps/s"
-            for finding in self._observe(rec.step, loss, grad, scaled and overflowed, rate, unit):
+            for finding in self._observe(view):
                 healthy = healthy and not (finding.kind != RECOVERY and self.spec.action(finding.check) in STOP_ACTIONS)
                 events += self._act(finding)
                 if self.stop is not None:
@@ -212,21 +209,13 @@ class Health:
                 "stopped by": self.stop.reason if self.stop else None}
 
     # -- helpers -------------------------------------------------------------------
-    def _observe(self, step: int, loss: Optional[float], grad: Optional[float], scaled_overflow: bool,
-                 rate: float, unit: str) -> List[Finding]:
-        found = []
-        for name, detector in self._detectors.items():
-            if name == "nonfinite":
-                finding = detector.observe(step, loss, grad, scaled_overflow)
-            elif name == "grad_norm_spike":
-                finding = detector.observe(step, grad)
-            elif name == "throughput_drop":
-                finding = detector.observe(step, rate, unit)
-            else:
-                finding = detector.observe(step, loss)
-            if finding is not None:
-                found.append(finding)
-        return found
+    def _observe(self, view: StepView) -> List[Finding]:
+        findings = (detector.observe(view) for detector in self._detectors.values())
+        return [finding for finding in findings if finding is not None]
+
+    def _live_is_healthy(self, check: str) -> bool:
+        """The live weights are healthy at a finding of ``check``: the cell already dropped that update."""
+        return self._skips_nonfinite and self._detectors[check].in_graph_skip
 
     def _act(self, finding: Finding) -> List[Event]:
         rank = self.run.rank if self.run else 0
@@ -248,7 +237,7 @@ class Health:
         if action == CHECKPOINT_AND_STOP:
             events.append(self._checkpoint(step, check))
         if action in STOP_ACTIONS:
-            early = check == "plateau"
+            early = self._detectors[check].early_stop
             done["reason"] = reason = f"{check} at step {step}: {_describe(finding)}"
             self.stop = Stop(step, check, FINISHED if early else FAILED, reason)
             if early:
@@ -289,7 +278,7 @@ class Health:
         import mindspore as ms
 
         rank = self.run.rank if self.run else 0
-        live = check == "nonfinite" and self._skips_nonfinite
+        live = self._live_is_healthy(check)
         if not live and self._snapshot is None:
             return make_event(CHECKPOINT, step, rank, error="no healthy weights were kept")
         healthy_step = step - 1 if live else self._snapshot[0]
@@ -329,17 +318,20 @@ class Health:
                                  os.environ.get("MSBRIDGE_TIMESTAMP") or timestamp())
 
 
-def _build_detectors(spec: HealthSpec) -> Dict[str, Any]:
-    warmup = spec.warmup_steps
-    opts = {name: {k: v for k, v in o.items() if k not in ("check", "action")} for name, o in spec.checks.items()}
-    makers = {
-        "nonfinite": lambda o: NonFinite(),
-        "grad_norm_spike": lambda o: GradNormSpike(warmup_steps=warmup, **o),
-        "loss_spike": lambda o: LossSpike(warmup_steps=warmup, **o),
-        "plateau": lambda o: Plateau(warmup_steps=warmup, **o),
-        "throughput_drop": lambda o: ThroughputDrop(warmup_steps=warmup, **o),
-    }
-    return {name: makers[name](opts[name]) for name in makers if name in opts}
+def _build_detectors(spec: HealthSpec) -> Dict[str, Detector]:
+    """One detector per enabled check, built from its registered class and its validated options."""
+    return {name: DETECTORS[name](warmup_steps=spec.warmup_steps, **spec.options(name)) for name in spec.checks}
+
+
+_COLUMNS = (LOSS, GRAD_NORM, OVERFLOW, LOSS_SCALE)
+
+
+def _view(rec: Record, scalars: List[Optional[float]], step_time_s: float) -> StepView:
+    """What the detectors see of one step: ``scalars`` are its ``_COLUMNS`` (None: not recorded)."""
+    loss, grad_norm, overflow, loss_scale = scalars
+    overflowed = bool(overflow) and math.isfinite(overflow)
+    return StepView(rec.step, loss, grad_norm, loss_scale, overflowed, rec.values.get(SAMPLES_PER_S), step_time_s,
+                    rec.values)
 
 
 def _describe(finding: Finding) -> str:

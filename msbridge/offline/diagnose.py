@@ -1,6 +1,6 @@
 """Reads a run's jsonl and says what looks wrong, with the evidence: the readings of seed 000, section 5.2.
 
-Each check returns a ``Finding`` (what, at which steps, with which values, how
+Each check returns a ``Diagnosis`` (what, at which steps, with which values, how
 sure), or is skipped with the reason (a metric not recorded, too few steps).
 Nothing before the end of the warm-up is judged: the warm-up ends where the lr
 first reaches 99% of its peak, and never before 10% of the steps (at least 10).
@@ -37,7 +37,7 @@ import numpy as np
 
 from ..names import EPOCH, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.runlog import RunLog
-from .report import Finding, Report
+from .report import Diagnosis, Report
 from .series import global_loss, metric_series, rank_losses, run_notes, warmup_end
 
 MIN_STEPS = 30
@@ -93,7 +93,7 @@ def _r(x: float) -> float:
 
 
 # -- the checks ------------------------------------------------------------------
-def check_lr_too_high(run: RunLog, start: int) -> Optional[Finding]:
+def check_lr_too_high(run: RunLog, start: int) -> Optional[Diagnosis]:
     """Grad norm rising after warm-up while the loss falls (or rises too: divergence): the lr is likely too high.
 
     Fires when Spearman(step, grad norm) >= 0.5 and the last quarter's median grad
@@ -134,9 +134,9 @@ def check_lr_too_high(run: RunLog, start: int) -> Optional[Finding]:
     else:
         title = f"loss ({_r(l0)} -> {_r(l1)}) and grad norm ({_r(g0)} -> {_r(g1)}) both rising, {span}: diverging"
         advice = "the lr is likely too high: lower it, add gradient clipping, resume from a checkpoint before the rise"
-    return Finding("lr_too_high", title, advice, _r(confidence), why, GRAD_NORM, [int(steps[0]), int(steps[-1])],
-                   evidence={"window": [int(steps[0]), int(steps[-1])], "grad_norm_median": [_r(g0), _r(g1)],
-                             "loss_median": [_r(l0), _r(l1)], "spearman_grad_step": _r(rho)})
+    return Diagnosis("lr_too_high", title, advice, _r(confidence), why, GRAD_NORM, [int(steps[0]), int(steps[-1])],
+                     evidence={"window": [int(steps[0]), int(steps[-1])], "grad_norm_median": [_r(g0), _r(g1)],
+                               "loss_median": [_r(l0), _r(l1)], "spearman_grad_step": _r(rho)})
 
 
 def _spikes(steps: np.ndarray, values: np.ndarray, start: int) -> List[Dict[str, Any]]:
@@ -166,7 +166,7 @@ def _spikes(steps: np.ndarray, values: np.ndarray, start: int) -> List[Dict[str,
     return found
 
 
-def check_loss_spikes(run: RunLog, start: int) -> List[Finding]:
+def check_loss_spikes(run: RunLog, start: int) -> List[Diagnosis]:
     """Loss spikes that come back within ``RECOVERY_STEPS``: suspect batches.
 
     Run on the global loss and on every rank's local loss; a spike seen in a
@@ -200,14 +200,14 @@ def check_loss_spikes(run: RunLog, start: int) -> List[Finding]:
     where = "; ".join(f"step {s['step']}: {s['value']} vs {s['baseline']} before (x{s['ratio']}, "
                       f"in {', '.join(s['seen_in'])})" for s in spikes[:10])
     on_ranks = f" on rank(s) {', '.join(map(str, ranks))}" if ranks else ""
-    return [Finding("loss_spike", f"loss spiked and recovered at step(s) {', '.join(map(str, steps))}",
-                    f"suspect batches: look at the samples fed at those steps{on_ranks}. {where}",
-                    0.9 if top >= 2 else 0.6 if top >= 1.5 else 0.4,
-                    f"largest spike x{top} over the rolling median, back to the earlier level within "
-                    f"{RECOVERY_STEPS} steps", LOSS, steps, ranks, {"spikes": spikes})]
+    return [Diagnosis("loss_spike", f"loss spiked and recovered at step(s) {', '.join(map(str, steps))}",
+                      f"suspect batches: look at the samples fed at those steps{on_ranks}. {where}",
+                      0.9 if top >= 2 else 0.6 if top >= 1.5 else 0.4,
+                      f"largest spike x{top} over the rolling median, back to the earlier level within "
+                      f"{RECOVERY_STEPS} steps", LOSS, steps, ranks, {"spikes": spikes})]
 
 
-def check_rank_outlier(run: RunLog, start: int) -> Optional[Finding]:
+def check_rank_outlier(run: RunLog, start: int) -> Optional[Diagnosis]:
     """One rank's local loss consistently above the others: its data shard or its device.
 
     Fires when one rank has the highest loss at >= 80% of the judged steps and its
@@ -229,16 +229,17 @@ def check_rank_outlier(run: RunLog, start: int) -> Optional[Finding]:
     if top[i] < OUTLIER_TOP_FRACTION or excess < OUTLIER_EXCESS:
         return None
     rank = ranks[i]
-    return Finding("rank_outlier", f"rank {rank}'s local loss is above the other ranks' at {top[i]:.0%} of steps "
-                   f"{common[0]}-{common[-1]} (median +{excess:.1%})",
-                   f"rank {rank}'s data shard (skewed or corrupt samples) or its device; compare the shard's "
-                   "samples, then the device's health", _r(top[i] * min(1.0, excess / 0.1)),
-                   f"highest of {len(ranks)} ranks at {top[i]:.0%} of {len(common)} steps, median excess {excess:.1%}",
-                   LOSS, [int(common[0]), int(common[-1])], [rank],
-                   {"top_fraction": {str(r): _r(t) for r, t in zip(ranks, top)}, "median_excess": _r(excess)})
+    return Diagnosis("rank_outlier", f"rank {rank}'s local loss is above the other ranks' at {top[i]:.0%} of steps "
+                     f"{common[0]}-{common[-1]} (median +{excess:.1%})",
+                     f"rank {rank}'s data shard (skewed or corrupt samples) or its device; compare the shard's "
+                     "samples, then the device's health", _r(top[i] * min(1.0, excess / 0.1)),
+                     f"highest of {len(ranks)} ranks at {top[i]:.0%} of {len(common)} steps, "
+                     f"median excess {excess:.1%}",
+                     LOSS, [int(common[0]), int(common[-1])], [rank],
+                     {"top_fraction": {str(r): _r(t) for r, t in zip(ranks, top)}, "median_excess": _r(excess)})
 
 
-def check_periodic_grad_spikes(run: RunLog, start: int) -> Optional[Finding]:
+def check_periodic_grad_spikes(run: RunLog, start: int) -> Optional[Diagnosis]:
     """Grad-norm spikes at a regular spacing: gradient accumulation or the data loader's cycle.
 
     Confidence = regular-gap fraction x min(1, spikes / 8).
@@ -268,15 +269,16 @@ def check_periodic_grad_spikes(run: RunLog, start: int) -> Optional[Finding]:
     if per_epoch and abs(per_epoch - period) <= max(1, 0.1 * period):
         cause = f"the period equals the steps per epoch ({per_epoch}): the data loader's cycle (epoch boundary)"
     ratio = float(np.exp(np.median(resid[np.isin(steps, peaks)])))
-    return Finding("periodic_grad_spikes", f"grad norm spikes every {period} steps ({len(peaks)} spikes, "
-                   f"median x{ratio:.1f}, first at steps {', '.join(map(str, peaks[:5]))})",
-                   f"likely {cause}; compare with gradient_accumulation_steps and dataset size / batch size",
-                   _r(regular * min(1.0, len(peaks) / 8)), f"{regular:.0%} of {len(gaps)} gaps within 10% of "
-                   f"{period} steps, {len(peaks)} spikes", GRAD_NORM, [int(p) for p in peaks],
-                   evidence={"period": period, "spike_steps": [int(p) for p in peaks[:50]], "median_ratio": _r(ratio)})
+    return Diagnosis("periodic_grad_spikes", f"grad norm spikes every {period} steps ({len(peaks)} spikes, "
+                     f"median x{ratio:.1f}, first at steps {', '.join(map(str, peaks[:5]))})",
+                     f"likely {cause}; compare with gradient_accumulation_steps and dataset size / batch size",
+                     _r(regular * min(1.0, len(peaks) / 8)), f"{regular:.0%} of {len(gaps)} gaps within 10% of "
+                     f"{period} steps, {len(peaks)} spikes", GRAD_NORM, [int(p) for p in peaks],
+                     evidence={"period": period, "spike_steps": [int(p) for p in peaks[:50]],
+                               "median_ratio": _r(ratio)})
 
 
-def check_nonfinite(run: RunLog) -> Optional[Finding]:
+def check_nonfinite(run: RunLog) -> Optional[Diagnosis]:
     """NaN/inf in a train/ or dist/ metric on any rank.
 
     On a step the loss scaler flagged as overflow (and skipped) only a non-finite
@@ -298,11 +300,11 @@ def check_nonfinite(run: RunLog) -> Optional[Finding]:
     first = steps[0]
     names = sorted(bad[first], key=lambda n: (not n.startswith("train/"), n))
     listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return Finding("nonfinite", f"NaN/inf at {len(steps)} step(s), first at step {first} ({listed})",
-                   "look at the grad norm and loss just before it; keep the checkpoint before step "
-                   f"{first}, lower the lr or clip gradients, check that step's batch", 1.0,
-                   "read directly from the log", LOSS, steps[:200], sorted(ranks),
-                   {"steps": steps[:200], "metrics": {str(s): sorted(bad[s]) for s in steps[:20]}})
+    return Diagnosis("nonfinite", f"NaN/inf at {len(steps)} step(s), first at step {first} ({listed})",
+                     "look at the grad norm and loss just before it; keep the checkpoint before step "
+                     f"{first}, lower the lr or clip gradients, check that step's batch", 1.0,
+                     "read directly from the log", LOSS, steps[:200], sorted(ranks),
+                     {"steps": steps[:200], "metrics": {str(s): sorted(bad[s]) for s in steps[:20]}})
 
 
 def diagnose(run: RunLog) -> Report:

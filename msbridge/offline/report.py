@@ -1,4 +1,4 @@
-"""What ``msbridge diagnose`` hands back: ``Finding`` (one reading) and ``Report`` (all of a run), as text or JSON.
+"""What ``msbridge diagnose`` hands back: ``Diagnosis`` (one reading), ``Report`` (all of a run), as text or JSON.
 
 Example:
     >>> report = diagnose(read_run("msbridge_runs/demo/run-1"))
@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Tuple
 
 
 @dataclass
-class Finding:
+class Diagnosis:
     """One reading: what looks wrong, where, how sure, and what to do.
 
     Attributes:
@@ -26,7 +26,8 @@ class Finding:
         evidence: the numbers behind it.
 
     Example:
-        >>> f = Finding("loss_spike", "loss spike at step 150", "check that batch", 0.9, "loss x4", "train/loss", [150])
+        >>> f = Diagnosis("loss_spike", "loss spike at step 150", "check that batch", 0.9, "loss x4",
+        ...               "train/loss", [150])
         >>> f.level
         'high'
     """
@@ -63,7 +64,7 @@ class Report:
     ranks: List[int]
     steps: Tuple[int, int]
     checks: List[str] = field(default_factory=list)
-    findings: List[Finding] = field(default_factory=list)
+    findings: List[Diagnosis] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     events: List[Dict[str, Any]] = field(default_factory=list)

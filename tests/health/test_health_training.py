@@ -30,6 +30,7 @@ from msbridge.capture.train_step import TrainStep
 from msbridge.health.dumps import directory_size
 from msbridge.sinks.runlog import read_run
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 QUIET = {"throughput_drop": False}  # 1 ms CPU steps are too noisy for it; it has its own test
 
 
@@ -283,7 +284,7 @@ def test_keyboard_interrupt_closes_killed_with_every_step_before_it(tmp_path):
 
 SCRIPT = """
 import sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{here!r}, {tests!r}]  # this file, and the shared helpers (training.py)
 from mindspore.train import Callback
 from msbridge import BridgeMonitor
 from test_health_training import data, train
@@ -302,7 +303,7 @@ print("training returned", flush=True)
 def test_sigterm_flushes_everything_and_closes_killed(tmp_path):
     out = str(tmp_path / "run")
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(tests=os.path.dirname(__file__), out=out)))
+    script.write_text(textwrap.dedent(SCRIPT.format(here=HERE, tests=os.path.dirname(HERE), out=out)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     seen = 0
     for line in proc.stdout:

@@ -1,4 +1,4 @@
-"""The plateau step re-derived by hand, independently of ``msbridge.health.checks.Plateau``: the test oracle."""
+"""The plateau step re-derived by hand, independently of ``msbridge.health.detectors.plateau``: the test oracle."""
 from typing import Optional, Sequence
 
 

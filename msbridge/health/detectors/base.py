@@ -1,0 +1,180 @@
+"""The health-check protocol: what a detector declares, what it sees each step, what it reports.
+
+A detector is one class: it declares its ``name``, its ``options`` (each an
+``Option``: type, default, allowed range or choices, one-line doc) and its
+``default_action`` per profile, and has one method, ``observe(view)``, called
+once per recorded step, in step order, with that step's ``StepView``. It keeps
+its own state across flush windows and returns a ``Finding`` on the *first*
+step of an episode (a run of anomalous steps), else None. The runner builds it
+as ``cls(warmup_steps=..., **options)`` from the validated ``health`` section.
+
+Example:
+    >>> class LrZero(Detector):
+    ...     name = "lr_zero"
+    ...     options = {"limit": Option(0.0, NUMBER, "lr at or below this is zero", low=0)}
+    ...     default_action = {"debug": DUMP, "production": LOG}
+    ...     def __init__(self, warmup_steps: int = 0, limit: float = 0.0) -> None:
+    ...         super().__init__(warmup_steps)
+    ...         self.limit = limit
+    ...     def observe(self, view: StepView) -> Optional[Finding]:
+    ...         lr = view.values.get("train/lr")
+    ...         if view.step > self.warmup_steps and lr is not None and lr <= self.limit:
+    ...             return Finding(self.name, view.step, detail={"lr": lr})
+    ...         return None
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
+
+from ...errors import did_you_mean
+from ...names import GRAD_NORM, LOSS
+
+#: Finding kinds; also the kinds of the events they become.
+ANOMALY, RECOVERY = "anomaly", "recovery"
+
+LOG, DUMP, SKIP, STOP, CHECKPOINT_AND_STOP = "log", "dump", "skip", "stop", "checkpoint_and_stop"
+ACTIONS = (LOG, DUMP, SKIP, STOP, CHECKPOINT_AND_STOP)
+#: Actions that end training at the firing step; configuring one makes health check every step.
+STOP_ACTIONS = (STOP, CHECKPOINT_AND_STOP)
+PROFILES = ("debug", "production")
+
+#: Option types: an int only; any number (an int or a float); true/false; a string.
+INT, NUMBER, BOOL, STR = (int,), (int, float), (bool,), (str,)
+#: A detector that compares against a baseline is armed once it holds this many values.
+MIN_BASELINE = 10
+_TYPE_WORDS = {INT: "an int", NUMBER: "a number", BOOL: "true or false", STR: "a string"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a check (or of the ``health`` section): type, default, allowed values, doc.
+
+    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high``
+    excluded); ``choices`` lists the allowed values; a ``None`` default also allows null.
+
+    Example:
+        >>> Option(0.98, NUMBER, "EMA decay of the loss", low=0, low_open=True, high=1).problem(1.0)
+        'must be < 1, got 1.0'
+    """
+
+    default: Any
+    types: Tuple[type, ...]
+    doc: str
+    low: Optional[float] = None
+    low_open: bool = False
+    high: Optional[float] = None
+    choices: Tuple[Any, ...] = ()
+
+    def problem(self, value: Any) -> Optional[str]:
+        """Why ``value`` is not allowed, or None when it is."""
+        if value is None and self.default is None:
+            return None
+        if not _type_ok(value, self.types):
+            null = " or null" if self.default is None else ""
+            return f"expected {_TYPE_WORDS.get(self.types, ' or '.join(t.__name__ for t in self.types))}{null}, " \
+                   f"got {value!r}"
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}" \
+                   f"{did_you_mean(str(value), [str(c) for c in self.choices])}"
+        if self.low is not None and (value < self.low or (value == self.low and self.low_open)):
+            return f"must be {'>' if self.low_open else '>='} {self.low}, got {value!r}"
+        if self.high is not None and value >= self.high:
+            return f"must be < {self.high}, got {value!r}"
+        return None
+
+
+def _type_ok(value: Any, types: Tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a detector saw at ``step``: ``kind`` is ``anomaly`` or ``recovery``.
+
+    Example:
+        >>> Finding("nonfinite", 3700, detail={"nonfinite": ["train/loss"]})
+    """
+
+    check: str
+    step: int
+    kind: str = ANOMALY
+    detail: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One recorded step's values, as host floats (None: not recorded).
+
+    ``overflow``: the cell flagged the step as overflowed; ``loss_scale`` is None
+    unless the cell is loss-scaled. ``values`` holds every metric of the step's
+    record (``train/lr``, ``perf/samples_per_s`` ...).
+
+    Example:
+        >>> view = StepView(3700, loss=float("nan"), grad_norm=1.2, step_time_s=0.01)
+        >>> view.nonfinite
+        ['train/loss']
+    """
+
+    step: int
+    loss: Optional[float] = None
+    grad_norm: Optional[float] = None
+    loss_scale: Optional[float] = None
+    overflow: bool = False
+    samples_per_s: Optional[float] = None
+    step_time_s: float = 0.0
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def scaled_overflow(self) -> bool:
+        """An overflow step of a loss-scaled cell: the loss scaler's business (it skips it, lowers the scale)."""
+        return self.overflow and self.loss_scale is not None
+
+    @property
+    def nonfinite(self) -> List[str]:
+        """The non-finite ones of loss and grad norm; an inf grad norm on a scaled overflow step is not one."""
+        bad = [] if self.loss is None or math.isfinite(self.loss) else [LOSS]
+        if self.grad_norm is not None and not math.isfinite(self.grad_norm) and not self.scaled_overflow:
+            bad.append(GRAD_NORM)
+        return bad
+
+
+class Detector(ABC):
+    """The base of every check; see the module docstring for the protocol.
+
+    Class attributes:
+        name: the check's key under ``health:`` and in every finding.
+        options: option name -> ``Option`` (``check`` and ``action`` are added for every check).
+        default_action: profile -> action when the config names none.
+        in_graph_skip: a train cell built to skip non-finite updates
+            (``TrainStep(skip_nonfinite=True)``) has already dropped the update of every
+            step this check fires on: ``skip`` is a valid action and the live weights are healthy.
+        early_stop: a stop on this check is an early stop (the run closes FINISHED, not FAILED).
+
+    Example:
+        >>> detector = DETECTORS["plateau"](warmup_steps=100, patience=50)  # msbridge.health.detectors
+        >>> detector.observe(StepView(101, loss=2.3)) is None
+        True
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[Mapping[str, Option]] = {}
+    default_action: ClassVar[Mapping[str, str]]
+    in_graph_skip: ClassVar[bool] = False
+    early_stop: ClassVar[bool] = False
+
+    def __init__(self, warmup_steps: int = 0) -> None:
+        self.warmup_steps = warmup_steps
+
+    @abstractmethod
+    def observe(self, view: StepView) -> Optional[Finding]:
+        """The finding that starts at ``view.step``, or None."""
+
+
+def finite(value: Optional[float]) -> bool:
+    """``value`` is a number and not NaN/inf."""
+    return value is not None and math.isfinite(value)

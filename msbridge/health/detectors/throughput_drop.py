@@ -1,0 +1,75 @@
+"""``throughput_drop``: the recent median rate fell below ``factor`` x the baseline measured after warm-up.
+
+The rate is the step's ``perf/samples_per_s`` when it is recorded, else
+1 / step time (steps/s). The baseline is the median of the first
+``baseline_steps`` rates after ``warmup_steps``; the current rate is the median
+of the last ``window``. One finding per drop; it may fire again after the rate
+came back.
+
+Example:
+    >>> drop = ThroughputDrop(baseline_steps=20, window=10, factor=0.5, warmup_steps=100)
+    >>> drop.observe(StepView(step, samples_per_s=rate))  # a Finding when the last 10 steps' median halves
+"""
+from __future__ import annotations
+
+from collections import deque
+from statistics import median as _median
+from typing import Deque, List, Optional, Tuple
+
+from .base import INT, LOG, NUMBER, Detector, Finding, Option, StepView, finite
+
+
+def rate_of(view: StepView) -> Tuple[float, str]:
+    """The step's throughput and its unit: samples/s when recorded, else steps/s from the step time."""
+    if view.samples_per_s is not None:
+        return view.samples_per_s, "samples/s"
+    return 1.0 / max(float(view.step_time_s), 1e-9), "steps/s"
+
+
+class ThroughputDrop(Detector):
+    """The recent median rate fell below ``factor`` x the baseline measured right after warm-up.
+
+    Example:
+        >>> ThroughputDrop(baseline_steps=10, window=5).observe(StepView(1, samples_per_s=100.0)) is None
+        True
+    """
+
+    name = "throughput_drop"
+    options = {
+        "baseline_steps": Option(20, INT, "steps after warm-up whose median rate is the baseline", low=1),
+        "window": Option(10, INT, "recent steps whose median rate is compared with it", low=1),
+        "factor": Option(0.5, NUMBER, "a drop is a recent rate below factor x the baseline",
+                         low=0, low_open=True, high=1),
+    }
+    default_action = {"debug": LOG, "production": LOG}
+
+    def __init__(self, warmup_steps: int = 0, baseline_steps: int = 20, window: int = 10,
+                 factor: float = 0.5) -> None:
+        super().__init__(warmup_steps)
+        self.baseline_steps = baseline_steps
+        self.factor = factor
+        self._first: List[float] = []
+        self.baseline: Optional[float] = None
+        self._recent: Deque[float] = deque(maxlen=window)
+        self._in_drop = False
+
+    def observe(self, view: StepView) -> Optional[Finding]:
+        rate, unit = rate_of(view)
+        if view.step <= self.warmup_steps or not finite(rate) or rate <= 0:
+            return None
+        if self.baseline is None:
+            self._first.append(rate)
+            if len(self._first) >= self.baseline_steps:
+                self.baseline = float(_median(self._first))
+            return None
+        self._recent.append(rate)
+        if len(self._recent) < (self._recent.maxlen or 1):
+            return None
+        current = float(_median(self._recent))
+        dropped = current < self.factor * self.baseline
+        started, self._in_drop = dropped and not self._in_drop, dropped
+        if not started:
+            return None
+        return Finding(self.name, view.step, detail={
+            "rate": current, "baseline": self.baseline, "ratio": current / self.baseline,
+            "factor": self.factor, "unit": unit})
