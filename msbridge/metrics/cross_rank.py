@@ -1,4 +1,4 @@
-"""Cross-rank metrics: one AllGather per flush, a watchdog on it, and the run's shared timestamp.
+"""Cross-rank metrics: one AllGather per flush (guarded by ``run.rank_sync.Watchdog``).
 
 At every flush each rank sends one float32 vector, padded to ``capacity`` steps so
 every rank sends the same shape::
@@ -31,118 +31,24 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
-import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
 from ..capture.window import Window
 from ..errors import ConfigError
 from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
-from ..paths import timestamp
-from ..run.ranks import Ranks, communication_ready
+from ..run.rank_sync import DEFAULT_TIMEOUT_S, Watchdog, all_gather, gather_op
+from ..run.ranks import communication_ready
 from ..sinks.base import RunInfo
 
 log = logging.getLogger("msbridge")
 
-TIMESTAMP_ENV = "MSBRIDGE_TIMESTAMP"
-DEFAULT_TIMEOUT_S = 60.0
 HEADER = 6  # n, batch size, first step (hi, lo), last step (hi, lo)
 _SPLIT = float(1 << 20)  # a step as hi * 2**20 + lo: both parts exact in float32 below 2**44 steps
 
 TimeoutHook = Callable[[Window], None]
-
-
-def _all_gather(op: Any, array: np.ndarray) -> np.ndarray:
-    """Every rank's ``array`` as one row each (world group). Blocks until all ranks have called it."""
-    from mindspore import Tensor
-
-    return op(Tensor(array)).asnumpy().reshape(-1, array.size)
-
-
-def _gather_op() -> Any:
-    from mindspore import ops
-
-    return ops.AllGather()
-
-
-class Watchdog:
-    """Calls ``on_timeout(subject)`` from a timer thread when a guarded call outlives ``timeout_s``.
-
-    A collective stuck in C++ cannot be interrupted from Python (no exception,
-    no signal handler runs), so the watchdog cannot end the call: it says what
-    is stuck and hands the hook what it needs to save the run. A call that
-    returns after the timeout fired is logged as such.
-
-    Example:
-        >>> dog = Watchdog(60.0, lambda window: dispatcher.close("FAILED"))
-        >>> with dog.guard("the cross-rank loss reduction for steps 11-15", window):
-        ...     table = all_gather(payload)
-    """
-
-    def __init__(self, timeout_s: float, on_timeout: Optional[Callable[[Any], None]] = None) -> None:
-        self.timeout_s = float(timeout_s)
-        self.on_timeout = on_timeout
-
-    @contextlib.contextmanager
-    def guard(self, what: str, subject: Any = None) -> Iterator[None]:
-        fired = threading.Event()
-        start = time.monotonic()
-
-        def expire() -> None:
-            fired.set()
-            log.error("msbridge: %s has not returned after %.0f s: a rank has died or hangs, or never reached "
-                      "this collective (BridgeMonitor must run on every rank, with the same flush_steps)",
-                      what, self.timeout_s)
-            if self.on_timeout is not None:
-                try:
-                    self.on_timeout(subject)
-                except Exception:  # the hook runs on a timer thread: log, never raise into nothing
-                    log.exception("msbridge: the collective-timeout hook failed")
-
-        timer = threading.Timer(self.timeout_s, expire)
-        timer.name, timer.daemon = "msbridge-watchdog", True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-            if fired.is_set():
-                log.warning("msbridge: %s returned after %.1f s, after its %.0f s timeout had fired",
-                            what, time.monotonic() - start, self.timeout_s)
-
-
-def agree_timestamp(ranks: Ranks, needed: bool, now: Optional[float] = None,
-                    timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-    """The ``{timestamp}`` of the run's name and dir, the same on every rank.
-
-    ``MSBRIDGE_TIMESTAMP`` wins when set. Otherwise, when the name uses the
-    timestamp and communication is initialised, every rank takes rank 0's time
-    (one AllGather of an int64); ranks known only from the environment use their
-    own clock, with a warning, since ranks started in different seconds would
-    then write to different run dirs.
-
-    Example:
-        >>> agree_timestamp(detect_ranks(), needed=True)
-        '20261129-101500'
-    """
-    if os.environ.get(TIMESTAMP_ENV):
-        return os.environ[TIMESTAMP_ENV]
-    local = time.time() if now is None else now
-    if not (needed and ranks.distributed):
-        return timestamp(local)
-    if ranks.source != "communication":
-        log.warning("msbridge: %d ranks but mindspore.communication is not initialised yet, so the ranks cannot "
-                    "agree on {timestamp} and may write to different run dirs; call init() before creating "
-                    "BridgeMonitor, set %s, or use a run_name without {timestamp}", ranks.world_size, TIMESTAMP_ENV)
-        return timestamp(local)
-    with Watchdog(timeout_s).guard("sharing rank 0's {timestamp}"):
-        table = _all_gather(_gather_op(), np.array([int(local)], dtype=np.int64))
-    return timestamp(float(table[0, 0]))
 
 
 def cross_rank_metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int]) -> Dict[str, np.ndarray]:
@@ -223,7 +129,7 @@ class Reducer:
         self.capacity = max(int(capacity), 1)
         self.ranks: List[int] = group
         self.watchdog = Watchdog(timeout_s, on_timeout)
-        self._op = _gather_op()
+        self._op = gather_op()
         self._warned: Set[int] = set()
 
     @property
@@ -261,7 +167,7 @@ class Reducer:
         first, last = int(steps[0]), int(steps[-1])
         payload[:HEADER] = [k, self.batch_size or 0, first // _SPLIT, first % _SPLIT, last // _SPLIT, last % _SPLIT]
         payload[HEADER:HEADER + k] = loss
-        table = _all_gather(self._op, payload)
+        table = all_gather(self._op, payload)
         losses = table[:, HEADER:HEADER + k].astype(np.float64)
         if self.is_global:
             same = (table[:, [0, 2, 3, 4, 5]] == payload[[0, 2, 3, 4, 5]]).all(axis=1)

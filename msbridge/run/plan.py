@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..config.load import Config
 from ..errors import ConfigError
 from ..masking import mask_secrets
-from ..metrics.cross_rank import agree_timestamp
+from .rank_sync import agree_timestamp
 from ..paths import render_output_dir, render_template
 from ..sinks.base import RunInfo, Sink
 from ..sinks.console import ConsoleSink

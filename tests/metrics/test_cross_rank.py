@@ -18,7 +18,8 @@ import pytest
 from processes import free_port
 
 from msbridge import BridgeMonitor, ConfigError
-from msbridge.metrics.cross_rank import Watchdog, agree_timestamp, cross_rank_metrics, make_reducer
+from msbridge.metrics.cross_rank import cross_rank_metrics, make_reducer
+from msbridge.run.rank_sync import Watchdog, agree_timestamp
 from msbridge.names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric, rank_loss
 from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
 from msbridge.sinks.base import RunInfo
