@@ -7,9 +7,9 @@ or under ``msbridge:``:
   ``*_format`` (``log`` / ``tensorboard`` / ``mlflow`` / ``jsonl`` / ``mindinsight``
   or a list of them), ``target``/``invert``, the global-norm spike keys, and
   the keys only mindformers uses (said to be left to it);
-- the monitoring article (seed 000): ``interval``, ``nan_check``,
+- keys from mindformers' ``monitor_config`` tutorials that mindformers itself does not read: ``interval``, ``nan_check``,
   ``exception_dump``, ``skip_nan_step``, ``warmup_steps``;
-- the SummaryCollector article (seed 002): ``summary_dir``, ``collect_freq``,
+- MindSpore's ``SummaryCollector`` and ``LossMonitor`` arguments: ``summary_dir``, ``collect_freq``,
   ``flush_interval``, ``per_print_times``, ``keep_default_callbacks``,
   ``collect_specified_data``, ``histogram_settings``.
 
@@ -300,13 +300,13 @@ HANDLERS: Dict[str, Handler] = {
     "global_norm_spike_count_threshold": _is_count(_health("grad_norm_spike", "count")),
     "stable_rank_config": _mindformers_only("weight stable rank"),
     "health_checkpoint": _mindformers_only("checkpoint health thresholds"),
-    # seed 000: the monitoring article
+    # monitor_config keys from mindformers' monitoring tutorials
     "interval": _alias("flush_steps", "steps between writes to disk; every step is still recorded"),
     "nan_check": _is_bool(_health("nonfinite", "check")),
     "skip_nan_step": _is_bool(_health("nonfinite", "action", transform=lambda v: "skip" if v else "stop")),
     "exception_dump": _is_bool(_health("dump_on_anomaly")),
     "warmup_steps": _is_count(_health("warmup_steps")),
-    # seed 002: the SummaryCollector article
+    # MindSpore SummaryCollector / LossMonitor arguments
     "summary_dir": _summary_dir,
     "collect_freq": _alias("flush_steps", "steps between device->host copies and writes"),
     "flush_interval": _alias("flush_seconds", "seconds between writes"),

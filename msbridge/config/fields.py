@@ -1,6 +1,6 @@
 """What each msbridge setting may hold: type, range, and one line of meaning.
 
-``FIELDS`` is the single list of canonical settings (README's reference table
+``FIELDS`` is the single list of canonical settings (docs/configuration.md's reference table
 is written from it); ``check_values`` returns every problem with the values at
 once, as ``(path, message)`` pairs without file locations, so the loader can
 point each one at the line the user wrote.

@@ -56,9 +56,9 @@ class Provenance:
     """Where a loaded config's values came from, and the dialect lines said while loading.
 
     Example:
-        >>> cfg = load_config("seed000_monitor.yaml")
+        >>> cfg = load_config("monitor.yaml")
         >>> cfg.provenance.origin(("flush_steps",))
-        ('seed000_monitor.yaml:4', 'monitor_config.interval')
+        ('monitor.yaml:4', 'monitor_config.interval')
     """
 
     source: str = "<defaults>"
@@ -79,7 +79,7 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Config:
-    """msbridge's settings. Build it with ``load_config``; every field is in README's reference table.
+    """msbridge's settings. Build it with ``load_config``; every field is in docs/configuration.md.
 
     Example:
         >>> Config(experiment="sweep", flush_steps=50).flush_steps

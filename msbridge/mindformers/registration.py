@@ -10,7 +10,7 @@ taken name silently replaces the first. So ``register``:
 - never takes a name that belongs to another class (a mindformers built-in or
   a user's own): it raises instead of shadowing it;
 - registers a CALLBACK (``MSBridgeMonitor``) and a WRAPPER (``MSBridgeRing``)
-  only. Nothing goes into a model/config registry, so the seed article's
+  only. Nothing goes into a model/config registry, so the tutorials' error
   ``"X" is already used by a transformers config`` cannot arise.
 
 Example:

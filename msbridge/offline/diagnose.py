@@ -1,4 +1,4 @@
-"""Reads a run's jsonl and says what looks wrong, with the evidence: the readings of seed 000, section 5.2.
+"""Reads a run's jsonl and says what looks wrong, with the evidence: the readings mindformers' monitoring tutorial teaches (loss trend, grad-norm spikes, lr).
 
 Each check returns a ``Diagnosis`` (what, at which steps, with which values, how
 sure), or is skipped with the reason (a metric not recorded, too few steps).
