@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Dict, Mapping
+from typing import Dict, Iterator, Mapping
 
 #: The field number of a scalar's float32 value in ``Summary.Value``.
 TENSORBOARD_VALUE = 2
@@ -74,6 +74,17 @@ def fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_records(path: str) -> Iterator[bytes]:
+    """The event bodies of a TFRecord-framed file (u64 length, u32 CRC, body, u32 CRC), CRCs not checked."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    pos = 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        yield data[pos + 12:pos + 12 + length]
+        pos += 16 + length
 
 
 class RecordFile:

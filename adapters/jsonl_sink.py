@@ -1,12 +1,12 @@
 """The jsonl sink: one file per rank, the run's write-ahead log.
 
 ``{run_dir}/metrics/rank_{rank}.jsonl`` starts with a header line, then holds one
-JSON object per metrics record or event. A non-finite value is written as
-``null`` and named under ``"nonfinite"``. Every batch is flushed and fsynced, so
+JSON object per metrics record or event, in the format ``msbridge.sinks.runlog``
+encodes and reads (a non-finite value is ``null``, named under ``"nonfinite"``). Every batch is flushed and fsynced, so
 a killed process loses at most the window it had not handed over yet.
 
 On resume the file is appended to: a line cut by a kill is trimmed first, and
-steps already in the file are never written again.
+the file's last step is what this sink holds: steps up to it are never written again.
 
 Example:
     >>> sink = JsonlSink()
@@ -16,17 +16,13 @@ Example:
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from typing import IO, Any, Dict, Optional, Sequence
 
-from ..sinks.base import SCHEMA_VERSION, Event, Record, RunInfo, Sink, json_safe
-from ..sinks.runlog import last_step, rank_file, trim_partial_line
-
-
-def _encode_values(values: Dict[str, float]) -> Dict[str, Any]:
-    return {k: (float(v) if math.isfinite(v) else None) for k, v in values.items()}
+from ..sinks.base import Event, Record, RunInfo, Series, Sink
+from ..sinks.options import Option
+from ..sinks.runlog import encode_event, encode_header, encode_record, last_step, rank_file, read_rank_file, \
+    trim_partial_line
 
 
 class JsonlSink(Sink):
@@ -37,13 +33,13 @@ class JsonlSink(Sink):
     """
 
     name = "jsonl"
+    options = {"fsync": Option(bool, True, "fsync the file after every batch (a killed process loses "
+                                           "at most the window it had not handed over)")}
 
-    def __init__(self, fsync: bool = True, **options: Any) -> None:
-        super().__init__(fsync=fsync, **options)
-        self.fsync = bool(fsync)
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self.path = ""
         self._file: Optional[IO[str]] = None
-        self._last_step = 0
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
@@ -52,52 +48,22 @@ class JsonlSink(Sink):
         exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
         if exists:
             trim_partial_line(self.path)
-            self._last_step = last_step(self.path)
+            self.last_step = last_step(self.path)  # the file is what this rank holds
         self._file = open(self.path, "a", encoding="utf-8")
         if not exists:
-            self._line({
-                "type": "header",
-                "schema_version": SCHEMA_VERSION,
-                "run_id": run.run_id,
-                "run_name": run.run_name,
-                "experiment": run.experiment,
-                "rank": run.rank,
-                "world_size": run.world_size,
-            })
+            self._file.write(encode_header(run))
             self.flush()
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        for rec in records:
-            if rec.step <= self._last_step:
-                continue  # already in the log (resume): never write a step twice
-            line: Dict[str, Any] = {
-                "type": "metrics",
-                "step": rec.step,
-                "rank": rec.rank,
-                "time": rec.time,
-                "values": _encode_values(dict(rec.values)),
-            }
-            bad = rec.nonfinite()
-            if bad:
-                line["nonfinite"] = bad
-            self._line(line)
-            self._last_step = rec.step
-        for ev in events:
-            self._line({
-                "type": "event",
-                "kind": ev.kind,
-                "step": ev.step,
-                "rank": ev.rank,
-                "time": ev.time,
-                "detail": json_safe(dict(ev.detail)),
-            })
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        assert self._file is not None, "JsonlSink.write before open"
+        self._file.writelines([encode_record(rec) for rec in records] + [encode_event(ev) for ev in events])
         self.flush()
 
     def flush(self) -> None:
         if self._file is None:
             return
         self._file.flush()
-        if self.fsync:
+        if self.settings["fsync"]:
             os.fsync(self._file.fileno())
 
     def close(self, status: str = "FINISHED") -> None:
@@ -111,6 +77,6 @@ class JsonlSink(Sink):
         path = rank_file(run.run_dir, run.rank)
         return {"where": path, "view": f"tail -f {path}"}
 
-    def _line(self, obj: Dict[str, Any]) -> None:
-        assert self._file is not None, "JsonlSink.write before open"
-        self._file.write(json.dumps(obj, allow_nan=False, default=str, separators=(",", ":")) + "\n")
+    def read_back(self, run: RunInfo) -> Series:
+        log = read_rank_file(rank_file(run.run_dir, run.rank))
+        return {name: log.series(name) for name in log.metric_names()}

@@ -49,6 +49,7 @@ Example:
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import platform
@@ -57,8 +58,9 @@ from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..paths import safe_component
-from ..sinks.base import FINISHED, Event, Record, RunInfo, Sink, flatten
-from ._eventwire import MINDSPORE_VALUE, fsync, scalar_event
+from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
+from ..sinks.options import Option
+from ._eventwire import MINDSPORE_VALUE, fsync, read_records, scalar_event
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -79,10 +81,6 @@ def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
 class MindInsightSink(Sink):
     """Writes this rank's records, events and lineage as a MindInsight train job.
 
-    Args:
-        summary_base_dir: the directory to start MindInsight on; default
-            ``{experiment_dir}/summary``.
-
     Example:
         >>> sinks: {jsonl: {}, mindinsight: {summary_base_dir: /data/summary}}
         >>> # then: mindinsight start --summary-base-dir /data/summary --port 8080
@@ -90,17 +88,19 @@ class MindInsightSink(Sink):
 
     name = "mindinsight"
     ranks = "all"
+    options = {"summary_base_dir": Option(str, None, "the directory to start MindInsight on; "
+                                                     "default {experiment_dir}/summary, beside the run dirs")}
+    requires = ("mindspore",)  # MindSpore's summary writer; MindInsight itself runs elsewhere
 
-    def __init__(self, summary_base_dir: Optional[str] = None, **options: Any) -> None:
-        super().__init__(summary_base_dir=summary_base_dir, **options)
-        self.summary_base_dir = summary_base_dir
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.summary_base_dir: Optional[str] = self.settings["summary_base_dir"]
         self.dir = ""
         self._summary: Any = None  # mindspore's SummaryWriter
         self._lineage: Any = None  # mindspore's LineageWriter
         self._paths: tuple = ()
         self._lineage_event: Any = None  # mindspore's lineage_pb2.LineageEvent
         self._prefixes: Dict[str, bytes] = {}
-        self._skip_to = 0
 
     def base_dir(self, run: RunInfo) -> str:
         return os.path.abspath(self.summary_base_dir or os.path.join(run.experiment_dir, "summary"))
@@ -111,7 +111,6 @@ class MindInsightSink(Sink):
 
         super().open(run)
         self._lineage_event = LineageEvent
-        self._skip_to = run.resumed_from_step
         self.dir = rank_dir(self.base_dir(run), run.run_name, run.rank)
         os.makedirs(self.dir, exist_ok=True)
         stem = self._new_stem(run.rank)
@@ -124,9 +123,9 @@ class MindInsightSink(Sink):
         self._write_user_info(info)
         self.flush()
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
-            if rec.step <= self._skip_to or not rec.values:
+            if not rec.values:
                 continue
             self._scalars(rec.step, rec.time, rec.values)
         counts = Counter((ev.step, ev.kind) for ev in events)
@@ -155,6 +154,19 @@ class MindInsightSink(Sink):
         base = self.base_dir(run)
         return {"where": rank_dir(base, run.run_name, run.rank),
                 "view": f"mindinsight start --summary-base-dir {base} --port 8080"}
+
+    def read_back(self, run: RunInfo) -> Series:
+        """The scalars of this rank's summary files, parsed with MindSpore's ``summary_pb2.Event``
+        (MindInsight's own read, over its REST API, is in tests/adapters/test_mindinsight_sink.py)."""
+        from mindspore.train.summary_pb2 import Event as SummaryEvent
+
+        out: Series = {}
+        for path in sorted(glob.glob(os.path.join(rank_dir(self.base_dir(run), run.run_name, run.rank), "*_MS"))):
+            for body in read_records(path):
+                event = SummaryEvent.FromString(body)
+                for value in event.summary.value:
+                    out.setdefault(value.tag, []).append((event.step, value.scalar_value))
+        return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
 
     # -- helpers -------------------------------------------------------------
     def _new_stem(self, rank: int) -> str:

@@ -30,10 +30,11 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from ..errors import ConfigError, MissingDependencyError, did_you_mean
+from ..errors import MissingDependencyError
 from ..masking import mask_secrets, mask_text
-from ..sinks.base import FINISHED, Event, Record, RunInfo, Sink, flatten, json_safe
-from ..sinks.runlog import rank_file, read_rank_file
+from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten, json_safe
+from ..sinks.options import Option
+from ..sinks.runlog import encode_event, rank_file, read_rank_file
 from ._mlflow_process import ClientProcess
 
 log = logging.getLogger("msbridge")
@@ -51,9 +52,6 @@ _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
 _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
               "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND"}
-_NUMBERS = {"http_timeout": None, "http_retries": None, "backoff_initial": 1.0, "backoff_max": 60.0,
-            "close_timeout": 10.0, "max_pending": 50_000}
-_OPTIONS = ("tracking_uri", "experiment", "run_name", "artifact_location") + tuple(_NUMBERS)
 # MLflow reads its HTTP limits from the environment on every request: option -> (variable, default).
 _HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
              "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
@@ -116,20 +114,9 @@ def run_tags(run: RunInfo) -> Dict[str, str]:
 class MlflowSink(Sink):
     """Logs the metric stream, config, metadata and events of one job to one MLflow run.
 
-    Args:
-        tracking_uri: MLflow tracking URI; default ``sqlite:///{run.experiment_dir}/mlflow.db``.
-        experiment: MLflow experiment name; default the msbridge experiment.
-        run_name: MLflow run name; default the msbridge run name.
-        artifact_location: artifact root of an experiment this sink creates; default
-            ``mlartifacts/`` beside a sqlite file, the server's choice otherwise.
-        http_timeout / http_retries: seconds one HTTP request may take (default 10) and MLflow's
-            own retries of it (default 0: the backoff below retries). MLflow reads them from
-            ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``_MAX_RETRIES``, so ``open`` sets those in MLflow's
-            client process: an option given here wins, else a value already in the environment.
-        backoff_initial / backoff_max: seconds to wait after a failure, doubling up to the max.
-        close_timeout: seconds ``close`` keeps retrying to deliver what is left.
-        max_pending: records kept in memory while MLflow is unreachable; beyond it the oldest
-            are dropped (jsonl keeps every record).
+    MLflow reads its HTTP limits from ``MLFLOW_HTTP_REQUEST_TIMEOUT`` / ``_MAX_RETRIES``, so
+    ``open`` sets those in MLflow's client process from ``http_timeout`` / ``http_retries``:
+    an option given wins, else a value already in the environment, else 10 s and 0 retries.
 
     Example:
         >>> sink = MlflowSink(tracking_uri="http://127.0.0.1:5000", experiment="tiny-lm")
@@ -140,35 +127,41 @@ class MlflowSink(Sink):
 
     name = "mlflow"
     ranks = "global"
+    options = {
+        "tracking_uri": Option(str, None, "MLflow tracking URI; default sqlite:///{experiment_dir}/mlflow.db"),
+        "experiment": Option(str, None, "MLflow experiment name; default the msbridge experiment"),
+        "run_name": Option(str, None, "MLflow run name; default the msbridge run name"),
+        "artifact_location": Option(str, None, "artifact root of an experiment this sink creates; default "
+                                               "mlartifacts/ beside a sqlite file, the server's choice otherwise"),
+        "http_timeout": Option(float, None, "seconds one HTTP request may take (MLFLOW_HTTP_REQUEST_TIMEOUT)", 0),
+        "http_retries": Option(int, None, "MLflow's own retries of a request (MLFLOW_HTTP_REQUEST_MAX_RETRIES)", 0),
+        "backoff_initial": Option(float, 1.0, "seconds to wait after a failed attempt; doubles on each failure", 0),
+        "backoff_max": Option(float, 60.0, "the longest wait between attempts, in seconds", 0),
+        "close_timeout": Option(float, 10.0, "seconds close keeps retrying to deliver what is left", 0),
+        "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it "
+                                           "the oldest are dropped (jsonl keeps every record)", 1),
+    }
+    extra = "mlflow"
+    requires = ("mlflow",)
 
-    def __init__(self, tracking_uri: Optional[str] = None, experiment: Optional[str] = None,
-                 run_name: Optional[str] = None, artifact_location: Optional[str] = None,
-                 **options: Any) -> None:
-        problems = [f"sinks.mlflow.{k}: unknown option{did_you_mean(k, _OPTIONS)}"
-                    for k in options if k not in _NUMBERS]
-        numbers = {**_NUMBERS, **{k: v for k, v in options.items() if k in _NUMBERS}}
-        problems += [f"sinks.mlflow.{k}: expected a number >= 0, got {v!r}" for k, v in numbers.items()
-                     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0)]
-        if problems:
-            raise ConfigError(problems)
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         try:
             import mlflow.tracking  # noqa: F401  (only here: importing msbridge never imports mlflow)
         except ImportError:
             raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow") from None
-        super().__init__(tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
-                         artifact_location=artifact_location, **numbers)
         self.uri = ""
         self.run_id: Optional[str] = None  # the MLflow run, once reached
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
-        self._last_step = 0  # the highest step MLflow holds
-        self._pending: Deque[Record] = deque(maxlen=max(1, int(numbers["max_pending"])))
+        self._logged_step = 0  # the highest step MLflow holds (its last-step tag, once reached)
+        self._pending: Deque[Record] = deque(maxlen=self.settings["max_pending"])
         self._tags: Dict[str, str] = {}
         self._events: Dict[str, None] = {}  # events.jsonl lines, in order, each once (replay is idempotent)
         self._events_dirty = False
         self._caught_up = False
         self._keys: Dict[str, str] = {}
         self._next_try = 0.0
-        self._delay = float(numbers["backoff_initial"])
+        self._delay = float(self.settings["backoff_initial"])
         self._down = self._warned_full = False
 
     def open(self, run: RunInfo) -> None:
@@ -178,15 +171,13 @@ class MlflowSink(Sink):
         self.uri = self._uri_for(run)
         env = {}
         for option, (variable, default) in _HTTP_ENV.items():
-            value = self.options[option]
+            value = self.settings[option]
             if value is not None or variable not in os.environ:
                 env[variable] = str(int(default if value is None else value))
         self._client.connect(self.uri, env)
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
-            if rec.step <= self.run.resumed_from_step:
-                continue  # as in jsonl: a resumed job's steps up to there are logged already
             if len(self._pending) == self._pending.maxlen and not self._warned_full:
                 self._warned_full = True
                 log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
@@ -204,7 +195,7 @@ class MlflowSink(Sink):
         """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds."""
         if self.run is None:
             return
-        deadline = time.monotonic() + self.options["close_timeout"]
+        deadline = time.monotonic() + self.settings["close_timeout"]
         while not self._deliver(status):
             if time.monotonic() >= deadline:
                 log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
@@ -217,12 +208,26 @@ class MlflowSink(Sink):
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         uri = mask_text(self._uri_for(run))
-        where = f"{uri} (experiment {self.options['experiment'] or run.experiment!r})"
+        where = f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"
         local = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host 127.0.0.1 --port 5000"
         return {"where": where, "view": uri if uri.startswith(("http://", "https://")) else local}
 
+    def read_back(self, run: RunInfo) -> Series:
+        """The metric histories of the job's MLflow run, read with ``MlflowClient``."""
+        from mlflow.entities import ViewType
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self._uri_for(run))
+        experiment = client.get_experiment_by_name(self.settings["experiment"] or run.experiment)
+        found = experiment and client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
+                                                  run_view_type=ViewType.ALL, max_results=1)
+        if not found:
+            return {}
+        history = {k: client.get_metric_history(found[0].info.run_id, k) for k in found[0].data.metrics}
+        return {k: sorted(((m.step, m.value) for m in points), key=lambda p: p[0]) for k, points in history.items()}
+
     def _uri_for(self, run: RunInfo) -> str:
-        return self.options["tracking_uri"] or f"sqlite:///{os.path.join(run.experiment_dir, 'mlflow.db')}"
+        return self.settings["tracking_uri"] or f"sqlite:///{os.path.join(run.experiment_dir, 'mlflow.db')}"
 
     def _deliver(self, status: Optional[str] = None) -> bool:
         """One attempt to reach the run and send everything waiting. False if MLflow failed."""
@@ -238,7 +243,7 @@ class MlflowSink(Sink):
                 self._client.set_terminated(self.run_id, status)
         except Exception as exc:  # whatever the tracker does, training goes on: retry later
             self._next_try = time.monotonic() + self._delay
-            self._delay = min(self._delay * 2, self.options["backoff_max"])
+            self._delay = min(self._delay * 2, self.settings["backoff_max"])
             if self.run_id is None and getattr(exc, "error_code", None) in _PERMANENT:
                 raise  # a misconfiguration (file store, bad credentials ...): say so, retrying cannot help
             if not self._down:
@@ -249,7 +254,7 @@ class MlflowSink(Sink):
             return False
         if self._down:
             log.info("msbridge: MLflow at %s is reachable again; the backlog is delivered", mask_text(self.uri))
-        self._down, self._delay, self._next_try = False, float(self.options["backoff_initial"]), 0.0
+        self._down, self._delay, self._next_try = False, float(self.settings["backoff_initial"]), 0.0
         return True
 
     def _send_metrics(self) -> None:
@@ -257,21 +262,21 @@ class MlflowSink(Sink):
             chunk: List[Record] = []
             size = 0
             for rec in self._pending:  # whole records, oldest first; a huge record goes alone
-                n = len(rec.values) if rec.step > self._last_step else 0  # resume: never log a step twice
+                n = len(rec.values) if rec.step > self._logged_step else 0  # MLflow has it already: skipped
                 if chunk and size + n > METRICS_PER_CALL:
                     break
                 chunk.append(rec)
                 size += n
             metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
-                       for rec in chunk if rec.step > self._last_step for k, v in rec.values.items()]
-            step = max(self._last_step, max(rec.step for rec in chunk))
+                       for rec in chunk if rec.step > self._logged_step for k, v in rec.values.items()]
+            step = max(self._logged_step, max(rec.step for rec in chunk))
             parts = [metrics[i:i + METRICS_PER_CALL] for i in range(0, len(metrics), METRICS_PER_CALL)]
             for i, part in enumerate(parts):  # resending a part is harmless: same key, time, step, value
                 tags = [(LAST_STEP_TAG, str(step))] if i == len(parts) - 1 else []
                 self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=part, tags=tags)
             for _ in chunk:
                 self._pending.popleft()
-            self._last_step = step
+            self._logged_step = step
 
     def _send_tags(self) -> None:
         tags = [(k, _fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
@@ -303,7 +308,7 @@ class MlflowSink(Sink):
         """Find or create the job's run, then log params, tags, artifacts; a failed attempt is redone."""
         from mlflow.entities import ViewType
         run, client = self.run, self._client
-        experiment_id = self._experiment_id(client, self.options["experiment"] or run.experiment)
+        experiment_id = self._experiment_id(client, self.settings["experiment"] or run.experiment)
         found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
                                    run_view_type=ViewType.ALL, max_results=1)
         logged: Mapping[str, str] = {}
@@ -312,11 +317,11 @@ class MlflowSink(Sink):
             if found[0].info.lifecycle_stage == "deleted":
                 client.restore_run(run_id)
             client.update_run(run_id, status="RUNNING")
-            self._last_step = max(self._last_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
-            log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._last_step)
+            self._logged_step = max(self._logged_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
+            log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
             run_id = client.create_run(experiment_id, tags={RUN_ID_TAG: run.run_id},
-                                       run_name=self.options["run_name"] or run.run_name).info.run_id
+                                       run_name=self.settings["run_name"] or run.run_name).info.run_id
         if found or run.resumed_from_step:
             self._catch_up(run)
         self.run_id = run_id
@@ -347,7 +352,7 @@ class MlflowSink(Sink):
     def _experiment_id(self, client: Any, name: str) -> str:
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
-            location = self.options["artifact_location"]
+            location = self.settings["artifact_location"]
             if not location and self.uri.startswith("sqlite:///"):  # MLflow's default: ./mlruns of the cwd
                 location = os.path.join(os.path.dirname(os.path.abspath(self.uri[len("sqlite:///"):])), "mlartifacts")
             try:
@@ -368,7 +373,7 @@ class MlflowSink(Sink):
             return
         self._caught_up = True
         wal = read_rank_file(path)
-        missed = [r for r in wal.records if self._last_step < r.step <= run.resumed_from_step]
+        missed = [r for r in wal.records if self._logged_step < r.step <= run.resumed_from_step]
         self._pending.extendleft(reversed(missed))
         self._events = {}
         self._add_events(wal.events)  # jsonl is written first: it holds the events handed over so far
@@ -379,8 +384,7 @@ class MlflowSink(Sink):
             detail = mask_secrets(json_safe(dict(ev.detail)))
             text = json.dumps(detail, default=str)
             self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]
-            line = json.dumps({"type": "event", "kind": ev.kind, "step": ev.step, "rank": ev.rank,
-                               "time": ev.time, "detail": detail}, default=str)
+            line = encode_event(Event(ev.kind, ev.step, ev.rank, ev.time, detail)).rstrip("\n")
             if line not in self._events:
                 self._events[line] = None
                 self._events_dirty = True

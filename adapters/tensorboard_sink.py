@@ -44,6 +44,7 @@ Example:
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import math
@@ -58,7 +59,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import MissingDependencyError
 from ..names import GLOBAL_LOSS, LOSS, is_global_metric
 from ..paths import safe_component
-from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink, flatten
+from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
+from ..sinks.options import Option
 from ._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, version_event
 
 log = logging.getLogger("msbridge")
@@ -160,10 +162,6 @@ class _SharedFile(_EventFile):
 class TensorBoardSink(Sink):
     """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
 
-    Args:
-        logdir: the directory to point ``tensorboard --logdir`` at. Default:
-            ``{experiment_dir}/tensorboard``, beside the experiment's run dirs.
-
     Example:
         >>> monitor = BridgeMonitor({"sinks": {"jsonl": {}, "tensorboard": {"logdir": "./tb"}}})
         >>> model.train(1, ds, callbacks=[monitor], dataset_sink_mode=False)
@@ -172,16 +170,19 @@ class TensorBoardSink(Sink):
 
     name = "tensorboard"
     ranks = "all"
+    options = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at; "
+                                           "default {experiment_dir}/tensorboard, beside the run dirs")}
+    extra = "tensorboard"
+    requires = ("tensorboardX",)
 
-    def __init__(self, logdir: Optional[str] = None, **options: Any) -> None:
-        super().__init__(logdir=logdir, **options)
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self._tbx = _import_tensorboardx()
-        self.logdir = logdir
+        self.logdir: Optional[str] = self.settings["logdir"]
         self._local: Optional[_EventFile] = None
         self._global: Optional[_EventFile] = None
         self._routes: Dict[str, Tuple[str, _EventFile]] = {}
         self._shared: Any = None
-        self._last_step = 0
         self._final: Dict[str, float] = {}
         self._best: Dict[str, float] = {}
 
@@ -202,7 +203,6 @@ class TensorBoardSink(Sink):
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
-        self._last_step = run.resumed_from_step
         run_dir = self.run_dir(run)
         if self._shared is not None:
             self._local = _SharedFile(self._tbx, self._shared)
@@ -214,12 +214,10 @@ class TensorBoardSink(Sink):
                 self._global.text("run/README", run.readme, run.resumed_from_step)
         self.flush()
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         assert self._local is not None, "TensorBoardSink.write before open"
         renamed: Dict[str, str] = {}
         for rec in records:
-            if rec.step <= self._last_step:
-                continue  # already written by an earlier process (resume): never a step twice
             step_values: Dict[_EventFile, Dict[str, float]] = {}  # one event per directory and step
             for name, value in rec.values.items():
                 tag, target = self._routes.get(name) or self._route(name, renamed)
@@ -230,7 +228,6 @@ class TensorBoardSink(Sink):
             for target, values in step_values.items():
                 target.scalars(rec.step, rec.time, values)
             self._track(rec)
-            self._last_step = rec.step
         for ev in events:
             detail = json.dumps(dict(ev.detail), default=str, sort_keys=True)
             self._local.text(clean_tag(f"events/{ev.kind}"), f"rank {ev.rank}, step {ev.step}: `{detail}`", ev.step)
@@ -250,13 +247,27 @@ class TensorBoardSink(Sink):
         if self._global is not None:
             self._write_hparams(status)
         for target in self._files():
-            target.text("run/status", status, self._last_step)
+            target.text("run/status", status, self.last_step)
             target.close()
         self._local = self._global = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         logdir = self.run_dir(run) if self._shared is not None else self._logdir(run)
         return {"where": self.run_dir(run), "view": f"tensorboard --logdir {shlex.quote(logdir)} --host 127.0.0.1"}
+
+    def read_back(self, run: RunInfo) -> Series:
+        """Every scalar under the run's directory (its ranks' subdirs too), read with TensorBoard's
+        ``EventAccumulator``."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        out: Series = {}
+        files = glob.glob(os.path.join(self.run_dir(run), "**", "events.out.tfevents.*"), recursive=True)
+        for path in sorted({os.path.dirname(p) for p in files}):
+            acc = EventAccumulator(path, size_guidance={"scalars": 0})
+            acc.Reload()
+            for tag in acc.Tags()["scalars"]:
+                out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+        return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
 
     # -- internals ----------------------------------------------------------------
     def _files(self) -> List[_EventFile]:
@@ -305,8 +316,8 @@ class TensorBoardSink(Sink):
         data.session_end_info.end_time_secs = time.time()
         plugin.content = data.SerializeToString()
         now = time.time()
-        self._global.summary(start, self._last_step, now)
+        self._global.summary(start, self.last_step, now)
         if metrics:
             values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
-            self._global.summary(tbx.Summary(value=values), self._last_step, now)
-        self._global.summary(end, self._last_step, now)
+            self._global.summary(tbx.Summary(value=values), self.last_step, now)
+        self._global.summary(end, self.last_step, now)

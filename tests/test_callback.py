@@ -7,18 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from helpers.runs import monitor
 from mindspore import nn
 from training import OutputRecorder, train_regression
 
 from msbridge import BridgeMonitor, ConfigError, Sink
 from msbridge.sinks.runlog import read_run
-
-
-def monitor(tmp_path, **overrides):
-    cfg = {"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
-           "flush_steps": 5, "sinks": ["jsonl"]}
-    cfg.update(overrides)
-    return BridgeMonitor(cfg, progress=False)
 
 
 @pytest.mark.parametrize("mode,sink_mode", [("graph", False), ("graph", True), ("pynative", False), ("pynative", True)])

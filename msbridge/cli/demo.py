@@ -93,10 +93,10 @@ def build_model(vocab_size: int, hidden_size: int, num_layers: int, num_heads: i
 
 def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The embedded demo config: every sink whose package is installed, output under ``out``."""
-    from ..sinks.registry import BUILTINS, check_available
+    from ..sinks.registry import builtin_names, check_available
 
     sinks = []
-    for name in BUILTINS:
+    for name in builtin_names():
         try:
             check_available(name)
             sinks.append(name)

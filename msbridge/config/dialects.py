@@ -32,11 +32,11 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import did_you_mean
+from ..sinks.registry import builtin_names
 from .fields import FIELDS
 from .keys import Key, show
 
-SINK_NAMES = ("tensorboard", "mlflow", "jsonl", "mindinsight")
-FORMAT_VALUES = ("log",) + SINK_NAMES
+FORMAT_VALUES = ("log",) + builtin_names()
 
 
 Handler = Callable[[Key, Any], None]
@@ -126,7 +126,7 @@ def _format_handler(switch: Optional[str]) -> Handler:
         else:
             key.set((switch,), True)
             done.append(f"{switch}: true")
-        for sink in dict.fromkeys(i for i in items if i in SINK_NAMES):
+        for sink in dict.fromkeys(i for i in items if i != "log"):
             key.set(("sinks", sink), {})
             done.append(f"sinks.{sink}")
         if "log" in items:
@@ -315,7 +315,7 @@ HANDLERS: Dict[str, Handler] = {
     "collect_specified_data": _collect_specified_data,
     "histogram_settings": _histograms,
     # a sink named as a flag: ``mlflow: true`` or ``mlflow: {tracking_uri: ...}``
-    **{name: _sink_flag(name) for name in SINK_NAMES},
+    **{name: _sink_flag(name) for name in builtin_names()},
 }
 
 VOCABULARY = tuple(FIELDS) + tuple(HANDLERS)

@@ -147,7 +147,9 @@ def normalise_sinks(sinks: Any) -> Dict[str, Any]:
 
 
 def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
-    from ..sinks.registry import available, check_available
+    """Names against the registry, each sink's options against the sink's own declaration."""
+    from ..sinks.options import check_options
+    from ..sinks.registry import available, check_available, sink_class
 
     if not isinstance(value, (Mapping, list, tuple, str)) and value is not None:
         return [(("sinks",), f"expected a list of sink names or a mapping name -> options, got {value!r}")]
@@ -158,10 +160,14 @@ def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
         except ConfigError:
             problems.append((("sinks", name), f"unknown sink {name!r}{did_you_mean(name, available())} "
                                               f"(registered sinks: {', '.join(available())})"))
+            continue
         except ImportError as exc:
             problems.append((("sinks", name), str(exc)))
         if not isinstance(options, Mapping):
             problems.append((("sinks", name), f"sink options must be a mapping, got {options!r}"))
+            continue
+        problems.extend((("sinks", name, key), message)
+                        for key, message in check_options(sink_class(name).options, options))
     return problems
 
 

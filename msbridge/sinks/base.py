@@ -2,23 +2,24 @@
 
 Sinks see only floats, strings and plain dicts: never MindSpore tensors. Every
 sink gets the same ``Record`` and ``Event`` objects, so metric names are the same
-in every tracker.
+in every tracker. ``Sink`` says what a sink declares and implements.
 
 Example:
-    >>> class PrintSink(Sink):
-    ...     name = "print"
-    ...     def write(self, records, events):
-    ...         for r in records:
-    ...             print(r.step, r.values)
+    >>> Record(step=3, rank=0, time=1700000000.0, values={"train/loss": 2.5})
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from .options import Option, check_options, with_defaults
 
 SCHEMA_VERSION = 1
+#: ``{metric: [(step, value), ...]}``: what ``Sink.read_back`` returns.
+Series = Dict[str, List[Tuple[int, float]]]
 
 # Final run states, as MLflow names them.
 FINISHED = "FINISHED"
@@ -125,26 +126,64 @@ class RunInfo:
 class Sink:
     """Base class of every sink. The dispatcher calls it from one background thread.
 
+    A sink declares, as class attributes: ``name`` (its registry name), ``options``
+    (``{option: Option(type, default, doc)}``: all that ``sinks.<name>`` may hold,
+    checked by ``load_config`` and again here), ``extra`` and ``requires`` (the
+    ``msbridge[extra]`` that installs the import names it needs), and ``ranks``.
+    It implements ``emit`` and ``read_back``; ``self.settings`` holds its options,
+    defaults filled in.
+
     Lifecycle: ``open(run)`` once, ``write(records, events)`` per batch,
     ``flush()`` whenever everything handed over must be durable, and
     ``close(status)`` once (it flushes first).
 
-    Subclasses set ``name`` and override what they need; ``options`` holds the
-    sink's own section of the config.
+    ``write`` drops the records of steps the sink already holds, then calls
+    ``emit``. ``last_step`` is the highest step handed over; ``open`` sets it to
+    ``run.resumed_from_step`` (a resumed job trains again from its checkpoint),
+    and a sink that can see what it holds raises it in its own ``open``.
+
+    Example:
+        >>> class PrintSink(Sink):
+        ...     name = "print"
+        ...     options = {"prefix": Option(str, "step", "the word before each step number")}
+        ...     def emit(self, records, events):
+        ...         for r in records:
+        ...             print(self.settings["prefix"], r.step, dict(r.values))
     """
 
     name = "sink"
     #: Which ranks run this sink: "all" (local metrics per rank) or "global" (rank 0 only).
     ranks = "all"
+    #: Every option the sink takes; anything else in ``sinks.<name>`` is a config error.
+    options: Mapping[str, Option] = {}
+    #: The ``pip install 'msbridge[extra]'`` that installs ``requires`` ("" if nothing to install).
+    extra = ""
+    #: Import names the sink needs; a missing one is reported at config time, with the extra.
+    requires: Tuple[str, ...] = ()
 
     def __init__(self, **options: Any) -> None:
-        self.options = dict(options)
+        problems = check_options(self.options, options)
+        if problems:
+            raise ConfigError([f"sinks.{self.name}.{key}: {message}" for key, message in problems])
+        self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
+        self.last_step = 0
 
     def open(self, run: RunInfo) -> None:
         self.run = run
+        self.last_step = run.resumed_from_step
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event."""
+        fresh = []
+        for rec in records:
+            if rec.step > self.last_step:
+                fresh.append(rec)
+                self.last_step = rec.step
+        self.emit(fresh, events)
+
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -159,3 +198,9 @@ class Sink:
         Returns ``{"where": path or URI, "view": command to look at it}``; UIs bind to 127.0.0.1.
         """
         return {}
+
+    def read_back(self, run: RunInfo) -> Series:
+        """What this sink stored for ``run``, read with the tracker's own reader (after ``close``):
+        ``{metric: [(step, value), ...]}`` in step order, a step written twice listed twice.
+        The sink contract test compares it with what the sink was handed."""
+        raise NotImplementedError

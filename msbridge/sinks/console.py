@@ -14,6 +14,7 @@ from typing import IO, Any, Optional, Sequence
 
 from ..names import LOSS, SAMPLES_PER_S, STEP_TIME
 from .base import Event, Record, RunInfo, Sink
+from .options import Option
 
 
 def format_eta(seconds: float) -> str:
@@ -28,10 +29,11 @@ class ConsoleSink(Sink):
     """
 
     name = "console"
+    options = {"print_interval": Option(int, 20, "a progress line every N steps", 1)}
 
-    def __init__(self, print_interval: int = 20, stream: Optional[IO[str]] = None, **options: Any) -> None:
-        super().__init__(print_interval=print_interval, **options)
-        self.print_interval = max(1, int(print_interval))
+    def __init__(self, stream: Optional[IO[str]] = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.print_interval: int = self.settings["print_interval"]
         self.stream = stream
         self.total: Optional[int] = None
         self._step_ms: Optional[float] = None  # smoothed, for a steady ETA
@@ -41,6 +43,7 @@ class ConsoleSink(Sink):
         self.total = run.metadata.get("expected_steps")
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        """Every record, a resumed run's steps trained again too: progress, not a store (no resume skip)."""
         out = self.stream or sys.stdout
         for rec in records:
             ms = rec.values.get(STEP_TIME)

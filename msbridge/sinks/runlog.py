@@ -1,6 +1,18 @@
-"""Reading a run's jsonl write-ahead log back: tests, replay, plot and diagnose use it.
+"""A run's jsonl write-ahead log: the line format, encoded and read back here only.
 
-Every complete line is used. A last line cut by a killed process is skipped and
+The jsonl sink writes ``encode_header`` / ``encode_record`` / ``encode_event``
+lines; the MLflow sink's ``events.jsonl`` and the health dumps' ``window.jsonl``
+use the same encoders; tests, replay, plot and diagnose read them back.
+
+Line format (one JSON object a line, no spaces; ``"type"`` first):
+    {"type":"header","schema_version":1,"run_id":...,"run_name":...,"experiment":...,"rank":0,"world_size":1}
+    {"type":"metrics","step":3,"rank":0,"time":...,"values":{"train/loss":null},"nonfinite":["train/loss"]}
+    {"type":"event","kind":"anomaly","step":3,"rank":0,"time":...,"detail":{...}}
+
+A non-finite value is ``null`` and named under ``"nonfinite"`` (absent when
+every value is finite); event details hold NaN as the string ``"nan"``.
+
+When reading, every complete line is used. A last line cut by a killed process is skipped and
 counted in ``RankLog.truncated``; a line from a newer schema is a clear error.
 
 Example:
@@ -12,18 +24,46 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import MsbridgeError
-from .base import SCHEMA_VERSION, Event, Record
+from .base import SCHEMA_VERSION, Event, Record, RunInfo, json_safe
 
 
 def rank_file(run_dir: str, rank: int) -> str:
     """Where rank ``rank`` of a run keeps its write-ahead log."""
     return os.path.join(run_dir, "metrics", f"rank_{rank}.jsonl")
+
+
+def _line(obj: Dict[str, Any]) -> str:
+    return json.dumps(obj, allow_nan=False, default=str, separators=(",", ":")) + "\n"
+
+
+def encode_header(run: RunInfo) -> str:
+    """The first line of a rank's log."""
+    return _line({"type": "header", "schema_version": SCHEMA_VERSION, "run_id": run.run_id,
+                  "run_name": run.run_name, "experiment": run.experiment, "rank": run.rank,
+                  "world_size": run.world_size})
+
+
+def encode_record(rec: Record) -> str:
+    """One metrics line: non-finite values as ``null``, their names under ``"nonfinite"``."""
+    line: Dict[str, Any] = {"type": "metrics", "step": rec.step, "rank": rec.rank, "time": rec.time,
+                            "values": {k: (float(v) if math.isfinite(v) else None) for k, v in rec.values.items()}}
+    bad = rec.nonfinite()
+    if bad:
+        line["nonfinite"] = bad
+    return _line(line)
+
+
+def encode_event(ev: Event) -> str:
+    """One event line; the detail made JSON-safe (NaN -> ``"nan"``, other objects -> ``str``)."""
+    return _line({"type": "event", "kind": ev.kind, "step": ev.step, "rank": ev.rank, "time": ev.time,
+                  "detail": json_safe(dict(ev.detail))})
 
 
 class RunLogError(MsbridgeError):
@@ -138,7 +178,7 @@ def trim_partial_line(path: str) -> bool:
         return True
 
 
-_STEP = re.compile(rb'"type":"metrics","step":(\d+)')
+_STEP = re.compile(rb'"type":"metrics","step":(\d+)')  # as encode_record writes it
 
 
 def last_step(path: str) -> int:

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers.runs import monitor
 from training import OutputRecorder, train_regression
 
-from msbridge import BridgeMonitor
 from msbridge.capture.budget import OverheadBudget
 from msbridge.capture.train_step import TrainStep
 from msbridge.sinks.runlog import read_run
@@ -62,9 +62,7 @@ def test_ranks_that_reduce_together_only_warn():
 
 
 def _monitor(tmp_path, **overrides):
-    cfg = {"output_dir": str(tmp_path / "run"), "flush_steps": 2, "flush_seconds": 1000.0, "sinks": ["jsonl"]}
-    cfg.update(overrides)
-    return BridgeMonitor(cfg, progress=False)
+    return monitor(tmp_path, **{"flush_steps": 2, "flush_seconds": 1000.0, **overrides})
 
 
 @pytest.mark.parametrize("ring", [False, True])

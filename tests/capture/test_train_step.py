@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import mindspore as ms
 import numpy as np
 import pytest
+from helpers.runs import monitor
 from mindspore import Tensor, nn, ops
 from mindspore.train import Callback
 from training import OutputRecorder, regression_data, train_regression
 
-from msbridge import BridgeMonitor, ConfigError
+from msbridge import ConfigError
 from msbridge.capture.host_buffer import StepBuffer
 from msbridge.capture.ring_cell import attach_ring
 from msbridge.capture.ring_reader import RingReader, min_ring_size, ring_size_for
@@ -26,13 +27,6 @@ from msbridge.capture.train_step import TrainStep
 from msbridge.sinks.runlog import read_run
 
 SCHEDULE = (0.01, 0.9, 1)  # ExponentialDecayLR: step s uses 0.01 * 0.9 ** (s - 1)
-
-
-def monitor(tmp_path, **overrides):
-    cfg = {"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
-           "flush_steps": 5, "sinks": ["jsonl"]}
-    cfg.update(overrides)
-    return BridgeMonitor(cfg, progress=False)
 
 
 def ring_step(ring_size=8, **kwargs):

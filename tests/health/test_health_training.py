@@ -20,12 +20,13 @@ import mindspore as ms
 import mindspore.dataset as ds
 import numpy as np
 import pytest
+from helpers import runs
 from mindspore import nn
 from mindspore.train import Callback, Model
 from plateau_oracle import first_plateau
 from training import OutputRecorder
 
-from msbridge import BridgeMonitor, ConfigError
+from msbridge import ConfigError
 from msbridge.capture.train_step import TrainStep
 from msbridge.health.dumps import directory_size
 from msbridge.sinks.runlog import read_run
@@ -63,9 +64,8 @@ def train(callbacks, dataset, lr=0.05, cell="plain"):
 
 
 def monitor(tmp_path, health, sinks=("jsonl",), flush_steps=5, extra=()):
-    cfg = {"experiment": "h", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
-           "flush_steps": flush_steps, "sinks": list(sinks), "health": {**QUIET, **health}}
-    return BridgeMonitor(cfg, sinks=list(extra), progress=False)
+    return runs.monitor(tmp_path, extra, experiment="h", flush_steps=flush_steps, sinks=list(sinks),
+                        health={**QUIET, **health})
 
 
 class Weights(Callback):

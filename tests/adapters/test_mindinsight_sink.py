@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.runs import make_records, make_run
 from mindinsight_server import require_mindinsight, serve
 from mindspore.train.lineage_pb2 import LineageEvent
 from mindspore.train.summary_pb2 import Event as SummaryEvent
@@ -20,32 +21,17 @@ from training import train_regression
 from wire_cases import SCALAR_EVENTS
 
 from msbridge import BridgeMonitor
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event
 from msbridge.sinks.registry import resolve
 from msbridge.sinks.runlog import read_run
 
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 
 
-def make_run(root, name="r1", rank=0, world_size=1, resumed_from_step=0):
-    return RunInfo(run_id="id-" + name, run_name=name, experiment="exp", rank=rank, world_size=world_size,
-                   is_global=rank == 0, run_dir=str(root / "exp" / name), config={"params": PARAMS},
-                   metadata={"batch_size": 8, "parallel_mode": "data_parallel"},
-                   resumed_from_step=resumed_from_step)
-
-
-def records(steps, rank=0, world_size=1, nan_step=None):
-    """Records like Stream makes them: local metrics, plus global ones on rank 0."""
-    rng = np.random.default_rng(rank)
-    out = []
-    for step in steps:
-        loss = math.nan if step == nan_step else float(rng.uniform(1, 3))
-        values = {"train/loss": loss, "train/lr": 1e-3 * step, "perf/samples_per_s": float(rng.uniform(1e2, 1e3))}
-        if rank == 0:
-            values.update({"train/global_loss": float(rng.uniform(1, 3)), "dist/loss_std": math.inf,
-                           **{f"dist/loss/rank_{r}": loss + r for r in range(world_size)}})
-        out.append(Record(step, rank, 1_700_000_000.0 + step, values))
-    return out
+def mi_run(root, **fields):
+    """A run whose params and metadata fill MindInsight's lineage page."""
+    return make_run(root, config={"params": PARAMS}, metadata={"batch_size": 8, "parallel_mode": "data_parallel"},
+                    **fields)
 
 
 # -- MindSpore's own format: its protobuf classes and its record framing -----------------
@@ -134,8 +120,8 @@ def test_crc_check_matches_mindspore_framing(tmp_path):
     assert scalars(one(str(tmp_path / "ms" / "*_MS"))) == {"loss": [(3, 0.5)]}
 
     sink = MindInsightSink(summary_base_dir=str(tmp_path / "mine"))
-    sink.open(make_run(tmp_path))
-    sink.write(records([1, 2]), [])
+    sink.open(mi_run(tmp_path))
+    sink.write(make_records([1, 2]), [])
     sink.close(FINISHED)
     path = one(str(tmp_path / "mine" / "r1_rank_0" / "*_MS"))
     data = bytearray(open(path, "rb").read())
@@ -155,7 +141,7 @@ def test_scalar_event_is_byte_for_byte_mindspore_protobuf(step, wall_time, value
 
 
 def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
-    run = make_run(tmp_path, world_size=2)
+    run = mi_run(tmp_path, world_size=2)
     sink, jsonl = MindInsightSink(), JsonlSink()
     assert resolve("mindinsight") is MindInsightSink
     base = str(tmp_path / "exp" / "summary")
@@ -165,8 +151,8 @@ def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
               Event("checkpoint", 4, 0)]
     for s in (sink, jsonl):
         s.open(run)
-        s.write(records(range(1, 4), world_size=2, nan_step=3), events[:2])
-        s.write(records(range(4, 6), world_size=2), events[2:])
+        s.write(make_records(range(1, 4), world_size=2, nan_step=3), events[:2])
+        s.write(make_records(range(4, 6), world_size=2), events[2:])
         s.close(FAILED)
 
     rank_dir = os.path.join(base, "r1_rank_0")
@@ -175,7 +161,7 @@ def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
     assert set(got) == set(log.metric_names()) | {"events/anomaly", "events/checkpoint"}
     for name in log.metric_names():
         same(got[name], log.series(name))
-    assert math.isnan(dict(got["train/loss"])[3]) and dict(got["dist/loss_std"])[1] == math.inf
+    assert math.isnan(dict(got["train/loss"])[3]) and dict(got["dist/loss_std"])[3] == math.inf
     assert got["events/anomaly"] == [(3, 2.0)] and got["events/checkpoint"] == [(4, 1.0)]
 
     [train, *_] = [LineageEvent.FromString(b) for b in read_framed(one(os.path.join(rank_dir, "*_lineage")))]
@@ -196,8 +182,8 @@ def test_batches_reach_the_file_flush_fsyncs_resume_adds_a_file_and_an_open_sink
 
     before = threads_and_children()
     sink = MindInsightSink(summary_base_dir=str(tmp_path / "s"))
-    sink.open(make_run(tmp_path))
-    sink.write(records(range(1, 6)), [])
+    sink.open(mi_run(tmp_path))
+    sink.write(make_records(range(1, 6)), [])
     first = one(str(tmp_path / "s" / "r1_rank_0" / "*_MS"))
     assert [s for s, _ in scalars(first)["train/loss"]] == [1, 2, 3, 4, 5]  # each batch reaches the file
     cpu = time.process_time()
@@ -213,8 +199,8 @@ def test_batches_reach_the_file_flush_fsyncs_resume_adds_a_file_and_an_open_sink
     sink.close(KILLED)
 
     resumed = MindInsightSink(summary_base_dir=str(tmp_path / "s"))
-    resumed.open(make_run(tmp_path, resumed_from_step=5))  # at once: same second, so a later file name
-    resumed.write(records(range(4, 8)), [])
+    resumed.open(mi_run(tmp_path, resumed_from_step=5))  # at once: same second, so a later file name
+    resumed.write(make_records(range(4, 8)), [])
     resumed.close(FINISHED)
     files = sorted(glob.glob(str(tmp_path / "s" / "r1_rank_0" / "*_MS")))
     assert len(files) == 2 and files[0] == first
@@ -235,11 +221,11 @@ def served(tmp_path_factory):
         written = {}
         for name, world in (("r1", 2), ("r2", 1)):
             for rank in range(world):
-                run = make_run(root, name=name, rank=rank, world_size=world)
+                run = mi_run(root, name=name, rank=rank, world_size=world)
                 for sink in (JsonlSink(), MindInsightSink()):
                     sink.open(run)
-                    sink.write(records(range(1, 13), rank=rank, world_size=world, nan_step=5), [])
-                    sink.write(records(range(13, 21), rank=rank, world_size=world),
+                    sink.write(make_records(range(1, 13), rank=rank, world_size=world, nan_step=5), [])
+                    sink.write(make_records(range(13, 21), rank=rank, world_size=world),
                                [Event("anomaly", 5, rank, time.time(), {"check": "nonfinite_loss"})])
                     sink.close(FINISHED)
                 written[f"./{name}_rank_{rank}"] = (run.run_dir, rank)

@@ -6,38 +6,37 @@ import math
 import os
 
 import pytest
+from helpers.runs import make_records, make_run
 from msbridge.adapters.jsonl_sink import JsonlSink
 
-from msbridge.sinks.base import Event, Record, RunInfo
-from msbridge.sinks.runlog import RunLogError, rank_file, read_rank_file, read_run
-
-
-def run_info(tmp_path, rank=0, world_size=1):
-    return RunInfo(run_id="abc", run_name="r", experiment="e", rank=rank, world_size=world_size,
-                   is_global=rank == 0, run_dir=str(tmp_path / "run"))
+from msbridge.sinks.base import Event, Record
+from msbridge.sinks.runlog import RunLogError, encode_record, rank_file, read_rank_file, read_run
 
 
 def records(first, last, rank=0):
-    return [Record(s, rank, 1000.0 + s, {"train/loss": 1.0 / s, "perf/step_time_ms": 5.0}) for s in range(first, last + 1)]
+    return make_records(range(first, last + 1), rank=rank)
 
 
 def test_schema_header_metrics_events(tmp_path):
+    run, recs = make_run(tmp_path), records(1, 3)
     sink = JsonlSink()
-    sink.open(run_info(tmp_path))
-    sink.write(records(1, 3), [Event("anomaly", 2, 0, 1002.0, {"check": "nonfinite_loss", "value": math.nan})])
+    sink.open(run)
+    sink.write(recs, [Event("anomaly", 2, 0, 1002.0, {"check": "nonfinite_loss", "value": math.nan})])
     sink.close("FINISHED")
-    lines = [json.loads(line) for line in open(rank_file(str(tmp_path / "run"), 0))]
-    assert lines[0] == {"type": "header", "schema_version": 1, "run_id": "abc", "run_name": "r",
-                        "experiment": "e", "rank": 0, "world_size": 1}
-    assert lines[1] == {"type": "metrics", "step": 1, "rank": 0, "time": 1001.0,
-                        "values": {"train/loss": 1.0, "perf/step_time_ms": 5.0}}
+    text = open(rank_file(run.run_dir, 0)).read()
+    assert " " not in text, "compact separators (last_step finds a step by them)"
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert lines[0] == {"type": "header", "schema_version": 1, "run_id": "id-r1", "run_name": "r1",
+                        "experiment": "exp", "rank": 0, "world_size": 1}
+    assert lines[1] == {"type": "metrics", "step": 1, "rank": 0, "time": recs[0].time, "values": dict(recs[0].values)}
     assert lines[4] == {"type": "event", "kind": "anomaly", "step": 2, "rank": 0, "time": 1002.0,
                         "detail": {"check": "nonfinite_loss", "value": "nan"}}
+    assert text.splitlines()[1] + "\n" == encode_record(recs[0]), "the sink writes runlog's encoding"
 
 
 def test_non_finite_is_null_and_listed_and_reads_back_as_nan(tmp_path):
     sink = JsonlSink()
-    sink.open(run_info(tmp_path))
+    sink.open(make_run(tmp_path))
     sink.write([Record(1, 0, 1.0, {"train/loss": math.nan, "train/grad_norm": math.inf, "train/lr": 0.1})], [])
     sink.close()
     line = json.loads(open(sink.path).read().splitlines()[1])
@@ -49,7 +48,7 @@ def test_non_finite_is_null_and_listed_and_reads_back_as_nan(tmp_path):
 
 def test_every_batch_is_on_disk_before_close(tmp_path):
     sink = JsonlSink()
-    sink.open(run_info(tmp_path))
+    sink.open(make_run(tmp_path))
     sink.write(records(1, 5), [])
     # Read through a separate file handle while the sink is still open: the batch is durable.
     assert len(read_rank_file(sink.path).records) == 5
@@ -58,11 +57,11 @@ def test_every_batch_is_on_disk_before_close(tmp_path):
 
 def test_resume_appends_and_never_writes_a_step_twice(tmp_path):
     first = JsonlSink()
-    first.open(run_info(tmp_path))
+    first.open(make_run(tmp_path))
     first.write(records(1, 10), [])
     first.close()
     second = JsonlSink()
-    second.open(run_info(tmp_path))
+    second.open(make_run(tmp_path))
     second.write(records(8, 15), [])  # resumed from a checkpoint at step 7
     second.close()
     log = read_rank_file(first.path)
@@ -72,7 +71,7 @@ def test_resume_appends_and_never_writes_a_step_twice(tmp_path):
 
 def test_a_line_cut_by_a_kill_is_skipped_counted_and_trimmed_on_resume(tmp_path):
     sink = JsonlSink()
-    sink.open(run_info(tmp_path))
+    sink.open(make_run(tmp_path))
     sink.write(records(1, 4), [])
     sink.close()
     with open(sink.path, "a") as fh:
@@ -81,7 +80,7 @@ def test_a_line_cut_by_a_kill_is_skipped_counted_and_trimmed_on_resume(tmp_path)
     assert [r.step for r in log.records] == [1, 2, 3, 4] and log.truncated == 1
 
     resumed = JsonlSink()
-    resumed.open(run_info(tmp_path))
+    resumed.open(make_run(tmp_path))
     resumed.write(records(5, 6), [])
     resumed.close()
     log = read_rank_file(sink.path)
@@ -104,10 +103,10 @@ def test_a_directory_that_is_not_a_run(tmp_path):
 def test_ranks_write_their_own_files(tmp_path):
     for rank in (0, 1):
         sink = JsonlSink()
-        sink.open(run_info(tmp_path, rank=rank, world_size=2))
+        sink.open(make_run(tmp_path, rank=rank, world_size=2))
         sink.write(records(1, 3, rank=rank), [])
         sink.close()
-    run = read_run(str(tmp_path / "run"))
+    run = read_run(make_run(tmp_path).run_dir)
     assert sorted(run.ranks) == [0, 1]
     assert all(r.rank == rank for rank, log in run.ranks.items() for r in log.records)
     assert os.path.basename(run.ranks[1].path) == "rank_1.jsonl"

@@ -15,9 +15,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import yaml
+from helpers.mlflow_reads import artifact_text, assert_same_series, mlflow_series, only_run, steps
+from helpers.runs import make_records, make_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
@@ -27,9 +28,8 @@ from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
 
 from msbridge.errors import ConfigError, MissingDependencyError
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
-from msbridge.sinks.runlog import read_run
 
 SECRET = "hunter2"
 LONG = "long prompt " * 600  # 7200 characters: over MLflow's 6000
@@ -44,14 +44,6 @@ def _http_env(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def shared_sqlite(tmp_path_factory):
-    """One sqlite store for the module: creating its tables takes seconds."""
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow-sqlite')}/mlflow.db"
-    MlflowClient(uri).search_experiments()  # creates the tables
-    return uri
-
-
-@pytest.fixture(scope="module")
 def server(tmp_path_factory, shared_sqlite):
     with MlflowServer(tmp_path_factory.mktemp("mlflow-server"), seed=shared_sqlite[len("sqlite:///"):]) as srv:
         yield srv
@@ -62,29 +54,18 @@ def uri(request, shared_sqlite):
     return shared_sqlite if request.param == "sqlite" else request.getfixturevalue("server").uri
 
 
-def make_run(tmp_path, run_id=None, params=None, flush_steps=50, **config):
-    """A RunInfo whose config and metadata carry a secret, as an unmasked config would."""
-    experiment = f"exp-{uuid.uuid4().hex[:8]}"  # the module shares stores: one experiment per test
+def mlflow_run(tmp_path, run_id=None, params=None, flush_steps=50, **config):
+    """A run in an experiment of its own (the module shares stores) whose config and metadata carry a secret,
+    as an unmasked config would."""
+    experiment = f"exp-{uuid.uuid4().hex[:8]}"
     config = {"experiment": experiment, "flush_steps": flush_steps, "params": params or {},
               "sinks": {"jsonl": {}, "mlflow": {"tracking_uri": f"http://bob:{SECRET}@tracker:5000"}},
               "tags": {"team": "nlp", "api_token": SECRET}, **config}
     metadata = {"command": f"train.py --tracker http://bob:{SECRET}@tracker:5000", "host": "node-7",
                 "world_size": 1, "git": {"commit": "0123abcd", "dirty": False},
                 "versions": {"msbridge": "0.1.0", "mindspore": "2.9.0", "mindformers": None, "python": "3.11.9"}}
-    return RunInfo(run_id=run_id or uuid.uuid4().hex, run_name="r1", experiment=experiment, rank=0, world_size=1,
-                   is_global=True, run_dir=str(tmp_path / experiment / "r1"), config=config, metadata=metadata,
-                   readme=README)
-
-
-def records(first, last, seed=0):
-    """Records like Stream makes them on rank 0 of a single-process job."""
-    noise = np.random.default_rng(seed).random((last - first + 1, 2)).tolist()
-    return [Record(step, 0, 1.7e9 + step * 0.05, {
-        "train/loss": (loss := 3.0 / step + u * 0.01), "train/global_loss": loss, "train/loss_ema": loss * 1.01,
-        "train/grad_norm": grad, "train/lr": 1e-3, "train/loss_scale": 1.0, "train/overflow": 0.0, "train/epoch": 1.0,
-        "perf/step_time_ms": 12.5 + step % 3, "perf/samples_per_s": 640.0, "perf/monitor_overhead": 0.001,
-        "dist/loss/rank_0": loss, "perf/tokens_per_s": 20480.0})
-        for step, (u, grad) in zip(range(first, last + 1), noise)]
+    return make_run(tmp_path, experiment=experiment, run_id=run_id or uuid.uuid4().hex, config=config,
+                    metadata=metadata, readme=README)
 
 
 def open_pair(run, **options):
@@ -104,33 +85,6 @@ def close(sinks, status=FINISHED):
         sink.close(status)
 
 
-def steps(client, run_id, key="train/loss"):
-    return [step for step, _ in mlflow_series(client, run_id, key)]
-
-
-def nan_safe(series):
-    return [(step, "nan" if math.isnan(v) else v) for step, v in series]
-
-
-def mlflow_series(client, run_id, key):
-    return nan_safe(sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)))
-
-
-def assert_same_series(client, run_id, run_dir):
-    """Every metric of the jsonl log has, in MLflow, exactly the same steps and values."""
-    log = read_run(run_dir).ranks[0]
-    names = log.metric_names()
-    assert names and set(client.get_run(run_id).data.metrics) == set(names)
-    for name in names:
-        assert mlflow_series(client, run_id, name) == nan_safe(log.series(name)), name
-
-
-def only_run(client, experiment):
-    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], run_view_type=ViewType.ALL)
-    assert len(runs) == 1, f"expected exactly one MLflow run, found {len(runs)}"
-    return runs[0]
-
-
 def timed(call, *args, limit=3.0):
     """``call(*args)``, asserting it returns within ``limit`` seconds."""
     start = time.monotonic()
@@ -138,22 +92,17 @@ def timed(call, *args, limit=3.0):
     assert time.monotonic() - start < limit, f"{call.__name__} blocked for {time.monotonic() - start:.1f} s"
 
 
-def artifact_text(client, run_id, path, tmp_path):
-    with open(client.download_artifacts(run_id, path, str(tmp_path / uuid.uuid4().hex)), encoding="utf-8") as fh:
-        return fh.read()
-
-
 def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     params = {"optimizer": {"learning_rate": 3e-4, "betas": [0.9, 0.95], "api_key": SECRET},
               "model": {f"layer_{i}": {"hidden": 64 + i} for i in range(150)}, "data": {"prompt": LONG}}
-    run = make_run(tmp_path, params=params, sweep_id="sweep-7")
+    run = mlflow_run(tmp_path, params=params, sweep_id="sweep-7")
     calls = []
     original = ClientProcess._call
     monkeypatch.setattr(ClientProcess, "_call",  # the real call to MLflow's client process, counted
                         lambda self, name, args, kwargs: (name == "log_batch" and calls.append(
                             len(kwargs.get("metrics", ())))) or original(self, name, args, kwargs))
     jsonl, sink = open_pair(run, tracking_uri=uri)
-    recs = records(1, 300)
+    recs = make_records(range(1, 301))
     recs[6] = Record(7, 0, recs[6].time, dict(recs[6].values, **{"train/loss": math.nan}))
     recs[7] = Record(8, 0, recs[7].time, dict(recs[7].values, **{"train/grad_norm": math.inf}))
     events = {0: [Event("anomaly", 7, 0, 1.7e9, {"check": "nonfinite_loss", "value": math.nan})],
@@ -171,7 +120,8 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     assert mlflow_series(client, run_id, "train/loss")[6] == (7, "nan")
     assert mlflow_series(client, run_id, "train/grad_norm")[7] == (8, "nan")
     metric_calls = [n for n in calls if n]
-    assert sum(metric_calls) == 300 * 13 and max(metric_calls) <= 1000 and len(metric_calls) == 6
+    assert sum(metric_calls) == 300 * len(recs[0].values) == 300 * 14
+    assert max(metric_calls) <= 1000 and len(metric_calls) == 6  # 2 calls a batch of 100 records
     # params: >100 of them (MLflow takes 100 a call), dot keys, msbridge's own settings, a hashed long value
     logged = mlrun.data.params
     assert logged["optimizer.learning_rate"] == "0.0003" and logged["optimizer.betas"] == "[0.9, 0.95]"
@@ -204,9 +154,9 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("status", [FAILED, KILLED])
 def test_final_status(uri, tmp_path, status):
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     jsonl, sink = open_pair(run, tracking_uri=uri)
-    write([jsonl, sink], records(1, 5))
+    write([jsonl, sink], make_records(range(1, 6)))
     close([jsonl, sink], status)
     client = MlflowClient(uri)
     mlrun = only_run(client, run.experiment)
@@ -215,15 +165,15 @@ def test_final_status(uri, tmp_path, status):
 
 
 def test_resume_reattaches_and_never_logs_a_step_twice(uri, tmp_path, caplog):
-    run = make_run(tmp_path, flush_steps=50)
+    run = mlflow_run(tmp_path, flush_steps=50)
     jsonl, sink = open_pair(run, tracking_uri=uri)
-    write([jsonl, sink], records(1, 60, seed=1), [Event("anomaly", 30, 0, 1.0, {"check": "spike"})])
+    write([jsonl, sink], make_records(range(1, 61), seed=1), [Event("anomaly", 30, 0, 1.0, {"check": "spike"})])
     # The process dies here: no close. The job resumes from its step-40 checkpoint with a new flush_steps
     # and hands steps 41-60 over again (resumed_from_step stays 0): the sink's own last-step tag must hold.
     resumed = replace(run, config={**run.config, "flush_steps": 25})
     jsonl, sink = open_pair(resumed, tracking_uri=uri)
     with caplog.at_level(logging.WARNING, logger="msbridge"):
-        write([jsonl, sink], records(41, 100, seed=2), [Event("anomaly", 90, 0, 2.0, {"check": "spike"})])
+        write([jsonl, sink], make_records(range(41, 101), seed=2), [Event("anomaly", 90, 0, 2.0, {"check": "spike"})])
     close([jsonl, sink])
 
     client = MlflowClient(uri)
@@ -231,7 +181,7 @@ def test_resume_reattaches_and_never_logs_a_step_twice(uri, tmp_path, caplog):
     assert mlrun.info.status == FINISHED and mlrun.data.tags["msbridge.last_step"] == "100"
     for name in ("train/loss", "perf/step_time_ms"):
         assert steps(client, mlrun.info.run_id, name) == list(range(1, 101)), name  # each step once
-    first = dict((r.step, r.values["train/loss"]) for r in records(1, 60, seed=1))
+    first = dict((r.step, r.values["train/loss"]) for r in make_records(range(1, 61), seed=1))
     assert dict(mlflow_series(client, mlrun.info.run_id, "train/loss"))[50] == first[50]  # the first attempt's
     assert_same_series(client, mlrun.info.run_id, run.run_dir)
     assert mlrun.data.params["msbridge.flush_steps"] == "50"  # MLflow keeps a param's first value ...
@@ -242,12 +192,13 @@ def test_resume_reattaches_and_never_logs_a_step_twice(uri, tmp_path, caplog):
 
 def test_resume_catches_up_from_the_jsonl_log(uri, tmp_path):
     """MLflow lagged when the job died (its backlog was in memory): resuming fills the gap from jsonl."""
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     jsonl, sink = open_pair(run, tracking_uri=uri)
-    write([jsonl, sink], records(1, 40, seed=1))
-    jsonl.write(records(41, 60, seed=1), [Event("anomaly", 50, 0, 5.0, {"check": "spike"})])  # never reached MLflow
+    write([jsonl, sink], make_records(range(1, 41), seed=1))
+    never_in_mlflow = make_records(range(41, 61), seed=1)
+    jsonl.write(never_in_mlflow, [Event("anomaly", 50, 0, 5.0, {"check": "spike"})])
     jsonl, sink = open_pair(replace(run, resumed_from_step=60), tracking_uri=uri)
-    write([jsonl, sink], records(55, 100, seed=2))  # the callback would skip 55-60; the sink must too
+    write([jsonl, sink], make_records(range(55, 101), seed=2))  # the callback would skip 55-60; the sink must too
     close([jsonl, sink])
     client = MlflowClient(uri)
     mlrun = only_run(client, run.experiment)
@@ -262,13 +213,13 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every request is refused, for real
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's own setting
     sink = MlflowSink(tracking_uri=uri, max_pending=30, close_timeout=1.0, backoff_initial=0.1)
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     sink.open(run)
     # MLflow's HTTP limits go to its client process; the user's own setting (inherited) wins
     assert sink._client._env == {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     with caplog.at_level(logging.WARNING, logger="msbridge"):
         for start in range(1, 100, 10):
-            sink.write(records(start, start + 9), [])
+            sink.write(make_records(range(start, start + 10)), [])
         timed(sink.close, limit=5.0)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in m for m in messages) == 1
@@ -288,9 +239,9 @@ def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):
     def unreachable_warnings():
         return [r for r in caplog.records if r.levelno == logging.WARNING and "unreachable" in r.getMessage()]
 
-    run_a, run_b = make_run(tmp_path), make_run(tmp_path)
+    run_a, run_b = mlflow_run(tmp_path), mlflow_run(tmp_path)
     jsonl_a, sink_a = open_pair(run_a, **options)
-    write([jsonl_a, sink_a], records(1, 40))
+    write([jsonl_a, sink_a], make_records(range(1, 41)))
     client = MlflowClient(server.uri)
     assert len(client.get_metric_history(sink_a.run_id, "train/loss")) == 40
     server.kill()
@@ -298,15 +249,15 @@ def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):
         jsonl_b, sink_b = open_pair(run_b, **options)
         for start in (41, 61, 81):
             for jsonl, sink in ((jsonl_a, sink_a), (jsonl_b, sink_b)):
-                jsonl.write(records(start, start + 19), [])
-                timed(sink.write, records(start, start + 19), [])
+                jsonl.write(make_records(range(start, start + 20)), [])
+                timed(sink.write, make_records(range(start, start + 20)), [])
                 timed(sink.flush)
             time.sleep(0.3)  # long enough for the backoff to allow more attempts
         assert len(unreachable_warnings()) == 2  # one per sink, not one per failed attempt
     finally:
         server.start()
     for pair in ((jsonl_a, sink_a), (jsonl_b, sink_b)):
-        write(pair, records(101, 120))
+        write(pair, make_records(range(101, 121)))
         close(pair)
 
     for run, first in ((run_a, 1), (run_b, 41)):
@@ -319,7 +270,7 @@ def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):
 
 
 def test_names_mlflow_rejects_are_cleaned_with_one_warning(shared_sqlite, tmp_path, caplog):
-    run = make_run(tmp_path, params={"lr@warmup": 1, "lr_warmup": 2, "k" * 300: 3, "../up": 4, "学习率": 5})
+    run = mlflow_run(tmp_path, params={"lr@warmup": 1, "lr_warmup": 2, "k" * 300: 3, "../up": 4, "学习率": 5})
     sink = MlflowSink(tracking_uri=shared_sqlite)
     sink.open(run)
     with caplog.at_level(logging.WARNING, logger="msbridge"):
@@ -350,7 +301,7 @@ def test_clean_key_is_always_valid(key):
 
 
 def test_one_record_over_a_batch_is_split(shared_sqlite, tmp_path):
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     sink = MlflowSink(tracking_uri=shared_sqlite)
     sink.open(run)
     wide = {f"dist/loss/rank_{r}": float(r) for r in range(2500)}
@@ -363,7 +314,7 @@ def test_one_record_over_a_batch_is_split(shared_sqlite, tmp_path):
 def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_niced_child(shared_sqlite, tmp_path):
     """Through the dispatcher, the MLflow run exists before any window; MLflow's client is a child process
     at nice 19 (its own GIL), started again if it dies, and ended by close; no step is lost."""
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     sink = MlflowSink(tracking_uri=shared_sqlite)
     dispatcher = Dispatcher([JsonlSink(), sink], run)
     client = MlflowClient(shared_sqlite)
@@ -372,13 +323,13 @@ def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_niced_child(shared_sql
                                  f"tags.`msbridge.run_id` = '{run.run_id}'"):
         assert time.monotonic() < deadline, "the MLflow run was not created at start"
         time.sleep(0.1)
-    dispatcher.submit(records(1, 20))
+    dispatcher.submit(make_records(range(1, 21)))
     assert dispatcher.flush(timeout=60)
     first = sink._client._proc
     assert first.pid != os.getpid() and os.getpriority(os.PRIO_PROCESS, first.pid) == NICE
     first.kill()
     first.wait()
-    dispatcher.submit(records(21, 40))
+    dispatcher.submit(make_records(range(21, 41)))
     assert dispatcher.flush(timeout=60)
     second = sink._client._proc
     assert second.pid != first.pid and os.getpriority(os.PRIO_PROCESS, second.pid) == NICE
@@ -390,7 +341,7 @@ def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_niced_child(shared_sql
 
 
 def test_describe_masks_the_uri(tmp_path):
-    run = make_run(tmp_path)
+    run = mlflow_run(tmp_path)
     local = MlflowSink().describe(run)
     db = f"sqlite:///{tmp_path / run.experiment}/mlflow.db"
     assert local == {"where": f"{db} (experiment {run.experiment!r})",
@@ -403,12 +354,12 @@ def test_describe_masks_the_uri(tmp_path):
 def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="trackign_uri: unknown option; did you mean 'tracking_uri'"):
         MlflowSink(trackign_uri="sqlite:///x.db")
-    with pytest.raises(ConfigError, match="http_timeout: expected a number >= 0"):
+    with pytest.raises(ConfigError, match="http_timeout: expected null or a number >= 0"):
         MlflowSink(http_timeout="fast")
     sink = MlflowSink(tracking_uri=str(tmp_path / "mlruns"))  # MLflow 3 refuses its file store
-    sink.open(make_run(tmp_path))
+    sink.open(mlflow_run(tmp_path))
     with pytest.raises(MlflowException, match="MLFLOW_ALLOW_FILE_STORE"):
-        sink.write(records(1, 2), [])
+        sink.write(make_records(range(1, 3)), [])
     # A fake for a fault we cannot cause for real here: mlflow is installed in this venv.
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'msbridge\[mlflow\]'"):
@@ -429,72 +380,3 @@ def test_bridge_monitor_training_matches_jsonl(tmp_path):
     assert len(client.get_metric_history(mlrun.info.run_id, "train/loss")) == 48
     assert_same_series(client, mlrun.info.run_id, monitor.run_dir)
     assert os.path.isdir(tmp_path / "t" / "mlartifacts")  # artifacts beside the store, not in the cwd
-
-
-# Metric rows a sqlite store gets from sqlite itself (_mlflow_sqlite), with MLflow's own store as the oracle.
-EDGE_BATCHES = [
-    [("a", 1.0, 1000, 1), ("a", 2.0, 1000, 2), ("b", math.nan, 1000, 1), ("b", math.inf, 1001, 2),
-     ("c", -math.inf, 1000, 1), ("a", 2.0, 1000, 2), ("b", math.nan, 1000, 1),  # exact repeats
-     ("a", 5.0, 1000, 2), ("a", 4.0, 1000, 2)],  # one step, three values: the greatest is latest
-    [("a", 0.5, 900, 1), ("c", 7.0, 1000, 3), ("b", 3.0, 1001, 2)],  # older steps never become latest
-    [("a", 1.0, 1000, 1), ("d", math.nan, 2000, 9)],  # a row already there, resent
-]
-
-
-def _history(client, run_id):
-    """Each metric's rows (as MLflow reads them back) and its latest value."""
-    run = client.get_run(run_id)
-    rows = {key: sorted((m.step, m.timestamp, "nan" if math.isnan(m.value) else m.value)
-                        for m in client.get_metric_history(run_id, key)) for key in run.data.metrics}
-    return rows, {k: "nan" if math.isnan(v) else v for k, v in run.data.metrics.items()}
-
-
-def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
-    from mlflow.entities import Metric, RunTag
-    from msbridge.adapters._mlflow_sqlite import rows_for
-
-    client = MlflowClient(shared_sqlite)
-    experiment = client.create_experiment(f"rows-{uuid.uuid4().hex[:8]}")
-    by_mlflow, by_sqlite = (client.create_run(experiment).info.run_id for _ in range(2))
-    rows = rows_for(shared_sqlite)
-    assert rows is not None
-    for i, batch in enumerate(EDGE_BATCHES):
-        tags = [("msbridge.last_step", str(i))]
-        client.log_batch(by_mlflow, metrics=[Metric(*m) for m in batch], tags=[RunTag(*t) for t in tags])
-        assert rows.log(by_sqlite, batch, tags)
-    expected = _history(client, by_mlflow)
-    assert expected[1] == {"a": 5.0, "b": 1.7976931348623157e308, "c": 7.0, "d": "nan"}  # the oracle is not empty
-    assert _history(client, by_sqlite) == expected
-    assert client.get_run(by_sqlite).data.tags["msbridge.last_step"] == "2"
-    assert rows.log(by_sqlite, [("a", 9.0, 3000, 10)], [("mlflow.runName", "x")]) is False  # MLflow acts on it
-    client.delete_run(by_sqlite)
-    assert rows.log(by_sqlite, [("a", 9.0, 3000, 10)]) is False  # not active: left to MLflow's client to refuse
-    assert rows.log(uuid.uuid4().hex, [("a", 9.0, 3000, 10)]) is False
-    assert _history(client, by_sqlite) == expected
-    rows.close()
-
-
-def test_sqlite_metric_rows_only_where_the_schema_is_known(tmp_path, shared_sqlite):
-    import sqlite3
-
-    from msbridge.adapters._mlflow_process import _Tracker
-    from msbridge.adapters._mlflow_sqlite import rows_for
-
-    other = tmp_path / "other.db"
-    with sqlite3.connect(other) as db:  # a metrics table with a column MLflow 3 does not have
-        db.execute("CREATE TABLE metrics (key, value, timestamp, run_uuid, step, is_nan, dataset)")
-        db.execute("CREATE TABLE latest_metrics (key, value, timestamp, run_uuid, step, is_nan)")
-        db.execute("CREATE TABLE tags (key, value, run_uuid)")
-    assert rows_for(f"sqlite:///{other}") is None
-    missing = tmp_path / "not yet.db"
-    for uri in ("sqlite:///:memory:", f"sqlite:///{other}?timeout=5", "http://127.0.0.1:5000", str(tmp_path),
-                f"sqlite:///{missing}"):
-        assert rows_for(uri) is None, uri
-    assert not missing.exists()  # MLflow makes its store; this never makes an empty one
-    tracker = _Tracker(shared_sqlite)  # the child's side, in this process: its log_batch takes the sqlite path
-    client = MlflowClient(shared_sqlite)
-    run_id = client.create_run(client.create_experiment(f"rows-{uuid.uuid4().hex[:8]}")).info.run_id
-    tracker.call("log_batch", (run_id,), {"metrics": [("loss", 2.0, 1000, 1)], "tags": [("k", "v")]})
-    assert tracker._rows is not None
-    assert client.get_run(run_id).data.metrics == {"loss": 2.0} and client.get_run(run_id).data.tags["k"] == "v"
-    tracker.close()

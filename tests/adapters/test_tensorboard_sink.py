@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers.runs import make_records, make_run
 from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
@@ -22,7 +23,7 @@ from wire_cases import SCALAR_EVENTS
 
 from msbridge.errors import MissingDependencyError
 from msbridge.names import is_global_metric
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.runlog import read_run
 
@@ -30,11 +31,10 @@ README = "# run r1\n\nA *tiny* run."
 PARAMS = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.95]}, "model": {"hidden": 4, "act": "gelu"}}
 
 
-def make_run(tmp_path, rank=0, world_size=1, name="r1", resumed_from_step=0, params=PARAMS):
-    return RunInfo(run_id="id-" + name, run_name=name, experiment="exp", rank=rank, world_size=world_size,
-                   is_global=rank == 0, run_dir=str(tmp_path / "exp" / name),
-                   config={"params": params, "experiment": "exp", "flush_steps": 5, "step_interval": 1},
-                   metadata={"batch_size": 8}, readme=README, resumed_from_step=resumed_from_step)
+def tb_run(tmp_path, params=PARAMS, **fields):
+    """A run whose config and metadata the HPARAMS tab shows."""
+    return make_run(tmp_path, config={"params": params, "experiment": "exp", "flush_steps": 5, "step_interval": 1},
+                    metadata={"batch_size": 8}, readme=README, **fields)
 
 
 def tb_root(tmp_path, name="r1"):
@@ -55,20 +55,6 @@ def texts(ea, tag):
     return [(e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors(tag)]
 
 
-def records(steps, rank=0, world_size=2, seed=0):
-    """Records like Stream makes them: local metrics, plus global ones on rank 0."""
-    rng = np.random.default_rng(seed + rank)
-    out = []
-    for step in steps:
-        loss = float(rng.uniform(1, 3))
-        values = {"train/loss": loss, "train/lr": 1e-3 * step, "perf/samples_per_s": float(rng.uniform(100, 900))}
-        if rank == 0:
-            values.update({"train/global_loss": loss + 0.1, "dist/loss_std": 0.05,
-                           **{f"dist/loss/rank_{r}": loss + r for r in range(world_size)}})
-        out.append(Record(step, rank, 1_700_000_000.0 + step, values))
-    return out
-
-
 def same_series(tb, jsonl):
     """TensorBoard stores float32; jsonl keeps float64 and reads any non-finite value back as NaN."""
     assert [s for s, _ in tb] == [s for s, _ in jsonl]
@@ -80,9 +66,9 @@ def same_series(tb, jsonl):
 
 
 def test_series_equal_the_jsonl_log_and_split_global_from_rank(tmp_path):
-    run = make_run(tmp_path, world_size=2)
+    run = tb_run(tmp_path, world_size=2)
     jsonl, tb = JsonlSink(), TensorBoardSink()
-    batch1, batch2 = records(range(1, 8)), records(range(8, 13))
+    batch1, batch2 = make_records(range(1, 8), world_size=2), make_records(range(8, 13), world_size=2)
     for sink in (jsonl, tb):
         sink.open(run)
         sink.write(batch1, [])
@@ -105,8 +91,8 @@ def test_ranks_side_by_side_and_only_the_global_rank_writes_the_run_dir(tmp_path
     logdir = str(tmp_path / "tb")
     for rank in (1, 0):
         sink = TensorBoardSink(logdir=logdir)
-        sink.open(make_run(tmp_path, rank=rank, world_size=2))
-        sink.write(records(range(1, 6), rank=rank), [])
+        sink.open(tb_run(tmp_path, rank=rank, world_size=2))
+        sink.write(make_records(range(1, 6), rank=rank, world_size=2), [])
         sink.close(FINISHED)
         if rank == 1:  # only the global rank writes the run's global dir
             assert glob.glob(os.path.join(logdir, "r1", "events.*")) == []
@@ -116,15 +102,16 @@ def test_ranks_side_by_side_and_only_the_global_rank_writes_the_run_dir(tmp_path
     mux.Reload()
     assert sorted(mux.Runs()) == ["r1", "r1/rank_0", "r1/rank_1"]
     rank1 = load(os.path.join(logdir, "r1", "rank_1"))
-    assert [v for _, v in series(rank1, "train/loss")] == \
-        [np.float32(r.values["train/loss"]) for r in records(range(1, 6), rank=1)]
-    assert sorted(rank1.Tags()["scalars"]) == ["perf/samples_per_s", "train/loss", "train/lr"]
+    rank1_records = make_records(range(1, 6), rank=1, world_size=2)
+    assert [v for _, v in series(rank1, "train/loss")] == [np.float32(r.values["train/loss"]) for r in rank1_records]
+    assert sorted(rank1.Tags()["scalars"]) == sorted(rank1_records[0].values)  # its own metrics, no global one
+    assert not [n for n in rank1_records[0].values if is_global_metric(n)] and len(rank1_records[0].values) == 11
     with pytest.raises(KeyError):  # hparams are the global rank's job
         rank1.PluginTagToContent("hparams")
 
 
 def test_hparams_readme_events_and_status_in_the_run_dir(tmp_path):
-    run = make_run(tmp_path)
+    run = tb_run(tmp_path)
     sink = TensorBoardSink()
     sink.open(run)
     recs = [Record(s, 0, time.time(), {"train/loss": l, "train/global_loss": g})
@@ -159,7 +146,7 @@ def test_hparams_readme_events_and_status_in_the_run_dir(tmp_path):
 @pytest.mark.parametrize("status", [FAILED, KILLED])
 def test_a_failed_run_is_a_failed_hparams_session(tmp_path, status):
     sink = TensorBoardSink()
-    sink.open(make_run(tmp_path))
+    sink.open(tb_run(tmp_path))
     sink.write([Record(1, 0, time.time(), {"train/loss": math.nan})], [])
     sink.close(status)
     ea = load(tb_root(tmp_path))
@@ -181,7 +168,7 @@ def test_the_hparams_tab_compares_a_sweep(tmp_path):
     for i, lr in enumerate([0.1, 0.01]):
         params = {"optimizer": {"lr": lr}, **({"extra": "b-only"} if i else {})}
         sink = TensorBoardSink()
-        sink.open(make_run(tmp_path, name=f"lr{lr}", params=params))
+        sink.open(tb_run(tmp_path, name=f"lr{lr}", params=params))
         sink.write([Record(s, 0, time.time(), {"train/loss": lr * 10 / s}) for s in (1, 2, 3)], [])
         sink.close(FINISHED)
 
@@ -209,7 +196,7 @@ def test_the_hparams_tab_compares_a_sweep(tmp_path):
 
 def test_nonfinite_values_are_stored_as_they_are(tmp_path):
     sink = TensorBoardSink()
-    sink.open(make_run(tmp_path))
+    sink.open(tb_run(tmp_path))
     values = [2.0, math.nan, math.inf, -math.inf, 1e39, 1.0]  # 1e39: beyond float32
     sink.write([Record(s + 1, 0, time.time(), {"train/loss": v}) for s, v in enumerate(values)], [])
     sink.close(FINISHED)
@@ -238,7 +225,7 @@ def test_every_step_and_value_reads_back_exactly_with_wall_times(tmp_path):
     recs = [Record(s, 0, 1_700_000_000.25 + s, {"train/loss": v, "perf/samples_per_s": float(s)})
             for s, v in zip(range(10, 10 + 3 * len(values), 3), values)]
     sink = TensorBoardSink()
-    sink.open(make_run(tmp_path))
+    sink.open(tb_run(tmp_path))
     sink.write(recs[:4], [])
     sink.write(recs[4:], [])
     sink.flush()  # readable before close
@@ -255,7 +242,7 @@ def test_every_step_and_value_reads_back_exactly_with_wall_times(tmp_path):
 def test_invalid_names_are_cleaned_with_one_warning(tmp_path, caplog):
     names = ["train/loss", "eval/acc (top-1)", "/perf/x", "a b", "a_b"]
     sink = TensorBoardSink()
-    sink.open(make_run(tmp_path))
+    sink.open(tb_run(tmp_path))
     with caplog.at_level(logging.WARNING, logger="msbridge"):
         sink.write([Record(s, 0, time.time(), {n: float(i + s) for i, n in enumerate(names)}) for s in (1, 2)], [])
         sink.write([Record(3, 0, time.time(), {n: float(i + 3) for i, n in enumerate(names)})], [])
@@ -280,27 +267,27 @@ def test_params_as_hparams():
 
 def test_resume_adds_a_file_and_never_writes_a_step_twice(tmp_path):
     first = TensorBoardSink()
-    first.open(make_run(tmp_path))
-    first.write(records(range(1, 6), world_size=1), [])
+    first.open(tb_run(tmp_path))
+    first.write(make_records(range(1, 6), world_size=1), [])
     first.close(KILLED)
     again = TensorBoardSink()
-    again.open(make_run(tmp_path, resumed_from_step=5))
-    again.write(records(range(3, 9), world_size=1, seed=1), [])  # restarted from a checkpoint at step 2
+    again.open(tb_run(tmp_path, resumed_from_step=5))
+    again.write(make_records(range(3, 9), world_size=1, seed=1), [])  # restarted from a checkpoint at step 2
     again.close(FINISHED)
 
     rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
     assert len(glob.glob(os.path.join(rank_dir, "events.out.tfevents.*"))) == 2
     got = series(load(rank_dir), "train/loss")
     assert [s for s, _ in got] == list(range(1, 9))
-    expected = [r.values["train/loss"] for r in records(range(1, 6), world_size=1)]
-    expected += [r.values["train/loss"] for r in records(range(3, 9), world_size=1, seed=1)][3:]
+    expected = [r.values["train/loss"] for r in make_records(range(1, 6), world_size=1)]
+    expected += [r.values["train/loss"] for r in make_records(range(3, 9), world_size=1, seed=1)][3:]
     assert [v for _, v in got] == [np.float32(v) for v in expected]
 
 
 def test_everything_written_is_readable_before_close(tmp_path):
     sink = TensorBoardSink()
-    sink.open(make_run(tmp_path))
-    sink.write(records(range(1, 1001), world_size=1), [])
+    sink.open(tb_run(tmp_path))
+    sink.write(make_records(range(1, 1001), world_size=1), [])
     sink.flush()
     assert len(series(load(os.path.join(tb_root(tmp_path), "rank_0")), "train/loss")) == 1000
     assert texts(load(tb_root(tmp_path)), "run/README") == [(0, README)]
@@ -308,10 +295,10 @@ def test_everything_written_is_readable_before_close(tmp_path):
 
 
 def test_through_the_dispatcher_beside_jsonl(tmp_path):
-    run = make_run(tmp_path)
+    run = tb_run(tmp_path)
     dispatcher = Dispatcher([JsonlSink(), TensorBoardSink()], run)
     for start in range(1, 31, 10):
-        dispatcher.submit(records(range(start, start + 10), world_size=1), [])
+        dispatcher.submit(make_records(range(start, start + 10), world_size=1), [])
     dispatcher.submit([], [Event("checkpoint", 30, 0, time.time(), {"path": "ckpt-30"})])
     assert dispatcher.flush(timeout=30)
     rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
@@ -327,14 +314,14 @@ def test_through_the_dispatcher_beside_jsonl(tmp_path):
 
 
 def test_describe_and_no_writer_thread(tmp_path):
-    run = make_run(tmp_path)
+    run = tb_run(tmp_path)
     sink = TensorBoardSink()
     logdir = str(tmp_path / "exp" / "tensorboard")
     assert sink.describe(run) == {"where": os.path.join(logdir, "r1"),
                                   "view": f"tensorboard --logdir {logdir} --host 127.0.0.1"}
     before = threading.active_count()
     sink.open(run)
-    sink.write(records(range(1, 11), world_size=1), [])
+    sink.write(make_records(range(1, 11), world_size=1), [])
     assert threading.active_count() == before  # synchronous: no writer thread to keep busy
     sink.close(FINISHED)
     assert sink.describe(run)["where"] == os.path.dirname(glob.glob(os.path.join(logdir, "r1", "events.*"))[0])
@@ -378,12 +365,12 @@ def test_a_shared_writer_gets_every_series_and_stays_open(tmp_path):
 
     writer = SummaryWriter(str(tmp_path / "theirs" / "rank_0"))  # as mindformers opens one per rank
     writer.add_scalar("loss", 1.5, 1)  # their own series, beside ours
-    run = make_run(tmp_path, world_size=2)
+    run = tb_run(tmp_path, world_size=2)
     jsonl, tb = JsonlSink(), TensorBoardSink()
     tb.share_writer(writer)
     for sink in (jsonl, tb):
         sink.open(run)
-        sink.write(records(range(1, 6)), [Event("anomaly", 3, 0, 0.0, {"check": "x"})])
+        sink.write(make_records(range(1, 6), world_size=2), [Event("anomaly", 3, 0, 0.0, {"check": "x"})])
         sink.close(FINISHED)
     assert tb.describe(run)["where"] == str(tmp_path / "theirs" / "rank_0")
     writer.add_scalar("loss", 1.25, 2)  # the owner's writer still works after the sink closed

@@ -4,10 +4,12 @@ from __future__ import annotations
 import threading
 import time
 
-from msbridge.sinks.base import Record, RunInfo, Sink
+from helpers.runs import make_records, make_run
+
+from msbridge.sinks.base import Sink
 from msbridge.sinks.dispatch import Dispatcher
 
-RUN = RunInfo(run_id="x", run_name="r", experiment="e", rank=0, world_size=1, is_global=True, run_dir="/nonexistent")
+RUN = make_run("/nonexistent")
 
 
 class Recording(Sink):
@@ -27,17 +29,13 @@ class Recording(Sink):
         self.status = status
 
 
-def batch(*steps):
-    return [Record(s, 0, 0.0, {"train/loss": float(s)}) for s in steps]
-
-
 def test_order_thread_and_drain_on_close():
     journal = []
     wal, other = Recording("jsonl", journal), Recording("tb", journal, delay=0.01)
     d = Dispatcher([wal, other], RUN)
     started = time.perf_counter()
     for i in range(10):
-        d.submit(batch(i))
+        d.submit(make_records([i]))
     submit_time = time.perf_counter() - started
     d.close("KILLED")
     assert submit_time < 0.05, "submit returns at once; the 10 ms sink runs on the dispatcher thread"
@@ -49,7 +47,7 @@ def test_order_thread_and_drain_on_close():
 def test_flush_waits_for_every_sink():
     journal = []
     d = Dispatcher([Recording("slow", journal, delay=0.05)], RUN)
-    d.submit(batch(1, 2))
+    d.submit(make_records([1, 2]))
     assert d.flush(timeout=5) and journal == [("slow", [1, 2])]
     d.close()
 
@@ -63,7 +61,7 @@ def test_a_failing_open_removes_only_that_sink():
 
     journal = []
     d = Dispatcher([BadOpen(), Recording("ok", journal)], RUN)
-    d.submit(batch(1))
+    d.submit(make_records([1]))
     d.close()
     assert journal == [("ok", [1])] and d.errors == {"bad": 1}
 
@@ -86,7 +84,7 @@ def test_every_sink_is_flushed_first_on_the_dispatcher_thread():
 
     journal = []
     d = Dispatcher([FirstContact("a", journal), FirstContact("b", journal)], RUN)
-    d.submit(batch(1))
+    d.submit(make_records([1]))
     d.close()
     assert journal == [("a", "flush", "msbridge-dispatch"), ("b", "flush", "msbridge-dispatch"),
                        ("a", [1]), ("b", [1])]

@@ -1,0 +1,101 @@
+"""A sink's declared options: checked by ``msbridge config check`` (with file:line) and by the sink itself;
+``Sink.write`` drops the steps a sink holds, once for every sink."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers.runs import make_records, make_run
+
+from msbridge.errors import ConfigError
+from msbridge.sinks.base import Event, Sink
+from msbridge.sinks.options import Option, check_options
+from msbridge.sinks.registry import resolve
+
+
+@pytest.mark.parametrize("option, value, message", [
+    (Option(bool, True, "b"), 1, "expected true or false, got 1"),
+    (Option(int, 5, "i", 1), 0, "expected an integer >= 1, got 0"),
+    (Option(int, 5, "i", 1), 2.0, "expected an integer >= 1, got 2.0"),
+    (Option(float, 1.0, "f", 0), True, "expected a number >= 0, got True"),
+    (Option(float, 1.0, "f", 0), None, "expected a number >= 0, got None"),
+    (Option(float, None, "f", 0), "fast", "expected null or a number >= 0, got 'fast'"),
+    (Option(str, None, "s"), "", "expected null or a non-empty string, got ''"),
+    (Option(str, "x", "s"), 3, "expected a non-empty string, got 3"),
+])
+def test_a_wrong_value_says_what_is_expected(option, value, message):
+    assert option.check(value) == message
+
+
+@pytest.mark.parametrize("option, value", [
+    (Option(bool, True, "b"), False), (Option(int, 5, "i", 1), 1), (Option(float, 1.0, "f", 0), 0),
+    (Option(float, 1.0, "f", 0), 2.5), (Option(float, None, "f"), None), (Option(str, None, "s"), "/data"),
+])
+def test_a_right_value_passes(option, value):
+    assert option.check(value) is None
+
+
+def test_only_plain_types_can_be_declared():
+    with pytest.raises(TypeError, match="bool, int, float, str"):
+        Option(list, [], "a list")
+
+
+def test_unknown_options_suggest_or_list_the_declared_ones():
+    declared = {"logdir": Option(str, None, "d"), "fsync": Option(bool, True, "f")}
+    assert check_options(declared, {"logdri": "x", "colour": "red", "fsync": True}) == [
+        ("logdri", "unknown option; did you mean 'logdir'?"), ("colour", "unknown option (valid: logdir, fsync)")]
+    assert check_options({}, {"x": 1}) == [("x", "unknown option (this sink takes no options)")]
+
+
+def test_a_sink_built_by_hand_checks_every_option_at_once_and_fills_defaults():
+    jsonl = resolve("jsonl")
+    with pytest.raises(ConfigError) as err:
+        jsonl(fsync="yes", fsnyc=True)
+    assert err.value.problems == ["sinks.jsonl.fsync: expected true or false, got 'yes'",
+                                  "sinks.jsonl.fsnyc: unknown option; did you mean 'fsync'?"]
+    assert jsonl().settings == {"fsync": True} and jsonl(fsync=False).settings == {"fsync": False}
+
+
+def test_config_check_points_at_the_line_of_a_bad_sink_option(tmp_path, persistent):
+    (tmp_path / "run.yaml").write_text(textwrap.dedent(f"""\
+        output_dir: {tmp_path / "runs"}
+        sinks:
+          jsonl: {{fsync: false}}
+          tensorboard: {{logdir: 7}}
+          mlflow:
+            max_pending: 0
+            trackign_uri: sqlite:///x.db
+        """))
+    out = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "config", "check", "run.yaml"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines() == [
+        "run.yaml: 3 problems:",
+        "  run.yaml:4: sinks.tensorboard.logdir: expected null or a non-empty string, got 7",
+        "  run.yaml:6: sinks.mlflow.max_pending: expected an integer >= 1, got 0",
+        "  run.yaml:7: sinks.mlflow.trackign_uri: unknown option; did you mean 'tracking_uri'?"]
+
+
+class Kept(Sink):
+    """Keeps what ``emit`` is handed (a test double for the base class, not for a tracker)."""
+
+    name = "kept"
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.events = [], []
+
+    def emit(self, records, events):
+        self.steps += [r.step for r in records]
+        self.events += [e.step for e in events]
+
+
+def test_write_hands_emit_only_steps_the_sink_does_not_hold(tmp_path):
+    sink = Kept()
+    sink.open(make_run(tmp_path, resumed_from_step=4))
+    sink.write(make_records([3, 4, 5, 6]), [Event("anomaly", 2, 0)])  # resumed from a checkpoint at step 2
+    sink.write(make_records([6, 7]), [])  # a step never goes back, within a batch or across batches
+    assert sink.steps == [5, 6, 7] and sink.last_step == 7
+    assert sink.events == [2], "events are not steps a sink holds: every one is handed over"
