@@ -51,6 +51,7 @@ from ..masking import mask_secrets
 from ..names import GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SAMPLES_PER_S
 from ..paths import render_output_dir, timestamp
 from ..sinks.base import FAILED, FINISHED, Event, Record, RunInfo, json_safe
+from ..sinks.runlog import encode_record
 from .detectors import DETECTORS, Detector
 from .detectors.base import ANOMALY, CHECKPOINT_AND_STOP, LOG, RECOVERY, SKIP, STOP_ACTIONS, Finding, StepView
 from .dumps import DISK_FULL, QUOTA, WRITTEN, DumpWriter
@@ -256,7 +257,7 @@ class Health:
                                    "step": finding.step, "check": finding.check, "action": action,
                                    "detail": finding.detail, "time": time.time(), "nan_steps": self.nan_steps,
                                    "skipped_steps": self.skipped_steps}),
-            "window.jsonl": "".join(_record_line(r) for r in self._recent).encode(),
+            "window.jsonl": "".join(encode_record(r) for r in self._recent).encode(),
             "config.json": _json(mask_secrets(dict(run.config))),
         }
         batch = self._batches.get(finding.step)
@@ -340,12 +341,6 @@ def _describe(finding: Finding) -> str:
 
 def _json(obj: Any) -> bytes:
     return json.dumps(json_safe(obj), indent=2, default=str).encode()
-
-
-def _record_line(rec: Record) -> str:
-    values = {k: (v if math.isfinite(v) else None) for k, v in rec.values.items()}
-    return json.dumps({"type": "metrics", "step": rec.step, "rank": rec.rank, "time": rec.time,
-                       "values": values}, separators=(",", ":")) + "\n"
 
 
 def _npz(batch: Any) -> bytes:
