@@ -3,7 +3,7 @@
 At every flush each rank sends one float32 vector (``payload``: the window's
 steps, its health stop and first finding, its host timing, its losses padded to
 ``capacity`` steps, so every rank sends the same shape). Every rank reads the
-agreed stop from the gathered table (``job_stop``). The global rank turns the
+agreed stop from the gathered table (``rank_health``). The global rank turns the
 gathered table into per-step metrics over the *reduction group* (the ranks whose loss counts; all by default, the last
 pipeline stage under pipeline parallelism):
 
@@ -20,7 +20,7 @@ pipeline stage under pipeline parallelism):
   the rank with the higher mean loss. NaN when no rank deviates.
 
 and, per window, the timing metrics and ``straggler`` events (``rank_timing``)
-and ``blame`` events (``blame``). Other ranks add nothing global.
+and ``blame`` events (``rank_health``). Other ranks add nothing global.
 
 Example:
     >>> reducer = make_reducer(run, batch_size=8, capacity=100)   # on every rank, after init()
@@ -44,8 +44,7 @@ from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RAN
 from ..run.rank_sync import DEFAULT_TIMEOUT_S, Watchdog, all_gather, gather_op
 from ..run.ranks import communication_ready
 from ..sinks.base import Event, Record, RunInfo
-from .blame import Blame, first_anomaly
-from .job_stop import agree_stop, health_stop, ranks_stopping, stop_code, stop_event
+from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event
 from .payload import BATCH, FIRST, HEADER, LAST, N, TIMING, WINDOW_SLOTS, Slots, pack, unpack_step
 from .rank_timing import StepTimer, StragglerWatch
 
@@ -118,9 +117,9 @@ class Agreement:
 class Reducer:
     """One AllGather per flush: losses, health stops and findings, host timing of every rank.
 
-    Every rank learns the agreed stop (``job_stop``); the global rank derives the
+    Every rank learns the agreed stop (``rank_health``); the global rank derives the
     cross-rank loss metrics, the per-rank timing metrics and ``straggler`` events
-    (``rank_timing``), and ``blame`` events (``blame``).
+    (``rank_timing``), and ``blame`` events (``rank_health``).
 
     Args:
         rank / world_size / is_global: this process, as in ``RunInfo``.

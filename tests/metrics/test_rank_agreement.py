@@ -10,8 +10,7 @@ import pytest
 
 from msbridge import ConfigError, load_config
 from msbridge.health.runner import Stop
-from msbridge.metrics.blame import Blame
-from msbridge.metrics.job_stop import JobStop, agree_stop, health_stop, stop_code
+from msbridge.metrics.rank_health import Blame, JobStop, agree_stop, health_stop, stop_code
 from msbridge.metrics.payload import (
     ANOMALY_STEP, CHECKS, FIRST, HEADER, LAST, STOP_FAILED, STOP_FINISHED, STOP_STEP, Slots, check_index, check_name,
     pack, unpack_step,
