@@ -184,6 +184,8 @@ class BridgeMonitor(Callback):
         self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
+        if self._reducer is not None:  # this step's data wait and run go into the window it ends
+            self._reducer.timer.step_ended(start, advanced)
         self._last_step = step
         if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
@@ -201,7 +203,7 @@ class BridgeMonitor(Callback):
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
         self._last_end = end
         if self._reducer is not None:
-            self._reducer.timer.step_done(start, end, advanced)
+            self._reducer.timer.hook_done(start, end)
 
     def on_train_end(self, run_context: Any) -> None:
         self.close(FINISHED)

@@ -32,7 +32,7 @@ time). A one-off stall moves one step of a window, not its median.
 
 Example:
     >>> timer = StepTimer()
-    >>> timer.begin(10.00); timer.step_done(10.05, 10.051)
+    >>> timer.begin(10.00); timer.step_ended(10.05); timer.hook_done(10.05, 10.051)
     >>> watch = StragglerWatch(world_size=4, margin=0.15, windows=3)
     >>> metrics, events = watch.observe(table_timing, first_step=11, last_step=20)
 """
@@ -62,9 +62,12 @@ def rank_step_time(rank: int) -> str:
 class StepTimer:
     """This rank's host stamps of each step between two flushes; ``drain`` sums them up.
 
-    Call ``begin`` in the step-begin hook and ``step_done`` when the step-end hook
-    returns. A step without a begin stamp (no step-begin call: device sink mode)
-    has a step time but no data wait or run time. The first step only starts the clock.
+    Call ``begin`` in the step-begin hook, ``step_ended`` on entering the step-end
+    hook (before it flushes: the step belongs to the window it ends) and
+    ``hook_done`` as the hook returns. A step without a begin stamp (no
+    step-begin call: device sink mode) has a step time but no data wait or run
+    time. The first step only starts the clock. The hook's own time of a flush
+    step is charged to the next window (it is not over when the window is drained).
 
     Example:
         >>> timer.drain()      # step_ms, run_ms, data_wait_ms (medians), data_wait_max_ms, callback_ms (sum)
@@ -80,13 +83,18 @@ class StepTimer:
     def begin(self, now: float) -> None:
         self._begin = now
 
-    def step_done(self, entered: float, left: float, steps: int = 1) -> None:
-        """The step-end hook was entered at ``entered`` and returns at ``left``; the call covers ``steps``."""
+    def step_ended(self, entered: float, steps: int = 1) -> None:
+        """The step-end hook is entered at ``entered``; the call covers ``steps`` steps."""
+        if self._last_end is None:
+            return
+        began = self._begin if self._begin is not None and self._begin >= self._last_end else None
+        wait = math.nan if began is None else began - self._last_end
+        run = math.nan if began is None else (entered - began) / steps
+        self._rows.append(((entered - self._last_end) / steps, run, wait))
+
+    def hook_done(self, entered: float, left: float) -> None:
+        """The step-end hook entered at ``entered`` returns at ``left``: its time is the monitor's."""
         if self._last_end is not None:
-            began = self._begin if self._begin is not None and self._begin >= self._last_end else None
-            wait = math.nan if began is None else began - self._last_end
-            run = math.nan if began is None else (entered - began) / steps
-            self._rows.append(((entered - self._last_end) / steps, run, wait))
             self._callback_s += left - entered
         self._last_end, self._begin = left, None
 

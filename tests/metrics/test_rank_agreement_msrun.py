@@ -93,7 +93,7 @@ def test_the_rank_that_went_nan_first_is_blamed_live_and_in_diagnose(nan_stop):
 def test_two_launchers_as_two_nodes_make_one_job(tmp_path):
     """``--node_rank 0/1`` on one master, 2 workers each: each node keeps its ranks' files, rank 0 (node 0)
     holds the one MLflow run, and the global loss is the mean of the 4 local losses at every step."""
-    job = Job(tmp_path, 4, "--steps", "8", "--flush", "4", "--sinks", "jsonl,mlflow", nodes=2)
+    job = Job(tmp_path, 4, "--steps", "8", "--flush", "4", "--sinks", "jsonl,mlflow", nodes=2, timeout=240)
     assert job.procs[0].returncode == 0 and job.workers_ok(0) and job.workers_ok(1), job.logs()
     duplicate = (job.log_dir(1) / "scheduler.log").read_text(errors="replace")
     assert job.procs[1].returncode == 0 or "Failed to init the tcp server" in duplicate, \
