@@ -145,7 +145,8 @@ class BridgeMonitor(Callback):
             from .metrics.cross_rank import make_reducer
 
             self._reducer = make_reducer(self.run, batch_size, cfg.flush_steps, cfg.reduce_ranks,
-                                         cfg.collective_timeout_s, on_timeout=self._on_collective_timeout)
+                                         cfg.collective_timeout_s, on_timeout=self._on_collective_timeout,
+                                         straggler=cfg.straggler, loss_metrics=cfg.global_loss)
             if self.health.every_step:
                 # Ranks meet in one collective per flush, never per step: a stop lands at the flush.
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "
@@ -163,6 +164,10 @@ class BridgeMonitor(Callback):
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
 
+    def on_train_step_begin(self, run_context: Any) -> None:
+        if self._reducer is not None:  # each rank's data wait travels in the per-flush collective
+            self._reducer.timer.begin(time.perf_counter())
+
     def on_train_step_end(self, run_context: Any) -> None:
         if self.dispatcher is None:
             return
@@ -179,6 +184,8 @@ class BridgeMonitor(Callback):
         self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
+        if self._reducer is not None:  # this step's data wait and run go into the window it ends
+            self._reducer.timer.step_ended(start, advanced)
         self._last_step = step
         if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
@@ -195,6 +202,8 @@ class BridgeMonitor(Callback):
         end = time.perf_counter()
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
         self._last_end = end
+        if self._reducer is not None:
+            self._reducer.timer.hook_done(start, end)
 
     def on_train_end(self, run_context: Any) -> None:
         self.close(FINISHED)
@@ -247,24 +256,24 @@ class BridgeMonitor(Callback):
                 self._dispatch_pending()
             return
         t1 = time.perf_counter()
-        if self._reducer is not None:
-            if reduce:
-                self._reducer.reduce(window)
-        elif LOSS in window.scalars:  # a single process: the global loss is the local one
+        if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
-        t2 = time.perf_counter()
         records = self._stream.records(window)
         self.steps_recorded += len(records)
         verdict = self.health.check(window, records)  # adds health/* counters; may set health.stop
+        t2 = time.perf_counter()
+        if self._reducer is not None and reduce:  # the ranks' stops, findings and timing meet in one collective
+            agreement = self._reducer.reduce(window, verdict, self.health.stop)
+            verdict, self.health.stop = agreement.verdict, agreement.stop
+        t3 = time.perf_counter()
         self._pending.extend(verdict.records)
         self._pending_events.extend(verdict.events)
         self.events.extend(verdict.events)
-        t3 = time.perf_counter()
         self._track_loss(window.scalars.get(LOSS))
         if dispatch or self._pending_events:
             self._dispatch_pending()
         if budget is not None:
-            for phase, seconds in (("drain", t1 - t0), ("reduce", t2 - t1), ("records", t3 - t2),
+            for phase, seconds in (("drain", t1 - t0), ("records", t2 - t1), ("reduce", t3 - t2),
                                    ("submit", time.perf_counter() - t3)):
                 budget.add(phase, seconds)
             budget.observe(window.monitor_s, window.step_time_s)
@@ -286,6 +295,8 @@ class BridgeMonitor(Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            if status == FINISHED and self.health.stop is not None:  # the final window's check stopped the run
+                status = self.health.stop.status
             interrupted = self._signals.interrupt_detail()
             if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
                 status = KILLED

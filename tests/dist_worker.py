@@ -1,8 +1,8 @@
-"""One rank of a real data-parallel job on CPU, launched by ``msrun`` from tests/test_distributed.py.
+"""One rank of a real data-parallel job on CPU, launched by ``msrun`` from tests/metrics/test_cross_rank.py.
 
 Every rank trains an ``nn.Dense`` regressor on its own shard with
 ``BridgeMonitor``; options make one rank's data harder, one rank's batch
-bigger, one rank start late, or one rank leave at a step.
+bigger, one rank start late, leave at a step, run slow, stall once or turn NaN.
 
 Example:
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=logs --join=True \\
@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, List
+from collections import deque
+from typing import Any, Deque, List
 
 import mindspore as ms
 import mindspore.dataset as ds
@@ -25,6 +26,7 @@ from mindspore.train import Callback, Model
 
 from msbridge import BridgeMonitor, ConfigError
 from msbridge.run.ranks import detect_ranks
+from msbridge.sinks.base import Sink
 
 FEATURES = 16
 
@@ -41,6 +43,46 @@ class ExitAt(Callback):
             os._exit(self.code)
 
 
+class Delay(Callback):
+    """Slows this rank before each step begins, as a slow data pipeline would: from ``from_step`` on by ``pct``
+    percent of what a step takes without the delay (the median of the recent ones), and once by ``stall_s``
+    seconds at ``stall_step``."""
+
+    def __init__(self, pct: float = 0.0, from_step: int = 1, stall_step: int = 0, stall_s: float = 0.0) -> None:
+        super().__init__()
+        self.pct, self.from_step, self.stall_step, self.stall_s = pct, from_step, stall_step, stall_s
+        self._periods: Deque[float] = deque(maxlen=5)
+        self._last = 0.0
+        self._slept = 0.0
+
+    def on_train_step_begin(self, run_context: Any) -> None:
+        now = time.perf_counter()
+        step = run_context.original_args().cur_step_num
+        if step > 2:  # step 1 compiles the graph: not a step time
+            self._periods.append(now - self._last - self._slept)
+        delay = self.pct / 100 * float(np.median(self._periods)) if step >= self.from_step and self._periods else 0.0
+        if step == self.stall_step:
+            delay += self.stall_s
+        self._last, self._slept = now, delay
+        if delay:
+            time.sleep(delay)
+
+
+class StatusSink(Sink):
+    """Writes the status this rank's monitor closed its sinks with to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def write(self, records: Any, events: Any) -> None:
+        pass
+
+    def close(self, status: str = "FINISHED") -> None:
+        with open(self.path, "w", encoding="utf-8") as fh:
+            fh.write(status)
+
+
 def shard(rank: int, world: int, steps: int, batch: int, widest: int, label_scale: float) -> ds.Dataset:
     """This rank's shard of one shared data set, ``steps`` batches of ``batch`` samples."""
     rng = np.random.default_rng(0)
@@ -50,6 +92,13 @@ def shard(rank: int, world: int, steps: int, batch: int, widest: int, label_scal
     if label_scale != 1.0:
         data = data.map(lambda label: label * np.float32(label_scale), input_columns=["y"])
     return data.batch(batch, drop_remainder=True).take(steps)
+
+
+def poison(data: ds.Dataset, step: int) -> ds.Dataset:
+    """The same batches, with NaN inputs at ``step`` (1-based): this rank's loss turns NaN there."""
+    batches = [dict(item) for item in data.create_dict_iterator(output_numpy=True)]
+    batches[step - 1]["x"] = np.full_like(batches[step - 1]["x"], np.nan)
+    return ds.GeneratorDataset(lambda: ((b["x"], b["y"]) for b in batches), ["x", "y"], shuffle=False)
 
 
 def main(argv: Any = None) -> None:
@@ -66,6 +115,16 @@ def main(argv: Any = None) -> None:
     p.add_argument("--exit-code", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0, help="the collective's watchdog timeout, seconds")
     p.add_argument("--reduce-ranks", default="", help="comma-separated reduction group (default: all ranks)")
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank waits --slow-pct longer before every step")
+    p.add_argument("--slow-pct", type=float, default=30.0)
+    p.add_argument("--slow-from", type=int, default=1, help="the first step --slow-rank is slow at")
+    p.add_argument("--stall-rank", type=int, default=-1, help="this rank stalls once, at --stall-step")
+    p.add_argument("--stall-step", type=int, default=0)
+    p.add_argument("--stall-s", type=float, default=2.0)
+    p.add_argument("--nan-rank", type=int, default=-1, help="this rank's inputs are NaN at --nan-step")
+    p.add_argument("--nan-step", type=int, default=0)
+    p.add_argument("--health", default="", help="health section as key=value,... (nonfinite.action=stop)")
+    p.add_argument("--status", action="store_true", help="write each rank's closing status to {out}/status_{rank}.txt")
     p.add_argument("--check-ranks", action="store_true",
                    help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
     args = p.parse_args(argv)
@@ -79,6 +138,8 @@ def main(argv: Any = None) -> None:
     batches: List[int] = [int(b) for b in args.batches.split(",")]
     batches = batches * world if len(batches) == 1 else batches
     data = shard(rank, world, args.steps, batches[rank], max(batches), 3.0 if rank == args.hard_rank else 1.0)
+    if rank == args.nan_rank:
+        data = poison(data, args.nan_step)
 
     if rank == args.late_rank:
         time.sleep(1.5)  # without a shared timestamp this rank would name another run dir
@@ -87,8 +148,12 @@ def main(argv: Any = None) -> None:
                              "flush_steps": args.flush, "sinks": args.sinks.split(","),
                              "collective_timeout_s": args.timeout,
                              "reduce_ranks": [int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None},
-                            progress=False)
+                            overrides=[f"health.{kv}" for kv in args.health.split(",") if kv], progress=False,
+                            sinks=[StatusSink(os.path.join(args.out, f"status_{rank}.txt"))] if args.status else ())
     callbacks: List[Callback] = [monitor]
+    if rank in (args.slow_rank, args.stall_rank):  # before the monitor: its wait counts as this rank's data wait
+        callbacks.insert(0, Delay(args.slow_pct if rank == args.slow_rank else 0.0, args.slow_from,
+                                  args.stall_step if rank == args.stall_rank else 0, args.stall_s))
     if rank == args.exit_rank:
         callbacks.insert(0, ExitAt(args.exit_step, args.exit_code))  # before the monitor: it never flushes step k
 

@@ -56,6 +56,7 @@ class Scenario:
     ranks: Dict[int, Dict[str, np.ndarray]]
     events: List[Event] = field(default_factory=list)
     truth: Dict[str, Any] = field(default_factory=dict)
+    at_steps: Dict[int, Dict[str, float]] = field(default_factory=dict)  # rank 0's per-window metrics
 
 
 def _healthy_grad(s: np.ndarray) -> np.ndarray:
@@ -152,6 +153,34 @@ def nan_steps(at: Sequence[int] = (160,), seed: int = 0) -> Scenario:
     return sc
 
 
+def straggler(rank: int = 3, world_size: int = 4, slower: float = 0.3, slow_from: int = 4, flush: int = 10,
+              stall_rank: int = 1, stall_window: int = 6, seed: int = 0) -> Scenario:
+    """Each window's own step time per rank (``dist/step_time_ms/rank_{r}`` on its last step): ``rank`` is
+    ``slower`` from window ``slow_from`` on, ``stall_rank`` is 20x slower in window ``stall_window`` only."""
+    sc = clean(world_size=world_size, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    for i, step in enumerate(range(flush, len(sc.steps) + 1, flush), start=1):
+        own = 10.0 * np.exp(0.02 * rng.standard_normal(world_size))
+        if i >= slow_from:
+            own[rank] *= 1 + slower
+        if i == stall_window:
+            own[stall_rank] *= 20
+        sc.at_steps[step] = {f"dist/step_time_ms/rank_{r}": float(v) for r, v in enumerate(own)}
+    sc.name = "straggler"
+    sc.truth = {"check": "straggler", "rank": rank, "since": slow_from * flush - flush + 1}
+    return sc
+
+
+def nonfinite_on_one_rank(rank: int = 1, at: int = 160, world_size: int = 4, seed: int = 0) -> Scenario:
+    """``rank``'s loss turns NaN at ``at``; the AllReduce spreads it to every other rank one step later."""
+    sc = clean(world_size=world_size, seed=seed)
+    for r, columns in sc.ranks.items():
+        columns[LOSS] = columns[LOSS].copy()
+        columns[LOSS][(at if r == rank else at + 1) - 1:] = math.nan
+    sc.name, sc.truth = "first_anomaly", {"check": "first_anomaly", "rank": rank, "step": at}
+    return sc
+
+
 def without(sc: Scenario, name: str) -> Scenario:
     """The scenario with one metric never recorded (e.g. no grad norm)."""
     for columns in sc.ranks.values():
@@ -198,7 +227,8 @@ def write_run(run_dir: "str | os.PathLike", sc: Scenario, flush_steps: int = 50)
         for start in range(0, len(sc.steps), flush_steps):
             block = range(start, min(start + flush_steps, len(sc.steps)))
             records = [Record(int(sc.steps[i]), rank, 1000.0 + float(sc.steps[i]),
-                              {n: float(columns[n][i]) for n in names}) for i in block]
+                              {**{n: float(columns[n][i]) for n in names},
+                               **(sc.at_steps.get(int(sc.steps[i]), {}) if rank == 0 else {})}) for i in block]
             last = records[-1].step
             events = [e for e in sc.events if e.rank == rank and last - flush_steps < e.step <= last]
             sink.write(records, events)

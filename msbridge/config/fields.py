@@ -120,10 +120,41 @@ FIELDS: Dict[str, Field] = {
                           "ranks whose loss makes train/global_loss and dist/* (pipeline parallel: last stage); null: all"),
     "collective_timeout_s": Field("float > 0", _number(0),
                                   "seconds the per-flush cross-rank collective may block before the run is closed FAILED"),
+    "straggler": Field("mapping", lambda v: None,  # checked key by key (_NESTED)
+                       "a rank whose own step time (its step without its wait for others) is above the other "
+                       "ranks' median by margin (a fraction) in windows consecutive flush windows is named a "
+                       "straggler; default {margin: 0.15, windows: 3}"),
     "sweep_id": Field("str or null", _text(optional=True), "groups the runs of one sweep"),
     "tags": Field("mapping", _tags, "tags for trackers (values become strings)"),
     "params": Field("mapping", _mapping, "the training job's hyperparameters, logged, not interpreted"),
 }
+
+
+#: ``straggler:`` keys, their defaults and checks.
+STRAGGLER_DEFAULTS: Dict[str, Any] = {"margin": 0.15, "windows": 3}
+_STRAGGLER_CHECKS: Dict[str, Check] = {"margin": _number(0), "windows": _int(1)}
+
+
+def straggler_settings(value: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ``straggler`` mapping with every default filled in.
+
+    Example:
+        >>> straggler_settings({"windows": 5})
+        {'margin': 0.15, 'windows': 5}
+    """
+    return {**STRAGGLER_DEFAULTS, **value}
+
+
+def _check_straggler(value: Any) -> List[Tuple[Path, str]]:
+    if not isinstance(value, Mapping):
+        return [(("straggler",), f"expected a mapping such as {{margin: 0.15, windows: 3}}, got {value!r}")]
+    problems: List[Tuple[Path, str]] = []
+    for key, given in value.items():
+        check = _STRAGGLER_CHECKS.get(key)
+        message = check(given) if check else f"unknown key{did_you_mean(str(key), list(_STRAGGLER_CHECKS))}"
+        if message:
+            problems.append((("straggler", key), message))
+    return problems
 
 
 def normalise_sinks(sinks: Any) -> Dict[str, Any]:
@@ -171,14 +202,17 @@ def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
     return problems
 
 
+_NESTED = {"sinks": _check_sinks, "straggler": _check_straggler}  # report each problem at its own key
+
+
 def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
     """Every problem with the given settings (absent ones are not checked)."""
     problems: List[Tuple[Path, str]] = []
     for name, spec in FIELDS.items():
         if name not in values:
             continue
-        if name == "sinks":
-            problems.extend(_check_sinks(values[name]))
+        if name in _NESTED:
+            problems.extend(_NESTED[name](values[name]))
             continue
         message = spec.check(values[name])
         if message:

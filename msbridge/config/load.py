@@ -26,7 +26,7 @@ from ..health.spec import HealthSpec, resolve_health
 from ..paths import render_template
 from .canonical import canonicalize
 from .compose import plain as thaw
-from .fields import check_values, normalise_sinks
+from .fields import STRAGGLER_DEFAULTS, check_values, normalise_sinks, straggler_settings
 from .interpolate import interpolate
 from .keys import Assignment, Note
 from .mindformers_entry import ENTRY_NAME
@@ -109,6 +109,7 @@ class Config:
     buffer_size: int = 0
     reduce_ranks: Optional[Tuple[int, ...]] = None
     collective_timeout_s: float = 60.0
+    straggler: Mapping[str, Any] = field(default_factory=lambda: dict(STRAGGLER_DEFAULTS))
     sweep_id: Optional[str] = None
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -119,6 +120,7 @@ class Config:
             raise ConfigError([f"{format_path(path)}: {message}" for path, message in problems])
         object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
         object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
+        object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
         for name in ("health", "params"):
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
 

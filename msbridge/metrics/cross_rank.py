@@ -1,12 +1,10 @@
 """Cross-rank metrics: one AllGather per flush (guarded by ``run.rank_sync.Watchdog``).
 
-At every flush each rank sends one float32 vector, padded to ``capacity`` steps so
-every rank sends the same shape::
-
-    [n, batch_size, first_step (2 floats), last_step (2 floats), loss_1 ... loss_n, NaN ...]
-
-The global rank turns the gathered table into per-step metrics over the
-*reduction group* (the ranks whose loss counts; all by default, the last
+At every flush each rank sends one float32 vector (``payload``: the window's
+steps, its health stop and first finding, its host timing, its losses padded to
+``capacity`` steps, so every rank sends the same shape). Every rank reads the
+agreed stop from the gathered table (``rank_health``). The global rank turns the
+gathered table into per-step metrics over the *reduction group* (the ranks whose loss counts; all by default, the last
 pipeline stage under pipeline parallelism):
 
 - ``train/global_loss``: the group's losses averaged with each rank's batch size
@@ -21,32 +19,36 @@ pipeline stage under pipeline parallelism):
   left out); the highest score wins, a tie (always the case with 2 ranks) goes to
   the rank with the higher mean loss. NaN when no rank deviates.
 
-Other ranks gather too (the collective is symmetric) but add nothing global.
+and, per window, the timing metrics and ``straggler`` events (``rank_timing``)
+and ``blame`` events (``rank_health``). Other ranks add nothing global.
 
 Example:
     >>> reducer = make_reducer(run, batch_size=8, capacity=100)   # on every rank, after init()
-    >>> reducer.reduce(window)                               # every rank, at the same steps
-    >>> window.global_scalars["train/global_loss"]           # rank 0 only
+    >>> agreement = reducer.reduce(window, verdict, health.stop)   # every rank, at the same steps
+    >>> window.global_scalars["train/global_loss"]                # rank 0 only
     array([2.31, 2.29, ...])
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
 from ..capture.window import Window
+from ..config.fields import straggler_settings
 from ..errors import ConfigError
+from ..health.runner import Stop, Verdict
 from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
 from ..run.rank_sync import DEFAULT_TIMEOUT_S, Watchdog, all_gather, gather_op
 from ..run.ranks import communication_ready
-from ..sinks.base import RunInfo
+from ..sinks.base import Event, Record, RunInfo
+from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event
+from .payload import BATCH, FIRST, HEADER, LAST, N, TIMING, WINDOW_SLOTS, Slots, pack, unpack_step
+from .rank_timing import StepTimer, StragglerWatch
 
 log = logging.getLogger("msbridge")
-
-HEADER = 6  # n, batch size, first step (hi, lo), last step (hi, lo)
-_SPLIT = float(1 << 20)  # a step as hi * 2**20 + lo: both parts exact in float32 below 2**44 steps
 
 TimeoutHook = Callable[[Window], None]
 
@@ -97,8 +99,27 @@ def _outlier(losses: np.ndarray, finite: np.ndarray, deviation: np.ndarray, std:
     return float(ranks[int(np.argmax(np.where(tied, mean_loss, -np.inf)))])
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """What one per-flush collective decided: the window's verdict (on the global rank with the global
+    metrics added and the collective's events), and the stop every rank takes after it, if any.
+
+    Example:
+        >>> agreement = reducer.reduce(window, verdict, health.stop)
+        >>> agreement.stop.status if agreement.stop else None
+        'FAILED'
+    """
+
+    verdict: Verdict
+    stop: Optional[Stop]
+
+
 class Reducer:
-    """One AllGather of the window's losses per flush; the global rank derives the cross-rank metrics.
+    """One AllGather per flush: losses, health stops and findings, host timing of every rank.
+
+    Every rank learns the agreed stop (``rank_health``); the global rank derives the
+    cross-rank loss metrics, the per-rank timing metrics and ``straggler`` events
+    (``rank_timing``), and ``blame`` events (``rank_health``).
 
     Args:
         rank / world_size / is_global: this process, as in ``RunInfo``.
@@ -109,17 +130,20 @@ class Reducer:
         timeout_s: how long the collective may take before ``on_timeout`` runs.
         on_timeout: ``on_timeout(window)``, called from a timer thread while the collective is stuck;
             without one the timeout is only logged.
+        straggler: ``{margin, windows}`` of ``rank_timing.StragglerWatch`` (the ``straggler`` setting).
+        loss_metrics: add the cross-rank loss metrics to the global rank's records (``global_loss``).
 
     Example:
         >>> reducer = Reducer(rank=0, world_size=2, is_global=True, batch_size=8, capacity=100)
-        >>> reducer.reduce(window)
+        >>> agreement = reducer.reduce(window, verdict, health.stop)
         >>> sorted(window.global_scalars)[:2]
         ['dist/loss/rank_0', 'dist/loss/rank_1']
     """
 
     def __init__(self, rank: int, world_size: int, is_global: bool, batch_size: Optional[int], capacity: int,
                  ranks: Optional[Sequence[int]] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 on_timeout: Optional[TimeoutHook] = None) -> None:
+                 on_timeout: Optional[TimeoutHook] = None, straggler: Optional[Mapping[str, Any]] = None,
+                 loss_metrics: bool = True) -> None:
         group = sorted(set(range(world_size) if ranks is None else (int(r) for r in ranks)))
         bad = [r for r in group if not 0 <= r < world_size]
         if not group or bad:
@@ -128,7 +152,11 @@ class Reducer:
         self.batch_size = batch_size
         self.capacity = max(int(capacity), 1)
         self.ranks: List[int] = group
+        self.loss_metrics = loss_metrics
         self.watchdog = Watchdog(timeout_s, on_timeout)
+        self.timer = StepTimer()
+        self._stragglers = StragglerWatch(world_size, **straggler_settings(straggler or {}))
+        self._blame = Blame(quiet_steps=self.capacity)
         self._op = gather_op()
         self._warned: Set[int] = set()
 
@@ -140,55 +168,80 @@ class Reducer:
     def on_timeout(self, hook: Optional[TimeoutHook]) -> None:
         self.watchdog.on_timeout = hook
 
-    def reduce(self, window: Window) -> None:
-        """Gather the window on every rank; on the global rank, fill ``window.global_scalars``."""
+    def reduce(self, window: Window, verdict: Verdict, stop: Optional[Stop] = None) -> Agreement:
+        """Gather the window on every rank (``verdict``: this rank's health verdict of it, ``stop``: its
+        health stop); on the global rank, fill ``window.global_scalars`` and add them to the records."""
         n = len(window)
         if n == 0:
-            return
+            return Agreement(verdict, stop)
         loss = window.scalars.get(LOSS)
         loss = np.full(n, np.nan) if loss is None else loss
+        anomaly = first_anomaly(verdict.events)
+        slots = Slots(n=0, batch=self.batch_size or 0, first=0, last=0, stop_code=stop_code(stop),
+                      stop_check=stop.check if stop else None, stop_step=stop.step if stop else 0,
+                      anomaly_check=anomaly.detail.get("check") if anomaly else None,
+                      anomaly_step=anomaly.step if anomaly else 0, timing=self.timer.drain())
         what = f"the cross-rank loss reduction for steps {int(window.steps[0])}-{int(window.steps[-1])}"
         parts = []
         with self.watchdog.guard(what, window):
             for start in range(0, n, self.capacity):
-                end = start + self.capacity
-                parts.append(self._gather(window.steps[start:end], loss[start:end]))
-        if not self.is_global:
-            return
-        losses = np.hstack([p[0] for p in parts])[self.ranks]
-        batches = parts[0][1][self.ranks]
+                steps = window.steps[start:start + self.capacity]
+                slots.n, slots.first, slots.last = len(steps), int(steps[0]), int(steps[-1])
+                parts.append(self._gather(slots, loss[start:start + self.capacity]))
+        table = parts[0][0]
+        events: List[Event] = []
+        agreed = agree_stop(table)
+        last = int(window.steps[-1])
+        if agreed is not None:
+            events.append(stop_event(agreed, last, self.rank, ranks_stopping(table)))
+            stop = health_stop(agreed, stop, self.rank)
+        if self.is_global:
+            events += self._global(window, verdict.records, table, np.hstack([p[1] for p in parts])[self.ranks])
+        return Agreement(Verdict(list(verdict.records), list(verdict.events) + events), stop)
+
+    def _global(self, window: Window, records: Sequence[Record], table: np.ndarray, losses: np.ndarray) -> List[Event]:
+        """The global rank's share: the cross-rank metrics onto ``records``, straggler and blame events."""
+        batches = table[self.ranks, BATCH].astype(np.float64)
         weights = batches if (batches > 0).all() else np.ones(len(self.ranks))
         window.global_scalars.update(cross_rank_metrics(losses, weights, self.ranks))
+        first, last = int(window.steps[0]), int(window.steps[-1])
+        timing, events = self._stragglers.observe(table[:, TIMING:HEADER], first, last, self.rank)
+        events += self._blame.observe(table, losses, self.ranks, window.steps, self.rank)
+        if self.loss_metrics:
+            columns = list(window.global_scalars.items())
+            for i, rec in enumerate(records):
+                rec.values.update((name, float(values[i])) for name, values in columns)
+        if records:
+            records[-1].values.update(timing)
+        return events
 
-    def _gather(self, steps: np.ndarray, loss: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
-        """One collective: every rank's losses for these steps (NaN where a rank's steps differ) and batch sizes."""
-        k = len(steps)
-        payload = np.full(HEADER + self.capacity, np.nan, dtype=np.float32)
-        first, last = int(steps[0]), int(steps[-1])
-        payload[:HEADER] = [k, self.batch_size or 0, first // _SPLIT, first % _SPLIT, last // _SPLIT, last % _SPLIT]
-        payload[HEADER:HEADER + k] = loss
+    def _gather(self, slots: Slots, loss: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+        """One collective: the gathered table, and every rank's losses for these steps (NaN where a
+        rank's steps differ)."""
+        k = slots.n
+        payload = pack(slots, loss, self.capacity)
         table = all_gather(self._op, payload)
         losses = table[:, HEADER:HEADER + k].astype(np.float64)
         if self.is_global:
-            same = (table[:, [0, 2, 3, 4, 5]] == payload[[0, 2, 3, 4, 5]]).all(axis=1)
+            same = (table[:, WINDOW_SLOTS] == payload[WINDOW_SLOTS]).all(axis=1)
             for r in np.flatnonzero(~same):
                 losses[r] = np.nan
                 if r not in self._warned:
                     self._warned.add(int(r))
                     log.warning("msbridge: rank %d flushed %d steps (%d-%d) while rank %d flushed steps %d-%d; its "
-                                "losses are left out of those windows", r, int(table[r, 0]),
-                                int(table[r, 2] * _SPLIT + table[r, 3]), int(table[r, 4] * _SPLIT + table[r, 5]),
-                                self.rank, first, last)
-        return losses, table[:, 1].astype(np.float64)
+                                "losses are left out of those windows", r, int(table[r, N]),
+                                unpack_step(table[r], FIRST), unpack_step(table[r], LAST),
+                                self.rank, slots.first, slots.last)
+        return table, losses
 
 
 def make_reducer(run: RunInfo, batch_size: Optional[int], capacity: int, ranks: Optional[Sequence[int]] = None,
-                 timeout_s: float = 60.0, on_timeout: Optional[TimeoutHook] = None) -> Reducer:
+                 timeout_s: float = 60.0, on_timeout: Optional[TimeoutHook] = None, **options: Any) -> Reducer:
     """The reducer of a distributed run; build it on every rank, after ``mindspore.communication.init()``.
 
     ``capacity`` is the most steps one flush holds (``flush_steps``); ``ranks`` are the ranks whose
     losses make the global loss (all when None; ``reduce_ranks``), ``timeout_s`` how long a rank waits
-    for the others (``collective_timeout_s``).
+    for the others (``collective_timeout_s``); ``options`` go to ``Reducer`` (straggler settings ...).
 
     Example:
         >>> reducer = make_reducer(run, batch_size=8, capacity=100, on_timeout=close_failed)
@@ -199,4 +252,4 @@ def make_reducer(run: RunInfo, batch_size: Optional[int], capacity: int, ranks: 
             "ranks cannot exchange losses; call mindspore.communication.init() before model.train, or unset "
             "RANK_ID/RANK_SIZE to train as a single process")
     return Reducer(rank=run.rank, world_size=run.world_size, is_global=run.is_global, batch_size=batch_size,
-                   capacity=capacity, ranks=ranks, timeout_s=timeout_s, on_timeout=on_timeout)
+                   capacity=capacity, ranks=ranks, timeout_s=timeout_s, on_timeout=on_timeout, **options)

@@ -23,6 +23,7 @@ Thresholds, all on robust statistics (rolling median, MAD scaled to sigma):
   10% or 1 step of the median gap).
 - ``nonfinite``: NaN/inf in a train/dist metric; on a step the loss scaler
   flagged as overflow (and skipped on purpose) only a non-finite loss counts.
+- ``straggler`` and ``first_anomaly``: the distributed readings (``diagnose_dist``).
 
 Example:
     >>> report = diagnose(read_run("msbridge_runs/demo/run-1"))
@@ -37,7 +38,8 @@ import numpy as np
 
 from ..names import EPOCH, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.runlog import RunLog
-from .report import Diagnosis, Report
+from .diagnose_dist import check_first_anomaly, check_stragglers
+from .report import Diagnosis, Report, Skip
 from .series import global_loss, metric_series, rank_losses, run_notes, warmup_end
 
 MIN_STEPS = 30
@@ -45,10 +47,6 @@ SPIKE_Z, SPIKE_RATIO, SPIKE_MAX_LEN, RECOVERY_STEPS = 6.0, 1.2, 10, 20
 GRAD_SPIKE_Z, GRAD_SPIKE_RATIO, MIN_PERIODIC_SPIKES = 5.0, 2.0, 4
 OUTLIER_TOP_FRACTION, OUTLIER_EXCESS = 0.8, 0.03
 _LOSSES = ("train/loss", "train/global_loss", "dist/loss")
-
-
-class Skip(Exception):
-    """A check that cannot run on this run; the message says why."""
 
 
 # -- robust statistics --------------------------------------------------------
@@ -328,7 +326,8 @@ def diagnose(run: RunLog) -> Report:
     checks = {"nonfinite": lambda: check_nonfinite(run), "lr_too_high": lambda: check_lr_too_high(run, start),
               "loss_spike": lambda: check_loss_spikes(run, start),
               "rank_outlier": lambda: check_rank_outlier(run, start),
-              "periodic_grad_spikes": lambda: check_periodic_grad_spikes(run, start)}
+              "periodic_grad_spikes": lambda: check_periodic_grad_spikes(run, start),
+              "straggler": lambda: check_stragglers(run), "first_anomaly": lambda: check_first_anomaly(run)}
     for name, check in checks.items():
         try:
             result = check()

@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Tuple
 
 
+class Skip(Exception):
+    """A check that cannot run on this run; the message says why."""
+
+
 @dataclass
 class Diagnosis:
     """One reading: what looks wrong, where, how sure, and what to do.

@@ -2,20 +2,17 @@
 and ranks that leave or crash. Every msrun call and every wait has a timeout."""
 from __future__ import annotations
 
-import glob
 import logging
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
 import pytest
-from processes import free_port
+from msrun_job import Job
 
 from msbridge import BridgeMonitor, ConfigError
 from msbridge.metrics.cross_rank import cross_rank_metrics, make_reducer
@@ -23,45 +20,7 @@ from msbridge.run.rank_sync import Watchdog, agree_timestamp
 from msbridge.names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric, rank_loss
 from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
 from msbridge.sinks.base import RunInfo
-from msbridge.sinks.runlog import RankLog, read_run
-
-WORKER = Path(__file__).resolve().parents[1] / "dist_worker.py"
-BIN = os.path.dirname(sys.executable)
-
-
-class Job:
-    """One msrun job of tests/dist_worker.py and what it left behind."""
-
-    def __init__(self, root: Path, ranks: int, *args: str, node_timeout_s: int = 0, timeout: float = 150.0) -> None:
-        self.root, self.ranks = root, ranks
-        env = {k: v for k, v in os.environ.items() if k not in ("MSBRIDGE_TIMESTAMP", "RANK_ID", "RANK_SIZE")}
-        env.update(PATH=BIN + os.pathsep + env.get("PATH", ""), GLOG_v="3")
-        if node_timeout_s:  # how soon msrun's scheduler gives up on a lost rank (default ~30 s)
-            env["MS_NODE_TIMEOUT"] = str(node_timeout_s)
-        cmd = [os.path.join(BIN, "msrun"), f"--worker_num={ranks}", f"--local_worker_num={ranks}",
-               f"--master_port={free_port()}", f"--log_dir={root / 'logs'}", "--join=True",
-               str(WORKER), "--out", str(root / "runs"), *args]
-        self.proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-
-    def logs(self) -> str:
-        """The workers' own output (for assertion messages)."""
-        paths = sorted(glob.glob(str(self.root / "logs" / "worker_*.log")))
-        return "\n".join(Path(p).read_text(errors="replace")[-3000:] for p in paths) or self.proc.stdout[-3000:]
-
-    def run_dir(self) -> str:
-        dirs = glob.glob(str(self.root / "runs" / "dist" / "dist-*"))
-        assert len(dirs) == 1, f"every rank must write to one run dir, found {dirs}\n{self.logs()}"
-        return dirs[0]
-
-    def rank_logs(self) -> Dict[int, RankLog]:
-        return read_run(self.run_dir()).ranks
-
-    def mlflow_runs(self) -> list:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(tracking_uri=f"sqlite:///{self.root / 'runs' / 'dist' / 'mlflow.db'}")
-        experiment = client.get_experiment_by_name("dist")
-        return client.search_runs([experiment.experiment_id]) if experiment else []
+from msbridge.sinks.runlog import RankLog
 
 
 def losses(log: RankLog) -> Dict[int, float]:

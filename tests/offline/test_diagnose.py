@@ -38,7 +38,8 @@ def test_clean_run_has_no_findings_and_says_so(tmp_path, seed, world_size):
     assert report.findings == [], report.to_text()
     assert "no findings" in report.to_text()
     expected = {"nonfinite", "lr_too_high", "loss_spike", "periodic_grad_spikes"}
-    assert set(report.checks) == expected | ({"rank_outlier"} if world_size > 1 else set())
+    assert set(report.checks) == expected | ({"rank_outlier", "first_anomaly"} if world_size > 1 else set())
+    assert "straggler" in report.skipped, "the synthetic runs carry no per-rank step times"
 
 
 @given(seed=st.integers(0, 2**32 - 1))
@@ -140,7 +141,8 @@ def test_overflow_steps_skipped_by_the_loss_scaler_are_not_nonfinite_unless_the_
 def test_missing_grad_norm_skips_those_checks_and_says_why(tmp_path):
     report = report_of(tmp_path, sr.without(sr.lr_too_high(), GRAD_NORM))
     assert report.findings == []
-    assert set(report.skipped) == {"lr_too_high", "periodic_grad_spikes", "rank_outlier"}
+    assert set(report.skipped) == {"lr_too_high", "periodic_grad_spikes", "rank_outlier", "straggler",
+                                   "first_anomaly"}
     assert "no train/grad_norm recorded" in report.skipped["lr_too_high"]
     assert "skipped lr_too_high: no train/grad_norm recorded" in report.to_text()
 
@@ -180,7 +182,10 @@ def test_json_format_is_well_formed(tmp_path, capsys):
     (finding,) = out["findings"]
     assert finding["check"] == "nonfinite" and finding["level"] == "high" and finding["steps"] == [160]
     assert out["events"][0]["detail"] == {"check": "nonfinite_loss", "value": "nan"}
-    assert out["skipped"] == {"rank_outlier": "only one rank in this run (no per-rank local losses)"}
+    assert out["skipped"] == {"rank_outlier": "only one rank in this run (no per-rank local losses)",
+                              "straggler": "no per-rank step times (dist/step_time_ms/rank_*): a single-process "
+                                           "run, or one recorded before msbridge carried each rank's timing",
+                              "first_anomaly": "only one rank's file in this run: nothing to compare"}
 
 
 def test_not_a_run_dir_exits_2_naming_what_is_missing(tmp_path, capsys):

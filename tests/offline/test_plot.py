@@ -83,7 +83,7 @@ def test_footer_findings_and_notes_red_skipped_checks_grey(tmp_path):
     texts = draw(run, diagnose(run)).axes[-1].texts
     colours = {t.get_text().split(":")[0]: to_rgb(t.get_color()) == to_rgb(RED) for t in texts}
     assert colours == {"nonfinite [high]": True, "note": True, "skipped lr_too_high, periodic_grad_spikes": False,
-                       "skipped rank_outlier": False}
+                       "skipped rank_outlier": False, "skipped straggler": False, "skipped first_anomaly": False}
 
 
 def test_several_ranks_smooth_the_global_loss_not_rank0s(tmp_path):

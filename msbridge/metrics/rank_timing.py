@@ -1,0 +1,204 @@
+"""Per-rank step timing, carried in the per-flush collective, and the straggler it names.
+
+Each rank times its steps on the host (``StepTimer``), from three stamps per
+step: the previous step's end (the monitor's step-end hook returning), this
+step's begin (its step-begin hook) and this step's end (its step-end hook
+entered):
+
+- ``data_wait``: begin minus the previous end: the data pipeline and whatever
+  other callbacks run between two steps;
+- ``run``: end minus begin: the train step itself, *including the time the rank
+  waits inside the gradient AllReduce for slower ranks*;
+- ``step``: end minus the previous end (``perf/step_time_ms``).
+
+Synchronous data parallelism makes every rank's ``step`` equal: a rank that is
+20 % slower makes all ranks 20 % slower, and the others spend the difference
+waiting in ``run``. So ``StragglerWatch`` (global rank) compares each rank's
+*own* step time, its step time without the wait for others, taking the fastest
+rank's run (the rank that waited least: the one the others wait for) as every
+rank's run::
+
+    own[r] = data_wait[r] + min(run)
+
+(window medians, so one stalled step does not move a window). A slow *device*
+(a longer graph run on one rank only) is not visible this way: the others' runs
+grow by the same wait, so only host-side slowness (data, callbacks, the host
+itself) is told apart.
+
+A rank whose own step time is above the median of the other ranks' by more
+than ``margin`` in ``windows`` consecutive flush windows is a straggler: one ``straggler`` event
+names it (how much slower, for how many windows, its data wait and callback
+time). A one-off stall moves one step of a window, not its median.
+
+Example:
+    >>> timer = StepTimer()
+    >>> timer.begin(10.00); timer.step_ended(10.05); timer.hook_done(10.05, 10.051)
+    >>> watch = StragglerWatch(world_size=4, margin=0.15, windows=3)
+    >>> metrics, events = watch.observe(table_timing, first_step=11, last_step=20)
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..health.runner import make_event
+from ..sinks.base import Event
+from .payload import TIMING_FIELDS
+
+STRAGGLER = "straggler"
+STEP_TIME_MIN, STEP_TIME_MEDIAN, STEP_TIME_MAX = "dist/step_time_ms_min", "dist/step_time_ms_median", \
+    "dist/step_time_ms_max"
+SLOWEST_RANK, DATA_WAIT_MAX = "dist/slowest_rank", "dist/data_wait_ms_max"
+
+
+def rank_step_time(rank: int) -> str:
+    """One rank's own step time (ms, window median) as the global rank logs it."""
+    return f"dist/step_time_ms/rank_{rank}"
+
+
+class StepTimer:
+    """This rank's host stamps of each step between two flushes; ``drain`` sums them up.
+
+    Call ``begin`` in the step-begin hook, ``step_ended`` on entering the step-end
+    hook (before it flushes: the step belongs to the window it ends) and
+    ``hook_done`` as the hook returns. A step without a begin stamp (no
+    step-begin call: device sink mode) has a step time but no data wait or run
+    time. The first step only starts the clock. The hook's own time of a flush
+    step is charged to the next window (it is not over when the window is drained).
+
+    Example:
+        >>> timer.drain()      # step_ms, run_ms, data_wait_ms (medians), data_wait_max_ms, callback_ms (sum)
+        array([12.1, 9.8, 2.2, 2.5, 0.4])
+    """
+
+    def __init__(self) -> None:
+        self._begin: Optional[float] = None
+        self._last_end: Optional[float] = None
+        self._rows: List[Tuple[float, float, float]] = []  # step, run, data wait (seconds)
+        self._callback_s = 0.0
+
+    def begin(self, now: float) -> None:
+        self._begin = now
+
+    def step_ended(self, entered: float, steps: int = 1) -> None:
+        """The step-end hook is entered at ``entered``; the call covers ``steps`` steps."""
+        if self._last_end is None:
+            return
+        began = self._begin if self._begin is not None and self._begin >= self._last_end else None
+        wait = math.nan if began is None else began - self._last_end
+        run = math.nan if began is None else (entered - began) / steps
+        self._rows.append(((entered - self._last_end) / steps, run, wait))
+
+    def hook_done(self, entered: float, left: float) -> None:
+        """The step-end hook entered at ``entered`` returns at ``left``: its time is the monitor's."""
+        if self._last_end is not None:
+            self._callback_s += left - entered
+        self._last_end, self._begin = left, None
+
+    def drain(self) -> np.ndarray:
+        """``TIMING_FIELDS`` in ms over the steps since the last drain (NaN where unknown); resets."""
+        out = np.full(len(TIMING_FIELDS), np.nan)
+        if self._rows:
+            rows = np.array(self._rows) * 1e3
+            with warnings.catch_warnings():  # no step-begin stamps: all-NaN columns, NaN medians
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[:3] = np.nanmedian(rows, axis=0)
+                out[3] = np.nanmax(rows[:, 2])
+        out[4] = self._callback_s * 1e3
+        self._rows, self._callback_s = [], 0.0
+        return out
+
+
+def own_step_times(timing: np.ndarray) -> np.ndarray:
+    """Each rank's step time without its wait for slower ranks (ms): its data wait plus the fastest
+    rank's run time (window medians); its plain step time where it has no begin stamps.
+    ``timing`` is ``[ranks, TIMING_FIELDS]``."""
+    step, run, wait = (timing[:, i].astype(np.float64) for i in range(3))
+    if not np.isfinite(run).any():
+        return step
+    return np.where(np.isfinite(wait), wait + np.nanmin(run), step)
+
+
+def median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each rank, the median of the *other* ranks' finite values (NaN for a non-finite one, or alone).
+
+    Leaving the rank out keeps a few-rank job honest: with 4 ranks the plain median
+    averages the two middle values, one of which can be the straggler itself.
+
+    Example:
+        >>> median_of_others(np.array([10.0, 10.0, 13.0, 200.0]))
+        array([13., 13., 10., 10.])
+    """
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full(values.shape, np.nan)
+    finite = np.flatnonzero(np.isfinite(values))
+    n = len(finite)
+    if n < 2:
+        return out
+    order = np.argsort(values[finite])
+    ranked = values[finite][order]
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+
+    def at(k: int) -> np.ndarray:  # the k-th smallest of the others: one index further once past the rank itself
+        return np.where(k < pos, ranked[k], ranked[np.minimum(k + 1, n - 1)])
+
+    m = n - 1
+    out[finite] = at((m - 1) // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+    return out
+
+
+class StragglerWatch:
+    """On the global rank: the ``dist/step_time_*`` metrics of each window and the ``straggler`` events.
+
+    Args:
+        world_size: every rank is timed (not only the reduction group).
+        margin: a rank is slow in a window when its own step time exceeds the other ranks' median by this fraction.
+        windows: consecutive slow windows that make it a straggler.
+
+    Example:
+        >>> watch = StragglerWatch(4, margin=0.15, windows=3)
+        >>> metrics, events = watch.observe(timing, first_step=1, last_step=5, rank=0)
+        >>> metrics["dist/slowest_rank"]
+        3.0
+    """
+
+    def __init__(self, world_size: int, margin: float, windows: int) -> None:
+        self.margin, self.windows = float(margin), int(windows)
+        self.streak = np.zeros(world_size, dtype=np.int64)
+        self._since = np.zeros(world_size, dtype=np.int64)
+
+    def observe(self, timing: np.ndarray, first_step: int, last_step: int,
+                rank: int) -> Tuple[Dict[str, float], List[Event]]:
+        """The window's metrics (for its last step) and any straggler event; ``rank`` stamps the event."""
+        own = own_step_times(timing)
+        finite = np.isfinite(own)
+        if not finite.any():
+            return {}, []
+        others = median_of_others(own)
+        metrics = {STEP_TIME_MIN: float(own[finite].min()), STEP_TIME_MEDIAN: float(np.median(own[finite])),
+                   STEP_TIME_MAX: float(own[finite].max()),
+                   SLOWEST_RANK: float(np.argmax(np.where(finite, own, -np.inf))),
+                   DATA_WAIT_MAX: float(np.nanmax(timing[:, 3])) if np.isfinite(timing[:, 3]).any() else math.nan}
+        metrics.update({rank_step_time(r): float(v) for r, v in enumerate(own)})
+        with np.errstate(invalid="ignore"):
+            slow = (others > 0) & (own > others * (1 + self.margin))
+        self._since = np.where(slow & (self.streak == 0), first_step, self._since)
+        self.streak = np.where(slow, self.streak + 1, 0)
+        events = [self._event(r, own, float(others[r]), timing[r], last_step, rank)
+                  for r in np.flatnonzero(self.streak == self.windows)]
+        return metrics, events
+
+    def _event(self, r: int, own: np.ndarray, others: float, timing: np.ndarray, step: int, rank: int) -> Event:
+        fields = dict(zip(TIMING_FIELDS, (float(v) for v in timing)))
+        return make_event(STRAGGLER, step, rank, straggler_rank=int(r),
+                          slower_pct=round(100 * (own[r] / others - 1), 1), windows=self.windows, since_step=int(self._since[r]), step_time_ms=round(float(own[r]), 3),
+                          others_median_ms=round(others, 3), margin=self.margin,
+                          data_wait_ms=_round(fields["data_wait_ms"]), callback_ms=_round(fields["callback_ms"]))
+
+
+def _round(value: float) -> Optional[float]:
+    return round(value, 3) if math.isfinite(value) else None
