@@ -152,6 +152,7 @@ class _Checker:
         self.winners, self.failed = winners, failed
         self.problems: List[str] = []
         self.notes: List[Note] = []
+        self.volatile: Set[str] = set()
 
     def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
         for end in range(len(path), 0, -1):
@@ -193,7 +194,8 @@ class _Checker:
             self.problem(path, problem)
             return
         reason = volatile_reason(prefix)
-        if reason:
+        if reason and os.path.abspath(prefix) not in self.volatile:  # once per directory
+            self.volatile.add(os.path.abspath(prefix))
             origin, source = self.source(path)
             self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
                                    f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
@@ -234,11 +236,11 @@ def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
         return  # check_values said what is wrong with the type
     if experiment_dir is not None:
         checker.directory(("experiment_dir",), experiment_dir, ("experiment",))
-    if EXPERIMENT_DIR in output_dir[len(EXPERIMENT_DIR):]:
+    if output_dir.find(EXPERIMENT_DIR, 1) >= 0:
         checker.problem(("output_dir",), f"{EXPERIMENT_DIR} may only start output_dir: {output_dir!r}")
         return
     filled = output_dir.replace(EXPERIMENT_DIR, experiment_dir_template(experiment_dir, output_dir), 1)
-    checker.directory(("output_dir",), output_dir, OUTPUT_PLACEHOLDERS + ("experiment_dir",), checked_as=filled)
+    checker.directory(("output_dir",), output_dir, ("experiment_dir",) + OUTPUT_PLACEHOLDERS, checked_as=filled)
 
 
 def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],
