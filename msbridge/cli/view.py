@@ -90,7 +90,8 @@ def _run_target(run_dir: str) -> Target:
 def _experiment_target(path: str) -> Target:
     runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, RUN_JSON)))
     config = (_read_json(os.path.join(path, runs[-1], RUN_JSON)).get("config") or {}) if runs else {}
-    target = Target(path, ((config.get("sinks") or {}).get("mlflow") or {}).get("experiment") or config.get("experiment"))
+    mlflow_options = (config.get("sinks") or {}).get("mlflow") or {}
+    target = Target(path, mlflow_options.get("experiment") or config.get("experiment"))
     for name, options in store_defaults(path).items():
         store = next(iter(options.values()))
         if os.path.exists(store[len("sqlite:///"):] if store.startswith("sqlite:///") else store):

@@ -123,7 +123,8 @@ class Viewer:
         except OSError:
             tail = []
         said = "".join(f"\n      {line}" for line in tail)
-        return (f"exit code {code}" if code is not None else "still running") + (f"; its log ends:{said}" if tail else "")
+        ended = f"exit code {code}" if code is not None else "still running"
+        return ended + (f"; its log ends:{said}" if tail else "")
 
     def terminate(self) -> None:
         """SIGTERM the whole process group."""
@@ -154,7 +155,7 @@ def mlflow_viewer(tracking_uri: str, scratch: str) -> Viewer:
     port = free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(port), "--workers", "1",
                "--backend-store-uri", tracking_uri]
-    if tracking_uri.startswith("sqlite:///"):  # artifacts of experiments made in the UI: beside the store, as msbridge's
+    if tracking_uri.startswith("sqlite:///"):  # artifacts of experiments made in the UI: beside the store
         command += ["--artifacts-destination",
                     os.path.join(os.path.dirname(tracking_uri[len("sqlite:///"):]), "mlartifacts")]
     return Viewer("mlflow", command, port, "/health", scratch, {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
