@@ -62,7 +62,8 @@ def test_a_named_output_dir_holds_everything_the_run_writes(tmp_path, persistent
     assert os.listdir(tmp_path / "some" / "dir") == ["x"]
     assert os.listdir(tmp_path / "cwd") == []
     top = {path.split(os.sep)[0] for path in files_under(named)}
-    assert top == {"README.md", "run.json", "metrics", "mlflow.db", "mlartifacts", "tensorboard", "summary"}
+    assert top == {"README.md", "run.json", ".msbridge-rank_0.lock", "metrics", "mlflow.db", "mlartifacts",
+                   "tensorboard", "summary"}
     client = MlflowClient(f"sqlite:///{named}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
