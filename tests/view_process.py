@@ -87,9 +87,13 @@ class ViewProcess:
         self.processes = family(self.proc.pid, ports)
         return urls
 
-    def interrupt(self, timeout: float = 60.0) -> int:
-        """Ctrl-C: SIGINT to the foreground group; the exit code. Reads the rest of the output."""
-        os.killpg(self.proc.pid, signal.SIGINT)
+    def interrupt(self, timeout: float = 60.0, sig: int = signal.SIGINT) -> int:
+        """Ctrl-C: SIGINT to the foreground group (another ``sig``: to the command alone, as ``kill`` sends it);
+        the exit code. Reads the rest of the output."""
+        if sig == signal.SIGINT:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)  # bash -c execs a lone command: this is msbridge itself
         code = self.proc.wait(timeout=timeout)
         deadline = time.monotonic() + 10
         while self._next_line(deadline) is not None:

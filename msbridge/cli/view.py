@@ -36,6 +36,7 @@ from .viewers import (Viewer, mindinsight_missing, mindinsight_venv, mindinsight
                       tensorboard_viewer)
 
 VIEWERS = ("mlflow", "tensorboard", "mindinsight")
+STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
 
 
 @dataclass
@@ -63,13 +64,29 @@ def _read_json(path: str) -> Dict[str, Any]:
         raise MsbridgeError(f"{path} cannot be read: {exc}") from None
 
 
+def _absolute(store: str, cwd: str) -> str:
+    """A store path the run's config gave relative to the training's working directory, made absolute."""
+    if store.startswith("sqlite:///"):
+        return "sqlite:///" + os.path.normpath(os.path.join(cwd, os.path.expanduser(store[len("sqlite:///"):])))
+    return store if "://" in store else os.path.normpath(os.path.join(cwd, os.path.expanduser(store)))
+
+
+def _store_options(meta: Dict[str, Any], run_dir: str) -> Dict[str, Dict[str, Any]]:
+    """Each viewed sink's options as the run used them: stores defaulted to its experiment dir, absolute."""
+    sinks = (meta.get("config") or {}).get("sinks") or {}
+    experiment_dir, cwd = recorded_experiment_dir(meta, run_dir), meta.get("cwd") or os.getcwd()
+    out = {}
+    for name in (n for n in VIEWERS if n in sinks):
+        options = with_store_defaults(name, sinks[name] or {}, experiment_dir)
+        out[name] = {k: _absolute(v, cwd) if k in STORE_KEYS and isinstance(v, str) else v for k, v in options.items()}
+    return out
+
+
 def _run_target(run_dir: str) -> Target:
     meta = _read_json(os.path.join(run_dir, RUN_JSON))
     config = meta.get("config") or {}
-    sinks = config.get("sinks") or {}
     run_name = meta.get("run_name") or os.path.basename(run_dir)
-    options = {name: with_store_defaults(name, sinks[name] or {}, recorded_experiment_dir(meta, run_dir))
-               for name in VIEWERS if name in sinks}
+    options = _store_options(meta, run_dir)
     target = Target(run_dir, (options.get("mlflow") or {}).get("experiment") or config.get("experiment"),
                     meta.get("run_id"))
     if "mlflow" in options:

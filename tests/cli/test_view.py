@@ -9,6 +9,7 @@ then presses Ctrl-C and checks no server process is left.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from view_process import ViewProcess, base, get
 from msbridge import BridgeMonitor
 from msbridge.cli import viewers
 from msbridge.cli.main import main
+from msbridge.cli.view import find_target
 from msbridge.sinks.runlog import read_run
 
 MSBRIDGE = str(Path(sys.executable).parent / "msbridge")
@@ -96,6 +98,33 @@ def test_demo_then_view_serves_every_step_of_the_loss_in_every_viewer(tmp_path):
         assert view.interrupt() == 0, view.lines
         assert view.lines[-1] == "[msbridge] stopped mlflow, tensorboard, mindinsight", view.lines
         assert not alive(view.processes), [open(f"/proc/{p}/cmdline").read() for p in alive(view.processes)]
+
+
+def test_view_of_an_experiment_dir_shows_every_run_and_stops_on_sigterm(tmp_path):
+    for name in ("r1", "r2"):
+        monitor = BridgeMonitor({"experiment": "v", "run_name": name, "experiment_dir": str(tmp_path / "exp"),
+                                 "sinks": ["jsonl", "tensorboard"]}, progress=False)
+        train_regression([monitor], steps=6)
+    with ViewProcess(f"{MSBRIDGE} view {tmp_path / 'exp'}") as view:
+        urls = view.wait_serving()
+        assert sorted(urls) == ["tensorboard"], view.lines
+        runs = poll(lambda: get(base(urls["tensorboard"]) + "/data/runs"), 4, "tensorboard runs")
+        assert sorted(runs) == ["r1", "r1/rank_0", "r2", "r2/rank_0"]
+        assert view.interrupt(sig=signal.SIGTERM) == 0 and not alive(view.processes), view.lines
+
+
+def test_view_finds_stores_a_config_gave_relative_to_where_training_ran(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monitor = BridgeMonitor({"experiment": "v", "run_name": "r1", "output_dir": str(tmp_path / "runs" / "{run_name}"),
+                             "sinks": {"jsonl": {}, "tensorboard": {"logdir": "./tb"},
+                                       "mlflow": {"tracking_uri": "sqlite:///./store/mlflow.db"}}}, progress=False)
+    train_regression([monitor], steps=6)
+    monkeypatch.chdir(tmp_path)
+    target = find_target(monitor.run_dir)
+    assert target.stores == {"tensorboard": str(tmp_path / "work" / "tb" / "r1"),
+                             "mlflow": f"sqlite:///{tmp_path / 'work' / 'store' / 'mlflow.db'}"}
+    assert os.path.isdir(target.stores["tensorboard"]) and os.path.isfile(tmp_path / "work" / "store" / "mlflow.db")
 
 
 def jsonl_and_mindinsight_run(tmp_path):
