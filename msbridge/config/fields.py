@@ -95,7 +95,7 @@ class Field:
 
 FIELDS: Dict[str, Field] = {
     "monitor_on": Field("bool", _bool, "master switch; false builds nothing and records nothing"),
-    "experiment": Field("str", _text(), "experiment name (MLflow experiment, parent dir of runs)"),
+    "experiment": Field("str", _text(), "experiment name (MLflow experiment, {experiment} in experiment_dir and output_dir)"),
     "run_name": Field("str", _text(), "run name template: {dotted.key} from params or settings, {timestamp}, {rank}"),
     "output_dir": Field("str", _text(), "run directory template: {experiment_dir} (first), {experiment}, {run_name}, "
                         "{rank}, {timestamp}"),
