@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from mindinsight_server import MindInsight, require_mindinsight
+from mlflow.tracking import MlflowClient
+from mlflow_server import MlflowServer
 from processes import alive, listening
 from training import train_regression
 from view_process import ViewProcess, base, get
@@ -125,6 +127,21 @@ def test_view_finds_stores_a_config_gave_relative_to_where_training_ran(tmp_path
     assert target.stores == {"tensorboard": str(tmp_path / "work" / "tb" / "r1"),
                              "mlflow": f"sqlite:///{tmp_path / 'work' / 'store' / 'mlflow.db'}"}
     assert os.path.isdir(target.stores["tensorboard"]) and os.path.isfile(tmp_path / "work" / "store" / "mlflow.db")
+
+
+@pytest.mark.slow  # a fresh MLflow server: ~40 s here
+def test_a_run_on_a_tracking_server_gets_its_run_page_there(tmp_path, capsys):
+    with MlflowServer(str(tmp_path / "server")) as server:
+        monitor = BridgeMonitor({"experiment": "remote", "run_name": "r1", "output_dir": str(tmp_path / "{run_name}"),
+                                 "sinks": {"jsonl": {}, "mlflow": {"tracking_uri": server.uri}}}, progress=False)
+        train_regression([monitor], steps=6)
+        capsys.readouterr()
+        assert main(["view", monitor.run_dir]) == 0  # nothing to start: the URL is printed
+        line = capsys.readouterr().out.splitlines()[1]
+        client = MlflowClient(server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
+        page = f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        assert line == f"  mlflow     : {page} (the run's tracking server; nothing started)"
 
 
 def jsonl_and_mindinsight_run(tmp_path):
