@@ -21,8 +21,15 @@ from typing import IO, Any, Dict, Optional, Sequence
 
 from ..sinks.base import Event, Record, RunInfo, Series, Sink
 from ..sinks.options import Option
-from ..sinks.runlog import encode_event, encode_header, encode_record, last_step, rank_file, read_rank_file, \
-    trim_partial_line
+from ..sinks.runlog import (
+    encode_event,
+    encode_header,
+    encode_record,
+    last_step,
+    rank_file,
+    read_rank_file,
+    trim_partial_line,
+)
 
 
 class JsonlSink(Sink):

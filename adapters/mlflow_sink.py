@@ -30,7 +30,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten, json_safe
 from ..sinks.options import Option
@@ -249,7 +249,7 @@ class MlflowSink(Sink):
             if not self._down:
                 log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
                             "in memory and are retried with backoff (jsonl holds every record)",
-                            mask_text(self.uri), mask_text(f"{type(exc).__name__}: {exc}")[:300], len(self._pending))
+                            mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending))
             self._down = True
             return False
         if self._down:
@@ -293,7 +293,7 @@ class MlflowSink(Sink):
             if getattr(exc, "error_code", None) not in _PERMANENT:
                 raise
             log.error("msbridge: MLflow rejected %s, skipped (jsonl holds every record): %s",
-                      what, mask_text(str(exc))[:300])
+                      what, mask_text(exception_text(exc)))
 
     def _key(self, name: str) -> str:
         """A valid MLflow name for a metric or an event tag, with one warning per renamed name."""

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Iterable, List, Sequence
+
+_OS_ERROR = re.compile(r"\[Errno -?\d+\] [^\"'()\[\]]+")
 
 
 class MsbridgeError(Exception):
@@ -46,3 +49,28 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """
     match = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def exception_text(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of ``exc`` on one line, never cut mid-word.
+
+    A longer message that wraps an OS error (a refused connection inside MLflow's
+    HTTP error) is given as that error; any other keeps its first whole sentences
+    that fit, then ``(...)``.
+
+    Example:
+        >>> exception_text(OSError("HTTPConnectionPool(...): Max retries exceeded (Caused by NewConnectionError("
+        ...                        "'[Errno 111] Connection refused'))"), limit=40)
+        'OSError: [Errno 111] Connection refused'
+    """
+    name = type(exc).__name__
+    text = " ".join(f"{name}: {exc}".split())
+    if len(text) <= limit:
+        return text
+    found = _OS_ERROR.findall(text)
+    if found:
+        return f"{name}: {found[-1].strip()}"
+    cut = text[:limit]
+    end = max(cut.rfind(". "), cut.rfind("; "))
+    cut = cut[:end + 1] if end > len(name) + 2 else cut[:cut.rfind(" ")]
+    return f"{cut} (...)"

@@ -1,21 +1,31 @@
-"""Where a run writes: the run name and output dir templates, rendered safely.
+"""Where a run writes: the run name, output dir and experiment dir templates, rendered safely.
 
 ``run_name`` may reference config values (``tiny-lm-lr{optimizer.learning_rate}``,
 looked up in the training params first, then in msbridge's own settings) and
 ``{timestamp}``. ``output_dir`` may use ``{experiment}``, ``{run_name}``,
-``{rank}`` and ``{timestamp}``. Names are reduced to one safe path component,
-so a run name can never escape the output directory.
+``{rank}``, ``{timestamp}`` and, as its first component, ``{experiment_dir}``.
+Names are reduced to one safe path component, so a run name can never escape
+the output directory.
+
+The experiment dir holds the stores an experiment's runs share (MLflow's
+``mlflow.db`` and ``mlartifacts/``, TensorBoard's ``tensorboard/``, MindInsight's
+``summary/``). It is the ``experiment_dir`` setting; when that is not set, it is
+``./msbridge_runs/{experiment}`` for an ``output_dir`` that starts with
+``{experiment_dir}`` (the default), else the leading part of ``output_dir``
+before its first per-run component: never a directory the user did not name.
 
 Example:
     >>> render_template("lm-lr{optimizer.lr}", {"optimizer": {"lr": 0.001}})
     'lm-lr0.001'
+    >>> experiment_dir_template(None, "/data/{experiment}/{run_name}")
+    '/data/{experiment}'
 """
 from __future__ import annotations
 
 import os
 import re
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -60,13 +70,81 @@ def safe_component(name: str) -> str:
     return cleaned[:200]
 
 
-def render_output_dir(template: str, experiment: str, run_name: str, rank: int, stamp: str) -> str:
-    """The absolute run directory. Placeholder values are single safe components."""
+def render_output_dir(template: str, experiment: str, run_name: str, rank: int, stamp: str,
+                      experiment_dir: Optional[str] = None) -> str:
+    """The absolute run directory. Placeholder values are single safe components (``experiment_dir``: a path)."""
     values = {"experiment": safe_component(experiment), "run_name": safe_component(run_name),
               "rank": str(rank), "timestamp": stamp}
+    if experiment_dir is not None:
+        values["experiment_dir"] = experiment_dir.rstrip("/") or "/"
     try:
         path = template.format(**values)
     except (KeyError, IndexError) as exc:
         raise ConfigError(f"output_dir: unknown placeholder {exc} in {template!r}; "
-                          "use {experiment}, {run_name}, {rank} or {timestamp}") from None
+                          f"use {', '.join('{' + k + '}' for k in values)}") from None
     return os.path.abspath(os.path.expanduser(path))
+
+
+#: The experiment dir when neither ``experiment_dir`` nor a placed ``output_dir`` says otherwise.
+DEFAULT_EXPERIMENT_DIR = "./msbridge_runs/{experiment}"
+#: Placeholders that make an output_dir component per run (the experiment dir stops before them).
+PER_RUN = ("{run_name}", "{rank}", "{timestamp}")
+
+
+def experiment_dir_template(experiment_dir: Optional[str], output_dir: str) -> str:
+    """The experiment dir template: ``experiment_dir`` if set, else derived from ``output_dir`` (see above)."""
+    if experiment_dir:
+        return experiment_dir
+    if output_dir.startswith("{experiment_dir}"):
+        return DEFAULT_EXPERIMENT_DIR
+    parts = output_dir.split("/")
+    for index, part in enumerate(parts):
+        if any(field in part for field in PER_RUN):
+            return "/".join(parts[:index]) or ("/" if output_dir.startswith("/") else ".")
+    return output_dir
+
+
+def render_experiment_dir(template: str, experiment: str) -> str:
+    """The absolute experiment dir; ``{experiment}`` is its only placeholder."""
+    try:
+        path = template.format(experiment=safe_component(experiment))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(f"experiment_dir: {template!r} is not a valid template ({exc}); "
+                          "its only placeholder is {experiment}") from None
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def store_defaults(experiment_dir: str) -> Dict[str, Dict[str, str]]:
+    """Where each tracker sink writes by default: its option name and value, in the experiment dir.
+
+    Example:
+        >>> store_defaults("/runs/exp")["tensorboard"]
+        {'logdir': '/runs/exp/tensorboard'}
+    """
+    return {"mlflow": {"tracking_uri": "sqlite:///" + os.path.join(experiment_dir, "mlflow.db")},
+            "tensorboard": {"logdir": os.path.join(experiment_dir, "tensorboard")},
+            "mindinsight": {"summary_base_dir": os.path.join(experiment_dir, "summary")}}
+
+
+def with_store_defaults(name: str, options: Mapping[str, Any], experiment_dir: str) -> Dict[str, Any]:
+    """Sink ``name``'s options with its store placed in ``experiment_dir`` unless the options place it."""
+    out = dict(options)
+    for key, value in store_defaults(experiment_dir).get(name, {}).items():
+        if not out.get(key):
+            out[key] = value
+    return out
+
+
+def recorded_experiment_dir(meta: Mapping[str, Any], run_dir: str) -> str:
+    """The experiment dir a run's ``run.json`` (``meta``) names, for the run dir now at ``run_dir``.
+
+    A run dir moved with its experiment dir around it keeps that relation; a run from before
+    ``experiment_dir`` was recorded had its stores in the run dir's parent.
+    """
+    run_dir = os.path.abspath(run_dir)
+    recorded, was = meta.get("experiment_dir"), meta.get("run_dir")
+    if not recorded:
+        return os.path.dirname(run_dir.rstrip("/"))
+    if was and (was.rstrip("/") + "/").startswith(recorded.rstrip("/") + "/"):
+        return os.path.normpath(os.path.join(run_dir, os.path.relpath(recorded, was)))
+    return recorded

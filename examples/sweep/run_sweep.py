@@ -1,7 +1,7 @@
 """A learning-rate sweep of the demo model into one MLflow experiment, then `msbridge compare`.
 
     python examples/sweep/run_sweep.py --out ./msbridge_runs --steps 150
-    msbridge compare msbridge-sweep --root ./msbridge_runs
+    msbridge compare msbridge-sweep          # the default store: ./msbridge_runs/msbridge-sweep/mlflow.db
 
 Every run logs its params (so `optimizer.learning_rate` is the column that differs), its
 per-step metrics and a shared `sweep_id` tag to ./msbridge_runs/msbridge-sweep/mlflow.db.
@@ -34,8 +34,9 @@ def run_sweep(out: str, steps: int, learning_rates=(0.0003, 0.003, 0.03)) -> str
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="./msbridge_runs")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--out", default="./msbridge_runs",
+                        help="the experiment dir is OUT/msbridge-sweep (default ./msbridge_runs: compare's default)")
+    parser.add_argument("--steps", type=int, default=150, help="training steps of each run (default 150)")
     args = parser.parse_args()
     uri = run_sweep(os.path.abspath(args.out), args.steps)
     print(format_table(*compare(EXPERIMENT, uri)))

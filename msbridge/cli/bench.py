@@ -243,10 +243,11 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--out", default="./bench_results")
+    parser.add_argument("--steps", type=int, default=300, help="training steps of each measured run (default 300)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each setup, interleaved; each figure is the median over them (default 3)")
+    parser.add_argument("--seed", type=int, default=7, help="the seed of the model and the data (default 7)")
+    parser.add_argument("--out", default="./bench_results", help="where the results go (default ./bench_results)")
     parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
                         help=f"comma-separated, from: {', '.join(s for s in SETUPS if not s.startswith('long'))}")
     parser.add_argument("--long-steps", type=int, default=0,
@@ -269,7 +270,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0].replace("``", ""))
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

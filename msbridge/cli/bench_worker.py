@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 from mindspore.train import Callback
 
+from ..errors import exception_text
 from .bench import DEFAULT_HIDDEN, SETUPS
 
 MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
@@ -329,7 +330,7 @@ def main(argv: Any = None) -> int:
     try:
         result = run(args.setup, args.steps, args.seed, args.work, args.stall_s, args.hidden)
     except Exception as exc:  # reported as the row's reason, e.g. a tool that does not run on CPU
-        result = {"setup": args.setup, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+        result = {"setup": args.setup, "error": exception_text(exc),
                   "traceback": traceback.format_exc()[-2000:]}
     with open(args.result, "w") as fh:
         json.dump(result, fh)

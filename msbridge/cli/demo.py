@@ -5,8 +5,10 @@ a random start and stride per sample): a pattern the model learns within a few
 hundred steps, so the loss falls visibly.
 
 Example:
-    >>> from msbridge.cli.demo import run_demo
-    >>> monitor = run_demo(steps=300, out="./demo_run")
+    >>> from msbridge import BridgeMonitor
+    >>> from msbridge.cli.demo import demo_config, train
+    >>> config = demo_config("./demo_runs")
+    >>> monitor = train(BridgeMonitor(config), steps=300, params=config["params"])
 """
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ def build_model(vocab_size: int, hidden_size: int, num_layers: int, num_heads: i
 
 
 def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """The embedded demo config: every sink whose package is installed, output under ``out``."""
+    """The embedded demo config: every sink whose package is installed, the experiment dir ``out/<experiment>``."""
     from ..sinks.registry import builtin_names, check_available
 
     sinks = []
@@ -105,7 +107,7 @@ def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict
     cfg: Dict[str, Any] = {
         "experiment": "msbridge-demo",
         "run_name": "tiny-lm-lr{optimizer.learning_rate}-{timestamp}",
-        "output_dir": f"{out}/{{experiment}}/{{run_name}}",
+        "experiment_dir": f"{out}/{{experiment}}",
         "flush_steps": 50,
         "flush_seconds": 5.0,
         "print_interval": 25,
@@ -115,6 +117,13 @@ def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict
     }
     cfg.update(overrides or {})
     return cfg
+
+
+def demo_params(config: Any) -> Any:
+    """``config`` (a loaded ``Config``) with the demo model's params filling in what its params do not set."""
+    from ..config.compose import deep_merge, plain
+
+    return config.with_changes(params=deep_merge(DEMO_DEFAULTS, plain(config.params)))
 
 
 def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: Sequence[Any] = ()) -> Any:

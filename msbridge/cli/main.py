@@ -1,12 +1,14 @@
-"""The ``msbridge`` command line.
+"""msbridge: train the demo, look at a run, compare a sweep, check a config.
 
 Example:
-    $ msbridge demo --steps 300 --out ./demo_run
+    $ msbridge demo --steps 300 --out ./demo_runs
+    $ msbridge view ./demo_runs/msbridge-demo/<run name>
     $ msbridge config check monitor.yaml
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -17,6 +19,10 @@ from .analyze import add_analysis_commands
 from .bench import add_arguments as add_bench_arguments
 from .bench import run_from_args as cmd_bench
 from .config_cmd import add_config_commands
+from .view import add_view_command
+
+#: Where the demo writes when neither --out nor --config says: the default experiment dirs' root.
+DEFAULT_OUT = "./msbridge_runs"
 
 
 def _quiet_libraries() -> None:
@@ -26,16 +32,35 @@ def _quiet_libraries() -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..callback import BridgeMonitor
-    from ..config.load import load_config
-    from .demo import demo_config, train
+    from .demo import demo_config, demo_params, train
 
-    out = os.path.abspath(args.out)
-    config = load_config(args.config if args.config else demo_config(out), overrides=args.set)
+    if args.config:
+        overrides = (out_overrides(args.out) if args.out else []) + list(args.set)
+        config = demo_params(_load(args.config, overrides))
+    else:
+        config = _load(demo_config(os.path.abspath(args.out or DEFAULT_OUT)), args.set)
     monitor = BridgeMonitor(config)
     print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
     train(monitor, args.steps, config.params)
     _print_outputs(monitor)
     return 0
+
+
+def _load(source, overrides):
+    from ..config.load import load_config
+
+    return load_config(source, overrides=overrides)
+
+
+def out_overrides(out: str) -> List[str]:
+    """``--out DIR`` as ``--set`` layers: the experiment dir ``DIR/<experiment>``, each run in it.
+
+    Example:
+        >>> out_overrides("/runs")
+        ['experiment_dir="/runs/{experiment}"', "output_dir='{experiment_dir}/{run_name}'"]
+    """
+    return [f"experiment_dir={json.dumps(os.path.join(os.path.abspath(out), '{experiment}'))}",
+            "output_dir='{experiment_dir}/{run_name}'"]
 
 
 def _print_outputs(monitor) -> None:
@@ -85,24 +110,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a tiny transformer LM on CPU with every available sink")
-    demo.add_argument("--steps", type=int, default=300)
-    demo.add_argument("--out", default="./msbridge_runs")
-    demo.add_argument("--config", help="a YAML config instead of the embedded demo config")
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.add_argument("--out", help=f"write the experiment dir OUT/<experiment> with each run in it (default "
+                                    f"{DEFAULT_OUT}; with --config, the config's experiment_dir and output_dir)")
+    demo.add_argument("--config", help="a YAML config instead of the embedded demo config (the demo model's "
+                                       "params fill in what it does not set)")
     demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config value (YAML-typed), repeatable")
+                      help="override a config value (YAML-typed), repeatable, e.g. sinks.mlflow.tracking_uri=URI")
     demo.set_defaults(func=cmd_demo)
 
     rep = sub.add_parser("replay", help="rebuild a sink from a run's jsonl write-ahead log (offline mode)")
-    rep.add_argument("run_dir")
-    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"])
+    rep.add_argument("run_dir", help="the run directory (holds run.json and metrics/rank_*.jsonl)")
+    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"],
+                     help="the sink to rebuild")
     rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
     rep.set_defaults(func=cmd_replay)
 
     cmp_ = sub.add_parser("compare", help="a sweep's runs side by side, from MLflow")
-    cmp_.add_argument("experiment")
-    cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db")
-    cmp_.add_argument("--root", default="./msbridge_runs", help="output root of the default store")
-    cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text")
+    cmp_.add_argument("experiment", help="the experiment name the runs were logged under")
+    cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db, the default store")
+    cmp_.add_argument("--root", default=DEFAULT_OUT,
+                      help=f"the directory holding the experiment dir of the default store (default {DEFAULT_OUT})")
+    cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text",
+                      help="text for people, csv or json for scripts")
     cmp_.set_defaults(func=cmd_compare)
 
     bench = sub.add_parser("bench", help="measure what monitoring costs: throughput vs no monitoring, CPU, RSS")
@@ -110,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
     add_config_commands(sub)
     add_analysis_commands(sub)
+    add_view_command(sub)
     return parser
 
 

@@ -196,6 +196,30 @@ def set_path(data: Dict[Any, Any], path: Path, value: Any) -> Optional[str]:
     return None
 
 
+def sinks_by_name(tree: Tree, path: Path) -> None:
+    """Before ``--set sinks.NAME.option=...`` on ``sinks: [a, NAME]`` (or ``sinks: NAME``): make the list the
+    mapping it means, ``{a: {}, NAME: {}}``, keeping each item's origin, so the value lands in NAME's options.
+
+    Example:
+        >>> tree = Tree({"sinks": ["jsonl", "mlflow"]})
+        >>> sinks_by_name(tree, ("sinks", "mlflow", "tracking_uri")); tree.data
+        {'sinks': {'jsonl': {}, 'mlflow': {}}}
+    """
+    for at in (0, 1):  # sinks at the top, or in the monitor section
+        if len(path) <= at + 1 or path[at] != "sinks" or not isinstance(path[at + 1], str):
+            continue
+        parent = tree.data if at == 0 else tree.data.get(path[0])
+        names = parent.get("sinks") if isinstance(parent, dict) else None
+        names = [names] if isinstance(names, str) else names
+        if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+            continue
+        where = path[:at + 1]
+        parent["sinks"] = {name: {} for name in names}
+        for index, name in enumerate(names):
+            if where + (index,) in tree.origins:
+                tree.origins[where + (name,)] = tree.origins.pop(where + (index,))
+
+
 def _override_path(key: str, data: Mapping[str, Any]) -> Tuple[Optional[Path], str]:
     """The tree path a ``--set`` key addresses, plus a note when it was redirected."""
     parts: List[Any] = [int(p) if p.isdigit() else p for p in key.split(".")]
@@ -230,6 +254,7 @@ def apply_overrides(tree: Tree, overrides: Sequence[str], composer: "_Composer")
         except ValueError as exc:
             composer.problems.append(f"--set {key}: the value {raw!r} is not valid YAML: {exc}")
             continue
+        sinks_by_name(tree, path)
         problem = set_path(tree.data, path, value)
         if problem:
             composer.problems.append(f"--set {key}: {problem}")

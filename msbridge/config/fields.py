@@ -95,9 +95,14 @@ class Field:
 
 FIELDS: Dict[str, Field] = {
     "monitor_on": Field("bool", _bool, "master switch; false builds nothing and records nothing"),
-    "experiment": Field("str", _text(), "experiment name (MLflow experiment, parent dir of runs)"),
+    "experiment": Field("str", _text(), "experiment name (MLflow experiment, {experiment} in experiment_dir and output_dir)"),
     "run_name": Field("str", _text(), "run name template: {dotted.key} from params or settings, {timestamp}, {rank}"),
-    "output_dir": Field("str", _text(), "run directory template: {experiment}, {run_name}, {rank}, {timestamp}"),
+    "output_dir": Field("str", _text(), "run directory template: {experiment_dir} (first), {experiment}, {run_name}, "
+                        "{rank}, {timestamp}"),
+    "experiment_dir": Field("str or null", _text(optional=True),
+                            "where the stores an experiment's runs share live (mlflow.db, mlartifacts/, tensorboard/, "
+                            "summary/); may use {experiment}; null: ./msbridge_runs/{experiment} when output_dir "
+                            "starts with {experiment_dir}, else output_dir's part before its first per-run component"),
     "step_interval": Field("int >= 1", _int(1), "record every N-th step (sampling granularity)"),
     "flush_steps": Field("int >= 1", _int(1), "steps buffered between device->host copies and writes"),
     "flush_seconds": Field("float > 0", _number(0), "also flush when this many seconds passed"),

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 from ..errors import ConfigError
 from ..health.spec import HealthSpec, resolve_health
-from ..paths import render_template
+from ..paths import experiment_dir_template, render_template
 from .canonical import canonicalize
 from .compose import plain as thaw
 from .fields import STRAGGLER_DEFAULTS, check_values, normalise_sinks, straggler_settings
@@ -39,8 +39,9 @@ __all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_c
 
 log = logging.getLogger("msbridge")
 
-DEFAULT_OUTPUT_DIR = "./msbridge_runs/{experiment}/{run_name}"
+DEFAULT_OUTPUT_DIR = "{experiment_dir}/{run_name}"
 OUTPUT_PLACEHOLDERS = ("experiment", "run_name", "rank", "timestamp")
+EXPERIMENT_DIR = "{experiment_dir}"
 
 
 def _frozen(value: Any) -> Any:
@@ -90,6 +91,7 @@ class Config:
     experiment: str = "default"
     run_name: str = "run-{timestamp}"
     output_dir: str = DEFAULT_OUTPUT_DIR
+    experiment_dir: Optional[str] = None
     step_interval: int = 1
     flush_steps: int = 100
     flush_seconds: float = 10.0
@@ -165,6 +167,7 @@ class _Checker:
         self.winners, self.failed = winners, failed
         self.problems: List[str] = []
         self.notes: List[Note] = []
+        self.volatile: Set[str] = set()
 
     def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
         for end in range(len(path), 0, -1):
@@ -186,21 +189,28 @@ class _Checker:
         text = f"{format_path(source)}: {message}{sets}"
         self.problems.append(f"{origin}: {text}" if origin else text)
 
-    def directory(self, path: Path, template: Any, placeholders: bool) -> None:
+    def directory(self, path: Path, template: Any, placeholders: Sequence[str] = (),
+                  checked_as: Optional[str] = None) -> None:
+        """Check a directory template with the allowed ``placeholders`` (none: a plain path).
+
+        ``checked_as``: the template to create and write-test instead (``{experiment_dir}`` filled in).
+        """
         if not isinstance(template, str) or not template:
             self.problem(path, f"expected a directory path, got {template!r}")
             return
-        bad = placeholder_problem(template, OUTPUT_PLACEHOLDERS) if placeholders else None
+        bad = placeholder_problem(template, placeholders) if placeholders else None
         if bad:
             self.problem(path, bad)
             return
+        template = checked_as or template
         prefix = static_prefix(template) if placeholders else os.path.expanduser(template)
         problem = writable_problem(prefix)
         if problem:
             self.problem(path, problem)
             return
         reason = volatile_reason(prefix)
-        if reason:
+        if reason and os.path.abspath(prefix) not in self.volatile:  # once per directory
+            self.volatile.add(os.path.abspath(prefix))
             origin, source = self.source(path)
             self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
                                    f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
@@ -225,17 +235,30 @@ def _check(full: Dict[str, Any], checker: _Checker) -> Optional[HealthSpec]:
                                   "no sink and records nothing", logging.WARNING))
     if full["monitor_on"] is not True:
         return health_spec
-    if isinstance(full["output_dir"], str) and full["output_dir"]:
-        checker.directory(("output_dir",), full["output_dir"], placeholders=True)
+    _check_run_dirs(full, checker)
     health = full["health"] if isinstance(full["health"], Mapping) else {}
     if "dump_dir" in health:
-        checker.directory(("health", "dump_dir"), health["dump_dir"], placeholders=True)
+        checker.directory(("health", "dump_dir"), health["dump_dir"], OUTPUT_PLACEHOLDERS)
     sinks = full["sinks"] if isinstance(full["sinks"], Mapping) else {}
     for name, options in sinks.items():
         for key, value in (options.items() if isinstance(options, Mapping) else ()):
             if str(key).endswith("dir") and isinstance(value, str):
-                checker.directory(("sinks", name, key), value, placeholders=False)
+                checker.directory(("sinks", name, key), value)
     return health_spec
+
+
+def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
+    """``experiment_dir`` (when set) and ``output_dir``, the latter with ``{experiment_dir}`` filled in."""
+    output_dir, experiment_dir = full["output_dir"], full["experiment_dir"]
+    if not (isinstance(output_dir, str) and output_dir and (experiment_dir is None or isinstance(experiment_dir, str))):
+        return  # check_values said what is wrong with the type
+    if experiment_dir is not None:
+        checker.directory(("experiment_dir",), experiment_dir, ("experiment",))
+    if output_dir.find(EXPERIMENT_DIR, 1) >= 0:
+        checker.problem(("output_dir",), f"{EXPERIMENT_DIR} may only start output_dir: {output_dir!r}")
+        return
+    filled = output_dir.replace(EXPERIMENT_DIR, experiment_dir_template(experiment_dir, output_dir), 1)
+    checker.directory(("output_dir",), output_dir, ("experiment_dir",) + OUTPUT_PLACEHOLDERS, checked_as=filled)
 
 
 def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],

@@ -44,8 +44,8 @@ from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RAN
 from ..run.rank_sync import DEFAULT_TIMEOUT_S, Watchdog, all_gather, gather_op
 from ..run.ranks import communication_ready
 from ..sinks.base import Event, Record, RunInfo
+from .payload import BATCH, FIRST, HEADER, LAST, TIMING, WINDOW_SLOTS, N, Slots, pack, unpack_step
 from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event
-from .payload import BATCH, FIRST, HEADER, LAST, N, TIMING, WINDOW_SLOTS, Slots, pack, unpack_step
 from .rank_timing import StepTimer, StragglerWatch
 
 log = logging.getLogger("msbridge")

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
 from ..names import LOSS, SAMPLES_PER_S
-from ..paths import safe_component
+from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir, store_defaults
 
 NAN = float("nan")
 
@@ -99,6 +99,10 @@ def format_table(rows: Sequence[RunRow], differing: Sequence[str], fmt: str = "t
 
 
 def default_tracking_uri(experiment: str, root: Optional[str] = None) -> str:
-    """Where the embedded default MLflow store of ``experiment`` lives (``./msbridge_runs/<experiment>/mlflow.db``)."""
-    base = root or "./msbridge_runs"
-    return "sqlite:///" + os.path.abspath(os.path.join(base, safe_component(experiment), "mlflow.db"))
+    """The store msbridge writes ``experiment`` to by default: ``sqlite:///<root>/<experiment>/mlflow.db``.
+
+    ``root`` defaults to ``./msbridge_runs``: the experiment dir of a config that places neither
+    ``experiment_dir`` nor ``output_dir``, of the demo and of ``examples/sweep``.
+    """
+    template = os.path.join(root, "{experiment}") if root else DEFAULT_EXPERIMENT_DIR
+    return store_defaults(render_experiment_dir(template, experiment))["mlflow"]["tracking_uri"]

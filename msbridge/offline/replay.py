@@ -20,6 +20,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from ..errors import MsbridgeError
+from ..paths import recorded_experiment_dir, with_store_defaults
 from ..run.metadata import README, RUN_JSON
 from ..sinks.base import KILLED, STATUSES, RunInfo
 from ..sinks.registry import resolve
@@ -50,6 +51,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     sink_cls = resolve(to)
     sink_options = dict(config.get("sinks", {}).get(to) or {})
     sink_options.update(options or {})
+    sink_options = with_store_defaults(to, sink_options, recorded_experiment_dir(meta, run_dir))
     readme_path = os.path.join(run_dir, README)
     readme = open(readme_path, encoding="utf-8").read() if os.path.exists(readme_path) else ""
     # No outcome in run.json: the job never reached its end (SIGKILL, a crashed rank's peers killed by msrun).

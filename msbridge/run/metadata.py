@@ -11,9 +11,11 @@ Example:
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -78,10 +80,26 @@ def collect_metadata(config: Mapping[str, Any], world_size: int, expected_steps:
     })
 
 
+#: Sinks ``msbridge view`` starts a viewer for.
+VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
+
+
+def msbridge_command() -> str:
+    """This msbridge as a command any shell runs as it is: the ``msbridge`` script of this Python's
+    environment (absolute, so no venv needs activating), else ``python -m msbridge``."""
+    script = os.path.join(os.path.dirname(sys.executable), "msbridge")
+    if os.access(script, os.X_OK):
+        return shlex.quote(script)
+    return f"{shlex.quote(sys.executable)} -m msbridge"
+
+
 def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[str]:
-    """The exact commands to look at this run, every UI bound to 127.0.0.1."""
-    commands = [f"msbridge plot {run_dir}", f"msbridge diagnose {run_dir}"]
-    commands += [info["view"] for info in sinks.values() if info.get("view")]
+    """The exact commands to look at this run, runnable as printed from any directory; viewers bind 127.0.0.1."""
+    exe, run = msbridge_command(), shlex.quote(run_dir)
+    commands = [f"{exe} view {run}"] if any(name in sinks for name in VIEWED_SINKS) else []
+    if importlib.util.find_spec("matplotlib") is not None:
+        commands.append(f"{exe} plot {run}")
+    commands.append(f"{exe} diagnose {run}")
     return [mask_text(c) for c in commands]
 
 

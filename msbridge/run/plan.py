@@ -21,14 +21,20 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..config.load import Config
 from ..errors import ConfigError
 from ..masking import mask_secrets
-from .rank_sync import agree_timestamp
-from ..paths import render_output_dir, render_template
+from ..paths import (
+    experiment_dir_template,
+    render_experiment_dir,
+    render_output_dir,
+    render_template,
+    with_store_defaults,
+)
 from ..sinks.base import RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.registry import resolve
 from ..sinks.runlog import last_step, rank_file
 from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
+from .rank_sync import agree_timestamp
 from .ranks import Ranks, claim_rank_file, detect_ranks
 
 log = logging.getLogger("msbridge")
@@ -52,6 +58,7 @@ class RunPlan:
     ranks: Ranks
     run_name: str
     run_dir: str
+    experiment_dir: str
     run_id: str
     sinks: List[Sink]
     progress: bool = True
@@ -64,6 +71,7 @@ class RunPlan:
         config_dict = mask_secrets(cfg.to_dict())
         meta = collect_metadata(config_dict, self.ranks.world_size, expected_steps)
         meta["batch_size"] = batch_size
+        meta["run_dir"], meta["experiment_dir"] = self.run_dir, self.experiment_dir
         wal = rank_file(self.run_dir, self.ranks.rank)
         run = RunInfo(run_id=self.run_id, run_name=self.run_name, experiment=cfg.experiment,
                       rank=self.ranks.rank, world_size=self.ranks.world_size,
@@ -95,19 +103,22 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
     stamp = agree_timestamp(ranks, "{timestamp}" in config.run_name + config.output_dir, now)
     own = config.to_dict()
     run_name = render_template(config.run_name, dict(config.params), own, {"timestamp": stamp, "rank": ranks.rank})
-    run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp)
+    experiment_dir = render_experiment_dir(experiment_dir_template(config.experiment_dir, config.output_dir),
+                                           config.experiment)
+    run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp, experiment_dir)
     check_writable(run_dir)
     claim_rank_file(run_dir, ranks.rank)
-    return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir,
-                   run_id=run_id_for(run_dir), sinks=build_sinks(config, ranks) + list(extra_sinks))
+    return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir, run_id=run_id_for(run_dir),
+                   sinks=build_sinks(config, ranks, experiment_dir) + list(extra_sinks), experiment_dir=experiment_dir)
 
 
-def build_sinks(config: Config, ranks: Ranks) -> List[Sink]:
+def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]:
     """The configured sinks of this rank, built now so a bad option fails before training.
 
     jsonl comes first (the write-ahead log); a global-only sink (MLflow) exists on the global rank only.
+    A tracker whose options do not place its store gets it in ``experiment_dir``.
     """
     names = sorted(config.sinks, key=lambda name: name != "jsonl")
     classes = [(name, resolve(name)) for name in names]
-    return [cls(**dict(config.sinks[name])) for name, cls in classes
+    return [cls(**with_store_defaults(name, config.sinks[name], experiment_dir)) for name, cls in classes
             if cls.ranks != "global" or ranks.is_global]

@@ -357,7 +357,7 @@ def test_real_training_loss_curve_equals_jsonl(tmp_path):
     start = hp_metadata.parse_session_start_info_plugin_data(
         glob_ea.PluginTagToContent("hparams")[hp_metadata.SESSION_START_INFO_TAG])
     assert start.hparams["optimizer.lr"].number_value == 0.01
-    assert "tensorboard --logdir" in texts(glob_ea, "run/README")[0][1]  # the README names this sink
+    assert f" view {monitor.run_dir}" in texts(glob_ea, "run/README")[0][1]  # the README says how to look
 
 
 def test_a_shared_writer_gets_every_series_and_stays_open(tmp_path):

@@ -113,6 +113,29 @@ def test_set_in_a_training_yaml_goes_into_the_monitor_section(tmp_path):
     assert any(t.startswith("monitor_config.flush_steps overrides monitor_config.interval") for t in notes)
 
 
+@pytest.mark.parametrize("sinks", [["jsonl", "tensorboard", "mlflow"], "mlflow", {"jsonl": {}, "mlflow": None}])
+def test_set_reaches_a_sink_written_as_a_list_a_name_or_a_mapping(tmp_path, sinks):
+    cfg = load_config({"sinks": sinks}, overrides=["sinks.mlflow.tracking_uri=http://127.0.0.1:5000",
+                                                   "sinks.mlflow.close_timeout=2"])
+    assert dict(cfg.sinks["mlflow"]) == {"tracking_uri": "http://127.0.0.1:5000", "close_timeout": 2}
+    names = sinks if isinstance(sinks, list) else [sinks] if isinstance(sinks, str) else list(sinks)
+    assert sorted(cfg.sinks) == sorted(set(names) | {"jsonl"})  # the same sinks, now with options
+    assert cfg.provenance.origin(("sinks", "mlflow", "tracking_uri")) == ("--set", "sinks.mlflow.tracking_uri")
+
+
+def test_set_reaches_a_sink_listed_in_a_training_yamls_section_and_keeps_its_line(tmp_path):
+    run = write(tmp_path / "train.yaml", """\
+        model: {}
+        monitor_config:
+          sinks:
+            - jsonl
+            - tensorboard
+    """)
+    cfg = load_config(str(run), overrides=["sinks.tensorboard.logdir=./tb"])
+    assert dict(cfg.sinks) == {"jsonl": {}, "tensorboard": {"logdir": "./tb"}}
+    assert cfg.provenance.origin(("sinks", "jsonl"))[0].endswith("train.yaml:4")
+
+
 def test_bad_set_arguments_are_problems(tmp_path):
     run = write(tmp_path / "train.yaml", "model: {}\nmonitor_config: {}\ncallbacks: [{type: A}]\n")
     with pytest.raises(ConfigError) as err:

@@ -105,7 +105,7 @@ def test_run_name_references_are_checked_against_params_and_settings(tmp_path, p
 def test_output_dir_placeholders_are_checked(tmp_path):
     assert problems_of(write(tmp_path, "output_dir: ./runs/{user}/{run_name}\n")) == [
         "run.yaml:1: output_dir: unknown placeholder {user} in './runs/{user}/{run_name}'; "
-        "use {experiment}, {run_name}, {rank}, {timestamp}"]
+        "use {experiment_dir}, {experiment}, {run_name}, {rank}, {timestamp}"]
     assert problems_of(write(tmp_path, "output_dir: ./runs/{run_name\n"))[0].startswith(
         "run.yaml:1: output_dir: './runs/{run_name' is not a valid template")
 
@@ -120,6 +120,24 @@ def test_unwritable_output_and_dump_dirs_fail_at_load(tmp_path):
     assert problems[0] == (f"run.yaml:1: output_dir: cannot create '{tmp_path}/afile/runs': "
                            f"'{tmp_path}/afile' is a file, not a directory")
     assert problems[1].startswith("run.yaml:2: health.dump_dir: cannot create '/proc/msbridge-dump': ")
+
+
+def test_experiment_dir_is_checked_and_fills_output_dir(tmp_path, persistent):
+    (tmp_path / "afile").write_text("x")
+    problems = problems_of(write(tmp_path, f"""\
+        experiment_dir: {tmp_path}/afile/{{experiment}}
+        output_dir: ./runs/{{experiment_dir}}/{{run_name}}
+    """))
+    assert problems[0] == (f"run.yaml:1: experiment_dir: cannot create '{tmp_path}/afile': "
+                           f"'{tmp_path}/afile' is a file, not a directory")
+    assert problems[1] == ("run.yaml:2: output_dir: {experiment_dir} may only start output_dir: "
+                           "'./runs/{experiment_dir}/{run_name}'")
+    assert problems_of(write(tmp_path, "experiment_dir: ./x/{run_name}\n")) == [
+        "run.yaml:1: experiment_dir: unknown placeholder {run_name} in './x/{run_name}'; use {experiment}"]
+    cfg = load_config({"experiment_dir": f"{tmp_path}/exps/{{experiment}}"})  # the default output_dir: inside it
+    assert (cfg.output_dir, cfg.experiment_dir) == ("{experiment_dir}/{run_name}", f"{tmp_path}/exps/{{experiment}}")
+    with pytest.raises(ConfigError, match=r"experiment_dir: cannot create '/proc/x'"):
+        load_config({"experiment_dir": "/proc/x/{experiment}"})  # the write check fills in {experiment_dir}
 
 
 def test_dump_path_problems_point_at_the_key_the_user_wrote(tmp_path):

@@ -74,7 +74,7 @@ def test_replayed_run_matches_an_online_run(tmp_path):
         hist = histories(client, run.info.run_id, ["train/loss", "train/lr", "train/epoch"])
         # The sink's own options differ on purpose (where it logs, how long it waits); the rest is the same.
         params = {k: v for k, v in run.data.params.items()
-                  if not k.startswith("msbridge.sinks.mlflow.") and "output_dir" not in k}
+                  if not k.startswith("msbridge.sinks.mlflow.") and not k.endswith(("output_dir", "experiment_dir"))}
         return run.info.status, run.info.run_name, set(run.data.metrics), hist, params
 
     online, replayed = summary(online_store), summary(replay_store)

@@ -1,0 +1,301 @@
+"""``msbridge view RUN_DIR``: start the run's viewers on 127.0.0.1, print their URLs, stop them on Ctrl-C.
+
+A run dir (it holds ``run.json``) opens on that run: MLflow on the run's page,
+TensorBoard on the run's own event files, MindInsight on the run's dashboard.
+An experiment dir opens on every run in it. With no flag, every viewer the run
+has a sink for is started; ``--mlflow``/``--tensorboard``/``--mindinsight``
+pick some. A run tracked on an MLflow server (``http://...``) gets that
+server's URL; nothing is started for it. On Ctrl-C (SIGINT), SIGTERM or SIGHUP
+every server is stopped with every process it started.
+
+Example:
+    $ msbridge view msbridge_runs/msbridge-demo/tiny-lm-lr0.003-20250101-120000
+    $ msbridge view msbridge_runs/msbridge-demo --tensorboard
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..adapters.mindinsight_sink import rank_dir
+from ..adapters.mlflow_sink import RUN_ID_TAG
+from ..errors import MsbridgeError
+from ..masking import mask_text
+from ..paths import recorded_experiment_dir, safe_component, store_defaults, with_store_defaults
+from ..run.metadata import RUN_JSON
+from .viewers import (
+    Viewer,
+    mindinsight_missing,
+    mindinsight_venv,
+    mindinsight_viewer,
+    mlflow_viewer,
+    tensorboard_viewer,
+)
+
+VIEWERS = ("mlflow", "tensorboard", "mindinsight")
+STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
+
+
+@dataclass
+class Target:
+    """What to show: a run (or an experiment dir), and where each of its trackers keeps its data.
+
+    Example:
+        >>> target = find_target("msbridge_runs/msbridge-demo/run-1")
+        >>> target.stores["tensorboard"]
+        '/abs/msbridge_runs/msbridge-demo/tensorboard/run-1'
+    """
+
+    path: str
+    experiment: Optional[str] = None
+    run_id: Optional[str] = None  # msbridge's run id (the MLflow tag), None for an experiment dir
+    stores: Dict[str, str] = field(default_factory=dict)  # viewer -> tracking URI or directory
+    pages: Dict[str, str] = field(default_factory=dict)  # viewer -> page to open, when not its front page
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise MsbridgeError(f"{path} cannot be read: {exc}") from None
+
+
+def _absolute(store: str, cwd: str) -> str:
+    """A store path the run's config gave relative to the training's working directory, made absolute."""
+    if store.startswith("sqlite:///"):
+        return "sqlite:///" + os.path.normpath(os.path.join(cwd, os.path.expanduser(store[len("sqlite:///"):])))
+    return store if "://" in store else os.path.normpath(os.path.join(cwd, os.path.expanduser(store)))
+
+
+def _store_options(meta: Dict[str, Any], run_dir: str) -> Dict[str, Dict[str, Any]]:
+    """Each viewed sink's options as the run used them: stores defaulted to its experiment dir, absolute."""
+    sinks = (meta.get("config") or {}).get("sinks") or {}
+    experiment_dir, cwd = recorded_experiment_dir(meta, run_dir), meta.get("cwd") or os.getcwd()
+    out = {}
+    for name in (n for n in VIEWERS if n in sinks):
+        options = with_store_defaults(name, sinks[name] or {}, experiment_dir)
+        out[name] = {k: _absolute(v, cwd) if k in STORE_KEYS and isinstance(v, str) else v for k, v in options.items()}
+    return out
+
+
+def _run_target(run_dir: str) -> Target:
+    meta = _read_json(os.path.join(run_dir, RUN_JSON))
+    config = meta.get("config") or {}
+    run_name = meta.get("run_name") or os.path.basename(run_dir)
+    options = _store_options(meta, run_dir)
+    target = Target(run_dir, (options.get("mlflow") or {}).get("experiment") or config.get("experiment"),
+                    meta.get("run_id"))
+    if "mlflow" in options:
+        target.stores["mlflow"] = options["mlflow"]["tracking_uri"]
+    if "tensorboard" in options:  # the run's own event files (mindformers' own dir when it shared its writer)
+        logdir = options["tensorboard"]["logdir"]
+        where = ((meta.get("sinks") or {}).get("tensorboard") or {}).get("where", "")
+        found = [d for d in (where, os.path.join(logdir, safe_component(run_name))) if d and os.path.isdir(d)]
+        target.stores["tensorboard"] = found[0] if found else logdir
+    if "mindinsight" in options:
+        base = options["mindinsight"]["summary_base_dir"]
+        target.stores["mindinsight"] = base
+        train_id = "./" + os.path.basename(rank_dir(base, run_name, 0))
+        target.pages["mindinsight"] = "/#/train-manage/training-dashboard?" + urllib.parse.urlencode({"id": train_id})
+    return target
+
+
+def _experiment_target(path: str) -> Target:
+    runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, RUN_JSON)))
+    config = (_read_json(os.path.join(path, runs[-1], RUN_JSON)).get("config") or {}) if runs else {}
+    mlflow_options = (config.get("sinks") or {}).get("mlflow") or {}
+    target = Target(path, mlflow_options.get("experiment") or config.get("experiment"))
+    for name, options in store_defaults(path).items():
+        store = next(iter(options.values()))
+        if os.path.exists(store[len("sqlite:///"):] if store.startswith("sqlite:///") else store):
+            target.stores[name] = store
+    if not runs and not target.stores:
+        raise MsbridgeError(f"{path} is neither a run dir (no {RUN_JSON}) nor an experiment dir (no run dirs, "
+                            "no mlflow.db, tensorboard/ or summary/ in it)")
+    return target
+
+
+def find_target(path: str) -> Target:
+    """The run (a dir holding run.json) or the experiment dir at ``path``."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise MsbridgeError(f"{path} is not a directory; give a run dir (it holds {RUN_JSON}) or an experiment dir")
+    if os.path.isfile(os.path.join(path, RUN_JSON)):
+        return _run_target(path)
+    return _experiment_target(path)
+
+
+def _request(url: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def mlflow_page(base_url: str, experiment: Optional[str], run_id: Optional[str]) -> str:
+    """The run's page, else the experiment's runs, on the MLflow server at ``base_url``; "/" if neither is found."""
+    if not experiment:
+        return "/"
+    api = base_url.rstrip("/") + "/api/2.0/mlflow"
+    try:
+        query = urllib.parse.urlencode({"experiment_name": experiment})
+        exp_id = _request(f"{api}/experiments/get-by-name?{query}")["experiment"]["experiment_id"]
+        if run_id:
+            found = _request(f"{api}/runs/search", {"experiment_ids": [exp_id], "max_results": 1,
+                                                     "filter": f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                                                     "run_view_type": "ALL"}).get("runs", [])
+            if found:
+                return f"/#/experiments/{exp_id}/runs/{found[0]['info']['run_id']}"
+        return f"/#/experiments/{exp_id}/runs"
+    except (OSError, ValueError, KeyError):
+        return "/"
+
+
+def _line(name: str, text: str) -> None:
+    print(f"  {name:<11}: {text}", flush=True)
+
+
+def _store_exists(name: str, store: str) -> bool:
+    if name == "mlflow" and "://" in store:
+        return not store.startswith("sqlite:///") or os.path.isfile(store[len("sqlite:///"):])
+    return os.path.isdir(store)
+
+
+def _viewer(name: str, target: Target, scratch: str) -> "Viewer | str | None":
+    """The server for ``name``; the URL of a tracking server the run used (printed); else None, said why."""
+    store = target.stores.get(name)
+    if store is None:
+        _line(name, f"not started: {target.path} has no {name} sink")
+        return None
+    if name == "mlflow" and store.startswith(("http://", "https://")):
+        url = mask_text(store.rstrip("/") + mlflow_page(store, target.experiment, target.run_id))
+        _line(name, f"{url} (the run's tracking server; nothing started)")
+        return url
+    if not _store_exists(name, store):
+        _line(name, f"not started: nothing was recorded at {mask_text(store)}")
+        return None
+    if name == "mlflow":
+        return mlflow_viewer(store, scratch)
+    if name == "tensorboard":
+        return tensorboard_viewer(store, scratch)
+    venv = mindinsight_venv()
+    if venv is None:
+        _line(name, mindinsight_missing())
+        return None
+    return mindinsight_viewer(venv, store, scratch, target.pages.get("mindinsight", "/"))
+
+
+class _Stop:
+    """A signal handler that only notes the signal: the main loop stops the servers."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+
+def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: float) -> List[Viewer]:
+    """Print each viewer's URL as it answers; the ones that did."""
+    pending, ready = list(viewers), []
+    deadline = time.monotonic() + timeout
+    while pending and stop.signum is None:
+        for viewer in list(pending):
+            state = viewer.poll_ready()
+            if state is None and time.monotonic() < deadline:
+                continue
+            pending.remove(viewer)
+            if state:
+                if viewer.name == "mlflow":
+                    viewer.page = mlflow_page(viewer.base_url, target.experiment, target.run_id)
+                _line(viewer.name, viewer.url)
+                ready.append(viewer)
+            elif state is False:
+                _line(viewer.name, f"did not start ({viewer.exit_text()})")
+            else:
+                _line(viewer.name, f"did not answer within {timeout:.0f} s ({viewer.exit_text()})")
+                viewer.terminate()
+        time.sleep(0.2)
+    return ready
+
+
+def _serve(viewers: List[Viewer], stop: _Stop) -> int:
+    """Wait for a stop signal; 0 then, 1 if every server ended on its own first."""
+    print("[msbridge] serving on 127.0.0.1 only; Ctrl-C stops them", flush=True)
+    running = list(viewers)
+    while stop.signum is None:
+        for viewer in [v for v in running if not v.alive()]:
+            running.remove(viewer)
+            _line(viewer.name, f"stopped on its own ({viewer.exit_text()})")
+        if not running:
+            return 1
+        time.sleep(0.5)
+    return 0
+
+
+def _stop_all(viewers: List[Viewer]) -> None:
+    for viewer in viewers:
+        viewer.terminate()
+    deadline = time.monotonic() + 10
+    left = [viewer.name for viewer in viewers if not viewer.wait_gone(deadline)]
+    if left:
+        print(f"[msbridge] could not stop {', '.join(left)}: processes survived SIGKILL", flush=True)
+    elif viewers:
+        print(f"[msbridge] stopped {', '.join(viewer.name for viewer in viewers)}", flush=True)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """Start the viewers, print their URLs, wait for Ctrl-C, stop them all."""
+    target = find_target(args.path)
+    wanted = [name for name in VIEWERS if getattr(args, name)] or [name for name in VIEWERS if name in target.stores]
+    if not wanted:
+        raise MsbridgeError(f"{target.path} has no tracker to view (no mlflow, tensorboard or mindinsight sink); "
+                            f"msbridge plot {target.path} draws its jsonl")
+    stop = _Stop()
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    scratch = tempfile.mkdtemp(prefix="msbridge-view-")
+    started: List[Viewer] = []
+    try:
+        print(f"[msbridge] view {target.path}", flush=True)
+        made = [_viewer(name, target, scratch) for name in wanted]
+        for viewer in made:
+            if isinstance(viewer, Viewer):
+                viewer.start()
+                started.append(viewer)
+        ready = _wait_ready(started, target, stop, args.timeout) if started else []
+        if stop.signum is not None:
+            return 0
+        if not ready:
+            return 0 if not started and any(isinstance(v, str) for v in made) else 1
+        return _serve(ready, stop)
+    finally:
+        _stop_all(started)
+        shutil.rmtree(scratch, ignore_errors=True)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def add_view_command(sub: "argparse._SubParsersAction") -> None:
+    """Register ``view`` on the ``msbridge`` subcommand parser.
+
+    Example:
+        >>> add_view_command(argparse.ArgumentParser().add_subparsers())
+    """
+    view = sub.add_parser("view", help="start a run's viewers (MLflow, TensorBoard, MindInsight) on 127.0.0.1 "
+                                       "and print their URLs; Ctrl-C stops them")
+    view.add_argument("path", help="a run dir (it holds run.json) or an experiment dir")
+    for name in VIEWERS:
+        view.add_argument(f"--{name}", action="store_true", help=f"start {name} (default: every viewer the run has)")
+    view.add_argument("--timeout", type=float, default=180.0,
+                      help="seconds each viewer may take to answer before it is given up (default 180)")
+    view.set_defaults(func=cmd_view)

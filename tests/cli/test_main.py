@@ -1,0 +1,49 @@
+"""The msbridge command line: help text for every option, plain text, --out composing with --config."""
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+import pytest
+
+from msbridge.cli.main import build_parser, main, out_overrides
+from msbridge.config.load import load_config
+
+
+def parsers(parser: argparse.ArgumentParser, name: str = "msbridge"):
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from parsers(sub, f"{name} {sub_name}")
+
+
+def test_every_option_and_command_has_help_and_no_rst():
+    missing, rst = [], []
+    for name, parser in parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{name} {c.dest}" for c in action._choices_actions if not c.help]
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+        if "``" in parser.format_help() or ":func:" in parser.format_help():
+            rst.append(name)
+    assert missing == [] and rst == []
+
+
+def test_help_exits_0(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and "view" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text", [
+    "experiment: e\noutput_dir: ./elsewhere/{run_name}\n",
+    "model: {}\nmonitor_config:\n  experiment: e\n  output_dir: ./elsewhere/{run_name}\n",  # a training YAML
+])
+def test_out_overrides_the_configs_directories(tmp_path, text, persistent):
+    (tmp_path / "c.yaml").write_text(textwrap.dedent(text))
+    cfg = load_config(str(tmp_path / "c.yaml"), out_overrides(str(tmp_path / "out")) + ["flush_steps=7"])
+    assert (cfg.experiment_dir, cfg.output_dir) == (f"{tmp_path}/out/{{experiment}}", "{experiment_dir}/{run_name}")
+    assert cfg.flush_steps == 7
+    assert cfg.provenance.origin(("output_dir",))[0] == "--set"

@@ -1,0 +1,172 @@
+"""`msbridge view`: the demo's run in MLflow, TensorBoard and MindInsight, as a browser would fetch it.
+
+The slow test runs `msbridge demo` with every sink, then the `msbridge view`
+command the demo printed, in a fresh shell from the repo root. It fetches each
+viewer's page and the data API behind the loss chart, checks the loss is served
+at every step with the jsonl's values, checks every server binds 127.0.0.1 only,
+then presses Ctrl-C and checks no server process is left.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from mindinsight_server import MindInsight, require_mindinsight
+from mlflow.tracking import MlflowClient
+from mlflow_server import MlflowServer
+from processes import alive, listening
+from training import train_regression
+from view_process import ViewProcess, base, get
+
+from msbridge import BridgeMonitor
+from msbridge.cli import viewers
+from msbridge.cli.main import main
+from msbridge.cli.view import find_target
+from msbridge.sinks.runlog import read_run
+
+MSBRIDGE = str(Path(sys.executable).parent / "msbridge")
+STEPS = 60
+
+
+def poll(fetch, count, what, timeout=90.0):
+    """``fetch()`` until it returns ``count`` points (a viewer loads event files in the background)."""
+    deadline = time.monotonic() + timeout
+    while len(points := fetch()) < count and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(points) >= count, f"{what}: {len(points)} of {count} points within {timeout:.0f} s"
+    return points
+
+
+def same_series(what, got, want):
+    """Step coverage first, then the values."""
+    assert [s for s, _ in got] == [s for s, _ in want], f"{what}: steps differ"
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), f"{what}: values differ"
+
+
+def check_mlflow(url, run_id, want):
+    assert "<html" in get(base(url) + "/").lower()
+    fragment = urllib.parse.urlsplit(url).fragment  # /experiments/<id>/runs/<MLflow run id>
+    mlflow_run = fragment.rsplit("/", 1)[1]
+    api = base(url) + "/api/2.0/mlflow"
+    run = get(f"{api}/runs/get?run_id={mlflow_run}")["run"]
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["msbridge.run_id"] == run_id
+    history = get(f"{api}/metrics/get-history?run_id={mlflow_run}&metric_key=train/loss&max_results=100000")
+    same_series("mlflow", sorted((m["step"], m["value"]) for m in history["metrics"]), want)
+
+
+def check_tensorboard(url, want):
+    assert "<html" in get(url).lower()
+    api = base(url) + "/data/plugin/scalars/scalars?run=rank_0&tag=train/loss"
+    points = poll(lambda: get(api), len(want), "tensorboard")
+    same_series("tensorboard", [(p[1], p[2]) for p in points], want)
+
+
+def check_mindinsight(url, run_dir, want):
+    assert "<html" in get(base(url) + "/").lower()
+    train_id = urllib.parse.parse_qs(urllib.parse.urlsplit(url).fragment.split("?", 1)[1])["id"][0]
+    assert train_id == f"./{Path(run_dir).name}_rank_0"
+    client = MindInsight(urllib.parse.urlsplit(url).port)
+    assert train_id in client.train_jobs()  # GET /v1/mindinsight/datavisual/train-jobs
+    points = poll(lambda: client.scalars(train_id, "train/loss/scalar"), len(want), "mindinsight")
+    same_series("mindinsight", [(p["step"], p["value"]) for p in points], want)
+
+
+@pytest.mark.slow
+def test_demo_then_view_serves_every_step_of_the_loss_in_every_viewer(tmp_path):
+    require_mindinsight()
+    demo = subprocess.run([MSBRIDGE, "demo", "--steps", str(STEPS), "--out", str(tmp_path / "runs")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900, env=dict(os.environ, GLOG_v="3"))
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    run_dir = next(line.split(": ", 1)[1] for line in demo.stdout.splitlines() if line.startswith("  run dir"))
+    (command,) = [line.strip() for line in demo.stdout.splitlines() if line.strip().startswith(f"{MSBRIDGE} view ")]
+    log = read_run(run_dir).ranks[0]
+    want = log.series("train/loss")
+    assert [s for s, _ in want] == list(range(1, STEPS + 1))
+    with ViewProcess(command) as view:
+        urls = view.wait_serving()
+        assert sorted(urls) == ["mindinsight", "mlflow", "tensorboard"], view.lines
+        check_mlflow(urls["mlflow"], log.header["run_id"], want)
+        check_tensorboard(urls["tensorboard"], want)
+        check_mindinsight(urls["mindinsight"], run_dir, want)
+        bound = listening(view.processes)
+        assert {addr for addr, _, _ in bound} == {"127.0.0.1"}, bound
+        assert {urllib.parse.urlsplit(u).port for u in urls.values()} <= {port for _, port, _ in bound}
+        assert view.interrupt() == 0, view.lines
+        assert view.lines[-1] == "[msbridge] stopped mlflow, tensorboard, mindinsight", view.lines
+        assert not alive(view.processes), [open(f"/proc/{p}/cmdline").read() for p in alive(view.processes)]
+
+
+def test_view_of_an_experiment_dir_shows_every_run_and_stops_on_sigterm(tmp_path):
+    for name in ("r1", "r2"):
+        monitor = BridgeMonitor({"experiment": "v", "run_name": name, "experiment_dir": str(tmp_path / "exp"),
+                                 "sinks": ["jsonl", "tensorboard"]}, progress=False)
+        train_regression([monitor], steps=6)
+    with ViewProcess(f"{MSBRIDGE} view {tmp_path / 'exp'}") as view:
+        urls = view.wait_serving()
+        assert sorted(urls) == ["tensorboard"], view.lines
+        runs = poll(lambda: get(base(urls["tensorboard"]) + "/data/runs"), 4, "tensorboard runs")
+        assert sorted(runs) == ["r1", "r1/rank_0", "r2", "r2/rank_0"]
+        assert view.interrupt(sig=signal.SIGTERM) == 0 and not alive(view.processes), view.lines
+
+
+def test_view_finds_stores_a_config_gave_relative_to_where_training_ran(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monitor = BridgeMonitor({"experiment": "v", "run_name": "r1", "output_dir": str(tmp_path / "runs" / "{run_name}"),
+                             "sinks": {"jsonl": {}, "tensorboard": {"logdir": "./tb"},
+                                       "mlflow": {"tracking_uri": "sqlite:///./store/mlflow.db"}}}, progress=False)
+    train_regression([monitor], steps=6)
+    monkeypatch.chdir(tmp_path)
+    target = find_target(monitor.run_dir)
+    assert target.stores == {"tensorboard": str(tmp_path / "work" / "tb" / "r1"),
+                             "mlflow": f"sqlite:///{tmp_path / 'work' / 'store' / 'mlflow.db'}"}
+    assert os.path.isdir(target.stores["tensorboard"]) and os.path.isfile(tmp_path / "work" / "store" / "mlflow.db")
+
+
+@pytest.mark.slow  # a fresh MLflow server: ~40 s here
+def test_a_run_on_a_tracking_server_gets_its_run_page_there(tmp_path, capsys):
+    with MlflowServer(str(tmp_path / "server")) as server:
+        monitor = BridgeMonitor({"experiment": "remote", "run_name": "r1", "output_dir": str(tmp_path / "{run_name}"),
+                                 "sinks": {"jsonl": {}, "mlflow": {"tracking_uri": server.uri}}}, progress=False)
+        train_regression([monitor], steps=6)
+        capsys.readouterr()
+        assert main(["view", monitor.run_dir]) == 0  # nothing to start: the URL is printed
+        line = capsys.readouterr().out.splitlines()[1]
+        client = MlflowClient(server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
+        page = f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        assert line == f"  mlflow     : {page} (the run's tracking server; nothing started)"
+
+
+def jsonl_and_mindinsight_run(tmp_path):
+    monitor = BridgeMonitor({"experiment": "v", "run_name": "r1", "output_dir": str(tmp_path / "exp" / "{run_name}"),
+                             "sinks": ["jsonl", "mindinsight"]}, progress=False)
+    train_regression([monitor], steps=6)
+    return monitor.run_dir
+
+
+def test_view_without_mindinsight_says_the_one_command_that_builds_it(tmp_path, capsys, monkeypatch):
+    run_dir = jsonl_and_mindinsight_run(tmp_path)
+    monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", tmp_path / "no-venv")
+    assert main(["view", run_dir]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"  mindinsight: not started: its venv {tmp_path / 'no-venv'} is missing; build it with: "
+                        f"bash {viewers.MINDINSIGHT_BUILD}")
+    assert viewers.MINDINSIGHT_BUILD.is_file()
+
+
+def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):
+    run_dir = jsonl_and_mindinsight_run(tmp_path)
+    assert main(["view", run_dir, "--mlflow"]) == 1
+    assert capsys.readouterr().out.splitlines()[1] == f"  mlflow     : not started: {run_dir} has no mlflow sink"
+    assert main(["view", str(tmp_path / "nope")]) == 2
+    assert "is not a directory; give a run dir (it holds run.json) or an experiment dir" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["view", str(tmp_path / "empty")]) == 2
+    assert "is neither a run dir (no run.json) nor an experiment dir" in capsys.readouterr().err
