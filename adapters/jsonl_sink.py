@@ -81,8 +81,7 @@ class JsonlSink(Sink):
         self._file = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
-        path = rank_file(run.run_dir, run.rank)
-        return {"where": path, "view": f"tail -f {path}"}
+        return {"where": rank_file(run.run_dir, run.rank)}
 
     def read_back(self, run: RunInfo) -> Series:
         log = read_rank_file(rank_file(run.run_dir, run.rank))

@@ -151,9 +151,7 @@ class MindInsightSink(Sink):
         self._summary = self._lineage = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
-        base = self.base_dir(run)
-        return {"where": rank_dir(base, run.run_name, run.rank),
-                "view": f"mindinsight start --summary-base-dir {base} --port 8080"}
+        return {"where": rank_dir(self.base_dir(run), run.run_name, run.rank)}
 
     def read_back(self, run: RunInfo) -> Series:
         """The scalars of this rank's summary files, parsed with MindSpore's ``summary_pb2.Event``

@@ -208,9 +208,7 @@ class MlflowSink(Sink):
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         uri = mask_text(self._uri_for(run))
-        where = f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"
-        local = f"mlflow ui --backend-store-uri {shlex.quote(uri)} --host 127.0.0.1 --port 5000"
-        return {"where": where, "view": uri if uri.startswith(("http://", "https://")) else local}
+        return {"where": f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"}
 
     def read_back(self, run: RunInfo) -> Series:
         """The metric histories of the job's MLflow run, read with ``MlflowClient``."""

@@ -50,7 +50,6 @@ import logging
 import math
 import os
 import re
-import shlex
 import socket
 import time
 from types import SimpleNamespace
@@ -252,8 +251,7 @@ class TensorBoardSink(Sink):
         self._local = self._global = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
-        logdir = self.run_dir(run) if self._shared is not None else self._logdir(run)
-        return {"where": self.run_dir(run), "view": f"tensorboard --logdir {shlex.quote(logdir)} --host 127.0.0.1"}
+        return {"where": self.run_dir(run)}
 
     def read_back(self, run: RunInfo) -> Series:
         """Every scalar under the run's directory (its ranks' subdirs too), read with TensorBoard's

@@ -195,7 +195,7 @@ class Sink:
     def describe(self, run: RunInfo) -> Dict[str, str]:
         """Where this sink writes for ``run`` (before it is opened), for the run README.
 
-        Returns ``{"where": path or URI, "view": command to look at it}``; UIs bind to 127.0.0.1.
+        Returns ``{"where": path or URI}``; ``msbridge view`` starts the viewers.
         """
         return {}
 

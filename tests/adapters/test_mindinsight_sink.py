@@ -145,8 +145,7 @@ def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
     sink, jsonl = MindInsightSink(), JsonlSink()
     assert resolve("mindinsight") is MindInsightSink
     base = str(tmp_path / "exp" / "summary")
-    assert sink.describe(run) == {"where": os.path.join(base, "r1_rank_0"),
-                                  "view": f"mindinsight start --summary-base-dir {base} --port 8080"}
+    assert sink.describe(run) == {"where": os.path.join(base, "r1_rank_0")}
     events = [Event("anomaly", 3, 0, time.time(), {"check": "nonfinite_loss"}), Event("anomaly", 3, 0),
               Event("checkpoint", 4, 0)]
     for s in (sink, jsonl):

@@ -344,11 +344,9 @@ def test_describe_masks_the_uri(tmp_path):
     run = mlflow_run(tmp_path)
     local = MlflowSink().describe(run)
     db = f"sqlite:///{tmp_path / run.experiment}/mlflow.db"
-    assert local == {"where": f"{db} (experiment {run.experiment!r})",
-                     "view": f"mlflow ui --backend-store-uri {db} --host 127.0.0.1 --port 5000"}
+    assert local == {"where": f"{db} (experiment {run.experiment!r})"}
     remote = MlflowSink(tracking_uri=f"https://bob:{SECRET}@mlflow.example.com", experiment="e").describe(run)
-    assert remote == {"where": "https://bob:***@mlflow.example.com (experiment 'e')",
-                      "view": "https://bob:***@mlflow.example.com"}
+    assert remote == {"where": "https://bob:***@mlflow.example.com (experiment 'e')"}
 
 
 def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
