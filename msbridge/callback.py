@@ -30,6 +30,7 @@ from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
 from .capture.host_buffer import StepBuffer
+from .capture.internals import Internals
 from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
 from .capture.ring_reader import RingReader, check_ring_size
@@ -83,6 +84,7 @@ class BridgeMonitor(Callback):
         self._every = self.config.step_interval
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
+        self._internals: Optional[Internals] = None  # layer_norms, memory, system
         self._reducer: Optional[Any] = None
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
@@ -141,6 +143,9 @@ class BridgeMonitor(Callback):
                                         ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")})
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
+        self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
+                                    int(ms.get_context("device_id"))).start(_param(cb, "train_network"),
+                                                                            optimizer, ring_cell)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
@@ -246,6 +251,8 @@ class BridgeMonitor(Callback):
             if dispatch or forwarded:
                 self._dispatch_pending()
             return
+        if self._internals is not None:
+            self._internals.fill(window, at_flush=dispatch)
         t1 = time.perf_counter()
         if self._reducer is not None:
             if reduce:
@@ -286,6 +293,8 @@ class BridgeMonitor(Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            if self._internals is not None:
+                self._internals.close()
             interrupted = self._signals.interrupt_detail()
             if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
                 status = KILLED
