@@ -86,7 +86,8 @@ def _system(value: Any) -> Optional[str]:
     unknown = [k for k in value if k != "interval_s"]
     if unknown:
         return f"unknown key {unknown[0]!r}{did_you_mean(str(unknown[0]), ['interval_s'])} (allowed: interval_s)"
-    return _number(0)(value.get("interval_s", SYSTEM_INTERVAL_S))
+    problem = _number(0)(value.get("interval_s", SYSTEM_INTERVAL_S))
+    return f"interval_s: {problem}" if problem else None
 
 
 def _mapping(value: Any) -> Optional[str]:
