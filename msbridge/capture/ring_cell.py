@@ -1,8 +1,9 @@
 """The device side of the step ring buffer: a ``[ring_size, 5 + n]`` Parameter written inside the compiled step.
 
 Every step writes one row, ``STEP_SCALARS`` order (loss, grad norm, lr, loss
-scale, overflow) then, when the cell has them, the L2 norms of the ``n``
-parameters' gradients (``param_names`` order), at row ``step % ring_size`` of
+scale, overflow) then, when the cell has them, the squared L2 norms of the ``n``
+parameters' gradients (``param_names`` order; the reader takes the root on the
+host, so the step adds no op for it), at row ``step % ring_size`` of
 ``msbridge_ring``, and increments the device step counter ``msbridge_ring_step``.
 Nothing leaves the device on the step's path; ``msbridge.capture.ring_reader.RingReader``
 copies the ring to the host once per flush.
@@ -63,12 +64,12 @@ class RingCell(nn.Cell):
     Subclasses call ``self.record_step(loss, grad_norm, lr, loss_scale, overflow)``
     once in ``construct``; each argument is a tensor of any numeric dtype
     (a non-scalar is reduced to its mean). A cell built with ``param_names``
-    also passes ``param_norms``: a 1-D tensor, one gradient norm per name.
+    also passes ``param_squares``: a 1-D tensor, one squared gradient norm per name.
 
     Args:
         ring_size: rows of the ring; must be at least the monitor's flush window
             plus the steps of one sink (``BridgeMonitor`` checks at train begin).
-        param_names: the parameters whose gradient norms each row also holds.
+        param_names: the parameters whose squared gradient norms each row also holds.
 
     Attributes:
         ring_columns: names from ``STEP_SCALARS`` this cell records, or None when
@@ -102,12 +103,12 @@ class RingCell(nn.Cell):
         self.nan_params = Tensor(np.full(len(self.param_columns), np.nan, np.float32))
 
     def record_step(self, loss: Any, grad_norm: Any, lr: Any, loss_scale: Any, overflow: Any,
-                    param_norms: Any = None) -> Any:
+                    param_squares: Any = None) -> Any:
         """Write one row at ``counter % ring_size`` and advance the counter (inside the graph)."""
         row = ops.stack([_scalar(loss), _scalar(grad_norm), _scalar(lr), _scalar(loss_scale), _scalar(overflow)])
         if self.param_columns:
-            norms = self.nan_params if param_norms is None else ops.cast(param_norms, ms.float32).reshape((-1,))
-            row = ops.concat((row, norms))
+            squares = self.nan_params if param_squares is None else ops.cast(param_squares, ms.float32).reshape((-1,))
+            row = ops.concat((row, squares))
         row = row.reshape((1, len(STEP_SCALARS) + len(self.param_columns)))
         index = (self.msbridge_ring_step % self.ring_size).reshape((1,))
         written = ops.scatter_update(self.msbridge_ring, index, row)
@@ -134,7 +135,7 @@ class RingAttached(RingCell):
         if isinstance(out, tuple):
             if len(out) >= _MF_LEN:  # mindformers' train cells
                 norm = nan if out[_MF_NORM] is None else out[_MF_NORM]
-                local = ops.sqrt(out[_MF_LOCAL_NORM]) if self.param_columns and len(out) > _MF_LEN else None
+                local = out[_MF_LOCAL_NORM] if self.param_columns and len(out) > _MF_LEN else None
                 self.record_step(out[_MF_LOSS], norm, out[_MF_LR], out[_MF_SCALE], out[_MF_OVERFLOW], local)
             elif len(out) == _LS_LEN:  # nn.TrainOneStepWithLossScaleCell
                 self.record_step(out[_LS_LOSS], nan, nan, out[_LS_SCALE], out[_LS_OVERFLOW])

@@ -4,8 +4,8 @@ One compiled step does forward, backward, (un)scaling, the global grad norm,
 an overflow check with IsFinite/ReduceAll (``NPUGetFloatStatusV2`` has no CPU
 kernel), optional clipping by global norm, the optimizer update, and one row
 of the ring buffer: loss, grad norm, the lr the optimizer used, loss scale,
-overflow, then every parameter's gradient norm (the square sums the global
-norm is made of, so no extra reduction). It returns the loss, so every
+overflow, then every parameter's squared gradient norm (the square sums the
+global norm is made of: no extra reduction, no extra op but one concat). It returns the loss, so every
 ordinary callback still works.
 
 Example:
@@ -137,4 +137,4 @@ class TrainStep(RingCell):
                 loss = ops.depend(loss, self.optimizer(grads))
         else:
             loss = ops.depend(loss, self.optimizer(grads))
-        return ops.depend(loss, self.record_step(loss, grad_norm, lr, scale, overflow, ops.sqrt(squares)))
+        return ops.depend(loss, self.record_step(loss, grad_norm, lr, scale, overflow, squares))

@@ -25,7 +25,8 @@ def test_device_memory_comes_from_mindspore_runtime_off_cpu():
 
 
 def test_memory_per_flush_and_cpu_said_once(tmp_path, caplog):
-    mon = BridgeMonitor({"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
+    mon = BridgeMonitor({"experiment": "t", "run_name": "r",
+                         "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
                          "flush_steps": 8, "overhead_budget": 0.99, "sinks": ["jsonl"], "memory": True},
                         progress=False)
     with caplog.at_level(logging.INFO, logger="msbridge"):

@@ -145,7 +145,8 @@ class Slow(Callback):
 
 def test_system_metrics_reach_the_jsonl_and_tensorboard(fake_npu_smi, tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "5")
-    mon = BridgeMonitor({"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
+    mon = BridgeMonitor({"experiment": "t", "run_name": "r",
+                         "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
                          "flush_steps": 10, "sinks": ["jsonl", "tensorboard"], "system": {"interval_s": 0.1}},
                         progress=False)
     train_regression([Slow(), mon], steps=30)

@@ -225,7 +225,8 @@ def test_mindformers_tensorboard_writer_is_shared(tmp_path):
     assert not (work / "msbridge_runs" / "tiny-llama" / "tensorboard").exists()
 
 
-# TrainingStateMonitor's log lines: "... step:[   10/   12] adam_m_norm/model.layers.0...: 0.0123" and "weight_norm: 3.2"
+# TrainingStateMonitor's log lines: "... step:[   10/   12] adam_m_norm/model.layers.0...: 0.0123",
+# "... weight_norm: 3.2"
 MF_STATE = re.compile(r"step:\[\s*(\d+)/\s*\d+\] (adam_[mv]_norm/\S+|weight_norm): ([-\d.e+]+)")
 
 
