@@ -29,7 +29,9 @@ import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
+from .capture.cb_params import batch_size_of, expected_steps, param, resume_offset, steps_per_call
 from .capture.host_buffer import StepBuffer
+from .capture.internals import Internals
 from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
 from .capture.ring_reader import RingReader, check_ring_size
@@ -83,6 +85,7 @@ class BridgeMonitor(Callback):
         self._every = self.config.step_interval
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
+        self._internals: Optional[Internals] = None  # layer_norms, memory, system
         self._reducer: Optional[Any] = None
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
@@ -115,9 +118,9 @@ class BridgeMonitor(Callback):
             return
         cb = run_context.original_args()
         cfg = self.config
-        first_step = int(_param(cb, "cur_step_num", 0) or 0)
-        ring_cell = find_ring_cell(_param(cb, "train_network", None))
-        per_call = _steps_per_call(cb)
+        first_step = int(param(cb, "cur_step_num", 0) or 0)
+        ring_cell = find_ring_cell(param(cb, "train_network", None))
+        per_call = steps_per_call(cb)
         if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run
             check_ring_size(ring_cell.ring_size, cfg.flush_steps, per_call, cfg.buffer_size)
             self._buffer = RingReader(ring_cell, first_step=first_step, interval=cfg.step_interval,
@@ -126,12 +129,12 @@ class BridgeMonitor(Callback):
             widest = ring_cell.ring_size - per_call
         else:
             widest = cfg.buffer_size or 8 * cfg.flush_steps
-        batch_size = _batch_size(cb)
-        expected = _expected_steps(cb)
+        batch_size = batch_size_of(cb)
+        expected = expected_steps(cb)
         # refuses `skip` before any sink opens. Loss-scale cells (MindSpore's, mindformers') skip an
         # overflow step; TrainStep skips (non-finite and overflow steps) only when told to.
         skips = isinstance(ring_cell, TrainStep) and bool(ring_cell.skip_bad_steps)
-        self.health.bind(_param(cb, "train_network"), skips_nonfinite=skips,
+        self.health.bind(param(cb, "train_network"), skips_nonfinite=skips,
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
@@ -141,6 +144,9 @@ class BridgeMonitor(Callback):
                                         ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")})
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
+        self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
+                                    int(ms.get_context("device_id"))).start(param(cb, "train_network"),
+                                                                            optimizer, ring_cell)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
@@ -179,7 +185,7 @@ class BridgeMonitor(Callback):
         cb = run_context.original_args()
         step = int(cb.cur_step_num)
         if self._offset is None:
-            self._offset = _resume_offset(cb, step)
+            self._offset = resume_offset(cb, step)
         step += self._offset
         self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
@@ -229,13 +235,13 @@ class BridgeMonitor(Callback):
         cb = self._cb
         if self.dispatcher is None or cb is None or self._offset is None:
             return
-        step = int(_param(cb, "cur_step_num", 0) or 0) + self._offset
-        outputs = _param(cb, "net_outputs", None)
+        step = int(param(cb, "cur_step_num", 0) or 0) + self._offset
+        outputs = param(cb, "net_outputs", None)
         if outputs is self._seen_outputs:  # the step itself raised: there are no new outputs
             return
         if step > self._last_step and outputs is not None and step % self._every == 0:
             now = time.perf_counter()
-            self._buffer.append(step, int(_param(cb, "cur_epoch_num", 0) or 0), outputs,
+            self._buffer.append(step, int(param(cb, "cur_epoch_num", 0) or 0), outputs,
                                 (now - self._last_end) / (step - self._last_step), 0.0)
             self._last_step = step
 
@@ -255,6 +261,8 @@ class BridgeMonitor(Callback):
             if dispatch or forwarded:
                 self._dispatch_pending()
             return
+        if self._internals is not None:
+            self._internals.fill(window, at_flush=dispatch)
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
@@ -297,6 +305,8 @@ class BridgeMonitor(Callback):
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
             if status == FINISHED and self.health.stop is not None:  # the final window's check stopped the run
                 status = self.health.stop.status
+            if self._internals is not None:
+                self._internals.close()
             interrupted = self._signals.interrupt_detail()
             if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
                 status = KILLED
@@ -355,46 +365,3 @@ class BridgeMonitor(Callback):
         if finite.size:
             best = float(finite.min())
             self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
-
-
-def _param(cb: Any, name: str, default: Any = None) -> Any:
-    """A callback parameter; MindSpore's ``_InternalCallbackParam`` raises KeyError for a missing one."""
-    try:
-        return getattr(cb, name)
-    except (AttributeError, KeyError):
-        return default
-
-
-def _resume_offset(cb: Any, first_step: int) -> int:
-    """Steps done before this ``Model.train`` call: it counts ``cur_step_num`` from 1 even with
-    ``initial_epoch``, while ``cur_epoch_num`` continues. The global step is the sum."""
-    epoch, per_epoch = _param(cb, "cur_epoch_num", 1) or 1, _param(cb, "batch_num", 0) or 0
-    return max(0, (int(epoch) - 1) * int(per_epoch) - (first_step - 1))
-
-
-def _batch_size(cb: Any) -> Optional[int]:
-    dataset = _param(cb, "train_dataset", None)
-    try:
-        return int(dataset.get_batch_size()) if dataset is not None else None
-    except Exception:  # a dataset without a fixed batch size
-        return None
-
-
-def _steps_per_call(cb: Any) -> int:
-    """Steps between two step-end calls: ``sink_size`` in device sink mode, else 1."""
-    if not _param(cb, "dataset_sink_mode", False):
-        return 1  # also CPU with dataset_sink_mode=True: MindSpore runs it step by step
-    size = int(_param(cb, "sink_size", -1) or -1)
-    return size if size > 0 else int(_param(cb, "batch_num", 1) or 1)
-
-
-def _expected_steps(cb: Any) -> Optional[int]:
-    epochs = _param(cb, "epoch_num", None)
-    per_epoch = _param(cb, "batch_num", None)
-    dataset = _param(cb, "train_dataset", None)
-    if _param(cb, "dataset_sink_mode", False) and dataset is not None and \
-            ms.get_context("device_target") == "CPU":  # batch_num is sink_size, but CPU runs whole epochs
-        per_epoch = dataset.get_dataset_size()
-    if epochs and per_epoch:
-        return int(epochs) * int(per_epoch)
-    return None

@@ -5,6 +5,10 @@
     perf/step_time_ms  perf/samples_per_s  perf/tokens_per_s  perf/monitor_overhead
     global (rank 0 only): train/global_loss  dist/loss_min  dist/loss_max
     dist/loss_std  dist/outlier_rank  dist/loss/rank_{r}
+    model internals: grad_norm/{param}  weight_norm/{param}  optimizer/{state}_norm/{param}
+    memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb
+    system/npu_utilization_pct  system/npu_hbm_used_mb  system/npu_hbm_total_mb
+    system/npu_memory_used_mb  system/npu_memory_total_mb  system/npu_temperature_c  system/npu_power_w
 
 Example:
     >>> from msbridge.names import LOSS, rank_loss
@@ -32,6 +36,43 @@ LOSS_MIN = "dist/loss_min"
 LOSS_MAX = "dist/loss_max"
 LOSS_STD = "dist/loss_std"
 OUTLIER_RANK = "dist/outlier_rank"
+
+
+# Model internals (``layer_norms``): one series per parameter, or per layer with ``layer_norms_group``.
+GRAD_NORM_PREFIX = "grad_norm/"
+WEIGHT_NORM_PREFIX = "weight_norm/"
+OPTIMIZER_PREFIX = "optimizer/"
+#: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
+ADAM_STATES = ("adam_m", "adam_v")
+
+# Memory (``memory: true``), per flush.
+DEVICE_ALLOCATED_MB = "memory/device_allocated_mb"
+DEVICE_PEAK_MB = "memory/device_peak_mb"
+HOST_RSS_MB = "memory/host_rss_mb"
+
+# NPU system metrics (``system:``), from npu-smi in a background sampler; named as MLflow's system metrics.
+NPU_UTILIZATION = "system/npu_utilization_pct"
+NPU_HBM_USED_MB = "system/npu_hbm_used_mb"
+NPU_HBM_TOTAL_MB = "system/npu_hbm_total_mb"
+NPU_MEMORY_USED_MB = "system/npu_memory_used_mb"
+NPU_MEMORY_TOTAL_MB = "system/npu_memory_total_mb"
+NPU_TEMPERATURE = "system/npu_temperature_c"
+NPU_POWER = "system/npu_power_w"
+
+
+def grad_norm_name(param: str) -> str:
+    """``grad_norm/<param>``: the L2 norm of one parameter's (or one layer's) gradient."""
+    return GRAD_NORM_PREFIX + param
+
+
+def weight_norm_name(param: str) -> str:
+    """``weight_norm/<param>``: the L2 norm of one parameter (or one layer)."""
+    return WEIGHT_NORM_PREFIX + param
+
+
+def optimizer_norm_name(state: str, param: str) -> str:
+    """``optimizer/<state>_norm/<param>``: the L2 norm of one optimizer state (``adam_m``, ``adam_v``)."""
+    return f"{OPTIMIZER_PREFIX}{state}_norm/{param}"
 
 
 def rank_loss(rank: int) -> str:

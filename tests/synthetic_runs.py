@@ -181,6 +181,25 @@ def nonfinite_on_one_rank(rank: int = 1, at: int = 160, world_size: int = 4, see
     return sc
 
 
+LAYERS = ("embedding", "layers.0", "layers.1", "layers.2", "lm_head")
+
+
+def with_layer_norms(sc: Scenario, spikes: Dict[str, Sequence[int]] = None, factor: float = 6.0,
+                     seed: int = 0) -> Scenario:
+    """Rank 0's grad norm split into ``LAYERS`` (``grad_norm/<layer>``, their squares summing to it);
+    each layer in ``spikes`` has its grad norm ``factor`` x at those steps (the total follows)."""
+    rng = np.random.default_rng(seed)
+    columns = sc.ranks[0]
+    shares = rng.dirichlet(np.full(len(LAYERS), 50.0), size=len(sc.steps))  # squared shares, fairly steady
+    norms = {name: columns[GRAD_NORM] * np.sqrt(shares[:, i]) for i, name in enumerate(LAYERS)}
+    for name, steps in (spikes or {}).items():
+        for step in steps:
+            norms[name][step - 1] *= factor
+    columns.update({f"grad_norm/{name}": values for name, values in norms.items()})
+    columns[GRAD_NORM] = np.sqrt(sum(np.square(v) for v in norms.values()))
+    return sc
+
+
 def without(sc: Scenario, name: str) -> Scenario:
     """The scenario with one metric never recorded (e.g. no grad norm)."""
     for columns in sc.ranks.values():

@@ -4,7 +4,9 @@ On the step path ``append`` stores host numbers only (step, epoch, timestamps)
 and counts the device steps the call covers: one per call normally,
 ``sink_size`` per call in sink mode on a device. ``drain`` copies the whole ring
 to the host once (``ring.asnumpy()``), reads the device step counter, and picks
-the rows of the steps since the last drain.
+the rows of the steps since the last drain; the per-parameter columns (squared
+gradient norms, when the cell has them) come with the same copy and their root
+is taken here.
 
 The ring never overwrites a step that was not drained as long as it holds the
 flush window plus one sink: ``check_ring_size`` refuses a smaller ring at train
@@ -153,8 +155,10 @@ class RingReader:
             lr = lr_at(steps)
             if lr is not None:
                 scalars[LR] = lr
+        names = self.cell.param_columns
         return Window(steps=steps, epochs=epochs, wall_time=wall, step_time_s=step_time, monitor_s=monitor,
-                      scalars=scalars)
+                      scalars=scalars, param_grad_norms=np.sqrt(picked[:, len(STEP_SCALARS):]) if names else None,
+                      param_names=names)
 
     # -- helpers ---------------------------------------------------------------
     def _expand(self) -> Tuple[np.ndarray, ...]:

@@ -4,7 +4,9 @@ One compiled step does forward, backward, (un)scaling, the global grad norm,
 an overflow check with IsFinite/ReduceAll (``NPUGetFloatStatusV2`` has no CPU
 kernel), optional clipping by global norm, the optimizer update, and one row
 of the ring buffer: loss, grad norm, the lr the optimizer used, loss scale,
-overflow. It returns the loss, so every ordinary callback still works.
+overflow, then every parameter's squared gradient norm (the square sums the
+global norm is made of: no extra reduction, no extra op but one concat). It returns the loss, so every
+ordinary callback still works.
 
 Example:
     >>> from msbridge import BridgeMonitor, TrainStep
@@ -50,7 +52,8 @@ class TrainStep(RingCell):
 
     With ``scale_sense=None`` and ``clip_grad_norm=None`` it computes the same
     update as ``nn.TrainOneStepCell``; the ring costs a grad-norm reduction, an
-    IsFinite pass over the grads and one scatter of 5 floats per step.
+    IsFinite pass over the grads and one scatter of 5 + n floats per step
+    (n: the optimizer's parameters, whose gradient norms feed ``layer_norms``).
 
     Args:
         network: a cell that returns the loss (``nn.WithLossCell`` or your own).
@@ -74,7 +77,7 @@ class TrainStep(RingCell):
     def __init__(self, network: nn.Cell, optimizer: nn.Cell, scale_sense: Union[None, float, Tensor, nn.Cell] = None,
                  clip_grad_norm: Optional[float] = None, ring_size: int = DEFAULT_RING_SIZE,
                  skip_nonfinite: bool = False) -> None:
-        super().__init__(ring_size)
+        super().__init__(ring_size, tuple(p.name for p in optimizer.parameters))
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer
@@ -114,7 +117,8 @@ class TrainStep(RingCell):
         grads = self.grad_reducer(grads)
         if self.scaled:
             grads = self.hyper_map(ops.partial(_scale, ops.reciprocal(scale)), grads)
-        grad_norm = ops.sqrt(ops.stack(self.hyper_map(_square_sum, grads)).sum())
+        squares = ops.stack(self.hyper_map(_square_sum, grads))  # one per parameter
+        grad_norm = ops.sqrt(squares.sum())
         finite = ops.logical_and(ops.stack(self.hyper_map(_all_finite, grads)).all(), ops.isfinite(loss).all())
         overflow = ops.logical_not(finite)
         if self.scale_manager is not None:
@@ -133,4 +137,4 @@ class TrainStep(RingCell):
                 loss = ops.depend(loss, self.optimizer(grads))
         else:
             loss = ops.depend(loss, self.optimizer(grads))
-        return ops.depend(loss, self.record_step(loss, grad_norm, lr, scale, overflow))
+        return ops.depend(loss, self.record_step(loss, grad_norm, lr, scale, overflow, squares))

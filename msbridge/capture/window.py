@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -23,6 +23,12 @@ class Window:
     ``monitor_s`` the monitor's own host time in that step. ``at_flush`` holds
     state read once at the flush (a live Parameter, such as the loss scale
     mindformers' train cells return): it is recorded on the window's last step.
+
+    ``param_grad_norms`` (steps x parameters, ``param_names`` order) is what a
+    ring with per-parameter columns held; ``series`` are further per-step
+    series recorded under their own names (the selected ``grad_norm/<param>``);
+    ``timed`` are samples taken at wall-clock times (the NPU sampler), each
+    recorded on the last step that ended at or before it.
     """
 
     steps: np.ndarray
@@ -33,6 +39,10 @@ class Window:
     scalars: Dict[str, np.ndarray] = field(default_factory=dict)
     global_scalars: Dict[str, np.ndarray] = field(default_factory=dict)
     at_flush: Dict[str, float] = field(default_factory=dict)
+    param_grad_norms: Optional[np.ndarray] = None
+    param_names: Tuple[str, ...] = ()
+    series: Dict[str, np.ndarray] = field(default_factory=dict)
+    timed: List[Tuple[float, Dict[str, float]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.steps)

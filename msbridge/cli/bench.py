@@ -40,15 +40,19 @@ SETUPS: Dict[str, str] = {
     "e": "msbridge, all sinks, every step",
     "f": "msbridge, jsonl only",
     "g": "msbridge, TrainStep ring, sink mode sink_size=20, all sinks",
+    "ln": "msbridge, jsonl, TrainStep ring, layer_norms '.*' (grad, weight, Adam-moment norms)",
+    "mem": "msbridge, jsonl, memory: true",
+    "sys": "msbridge, jsonl, system: {interval_s: 1} with a fake npu-smi (8 chips) on PATH",
     "long": "msbridge, all sinks, tiny model, long run",
     "long_a": "no monitoring, tiny model, long run",
 }
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
-BASELINE = {"d_mf": "a_mf", "g": "a_ts"}
+BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
 DEFAULT_HIDDEN = 32
-TARGETS = {"ratio_e": 0.99, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02}
+TARGETS = {"ratio_e": 0.99, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02,
+           "ratio_ln": 0.97, "ratio_mem": 0.99, "ratio_sys": 0.99}
 
 
 def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
@@ -179,6 +183,12 @@ def check_targets(report: Dict[str, Any]) -> Dict[str, Any]:
                              "measured": max((r["idle_cpu_per_s"] - idle_a for r in msb
                                               if r.get("idle_cpu_per_s") is not None), default=None)},
     }
+    for setup in ("ln", "mem", "sys"):  # model internals and system metrics, when run
+        if rows.get(setup, {}).get("ok"):
+            out[f"ratio_{setup}"] = {"target": f">= {TARGETS[f'ratio_{setup}']}", "measured": rows[setup]["ratio"]}
+    if rows.get("sys", {}).get("ok") and rows["sys"].get("idle_cpu_per_s") is not None:
+        out["idle_cpu_sys_above_a"] = {"target": f"< {TARGETS['idle_cpu_above_a']} s/s",
+                                       "measured": rows["sys"]["idle_cpu_per_s"] - idle_a}
     long = report.get("long")
     if long and "error" not in long and long.get("rss_samples"):
         samples = long["rss_samples"]

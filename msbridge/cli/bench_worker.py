@@ -140,15 +140,43 @@ class _MlflowPerStep(Callback):
         mlflow.end_run()
 
 
-def _msbridge(work: str, sinks: Any) -> Any:
-    """msbridge with its default settings (flush every 100 steps or 10 s); ``None``: every installed sink."""
+def _msbridge(work: str, sinks: Any, **settings: Any) -> Any:
+    """msbridge with its default settings (flush every 100 steps or 10 s) plus ``settings``;
+    ``sinks=None``: every installed sink."""
     from ..callback import BridgeMonitor
     from .demo import demo_config
 
     if sinks is None:
         sinks = demo_config(work)["sinks"]
     return BridgeMonitor({"experiment": "bench", "run_name": "run", "sinks": sinks, "seq_length": 32,
-                          "output_dir": os.path.join(work, "runs", "{experiment}", "{run_name}")})
+                          "output_dir": os.path.join(work, "runs", "{experiment}", "{run_name}"), **settings})
+
+
+def npu_smi_table(chips: int = 8) -> str:
+    """An ``npu-smi info`` table in the training-server layout (HBM-Usage column), ``chips`` busy 910B3 chips."""
+    rule = "+" + "=" * 27 + "+" + "=" * 15 + "+" + "=" * 52 + "+"
+    lines = ["| npu-smi 23.0.6                   Version: 23.0.6" + " " * 48 + "|",
+             "| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|",
+             "| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |", rule]
+    for i in range(chips):
+        lines += [f"| {i:<5} {'910B3':<20}| {'OK':<14}| {92.5 + i:<11.1f} {40 + i:<17} {'0    / 0':<21}|",
+                  f"| {0:<26}| {f'0000:{i:02X}:00.0':<14}| {70 + i:<11} {'0    / 0':<17} {f'{30000 + i} / 65536':<21}|",
+                  rule]
+    return "\n".join(lines) + "\n"
+
+
+def fake_npu_smi(work: str) -> str:
+    """A shell ``npu-smi`` that prints ``npu_smi_table()`` (there is no NPU here), first on PATH; its dir."""
+    bin_dir = os.path.join(work, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    with open(os.path.join(bin_dir, "npu-smi.txt"), "w") as fh:
+        fh.write(npu_smi_table())
+    script = os.path.join(bin_dir, "npu-smi")
+    with open(script, "w") as fh:
+        fh.write(f'#!/bin/sh\ncat "{bin_dir}/npu-smi.txt"\n')
+    os.chmod(script, 0o755)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    return bin_dir
 
 
 def _mindformers(work: str, steps: int, lr: Any) -> List[Any]:
@@ -201,6 +229,11 @@ def _summary(work: str, freq: int) -> Any:
                             collect_specified_data={"collect_dataset_graph": False})
 
 
+def _with_fake_npu_smi(work: str) -> Any:
+    fake_npu_smi(work)
+    return _msbridge(work, ["jsonl"], system={"interval_s": 1})
+
+
 def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
     from mindspore.train import LossMonitor
 
@@ -213,6 +246,9 @@ def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
         "e": lambda: [_msbridge(work, None)], "g": lambda: [_msbridge(work, None)],
         "long": lambda: [_msbridge(work, None)], "long_a": lambda: [],
         "f": lambda: [_msbridge(work, ["jsonl"])],
+        "ln": lambda: [_msbridge(work, ["jsonl"], layer_norms=".*")],
+        "mem": lambda: [_msbridge(work, ["jsonl"], memory=True)],
+        "sys": lambda: [_with_fake_npu_smi(work)],
     }
     return builders[setup]()
 
@@ -244,7 +280,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     lr = nn.WarmUpLR(0.003, 20)
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
     callbacks = callbacks_for(setup, work, steps, lr)
-    if setup in ("a_ts", "g"):
+    if setup in ("a_ts", "g", "ln"):
         config = callbacks[0].config if callbacks else None
         size = ring_size_for(config, SINK_SIZE) if config else 256
         train_cell = TrainStep(loss_net, optimizer, ring_size=size)

@@ -145,18 +145,22 @@ def _target_regex(key: Key) -> str:
     return f"^(?!.*(?:{joined}))" if key.section.get("invert") is True else joined
 
 
+#: mindformers' keys that turn on per-parameter norms (grad, weight, Adam moments): all map to ``layer_norms``.
+_NORM_FORMATS = ("local_norm_format", "weight_state_format", "optimizer_state_format")
+
+
 def _target(key: Key, value: Any) -> None:
     if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
         key.problem(f"expected a list of parameter-name patterns, got {value!r}")
-    elif any(key.section.get(k) for k in ("local_norm_format", "weight_state_format")):
+    elif any(key.section.get(k) for k in _NORM_FORMATS):
         key.says("the layer_norms regex (with invert)")
     else:
-        key.says("no effect: msbridge uses it only with local_norm_format or weight_state_format", logging.WARNING)
+        key.says(f"no effect: msbridge uses it only with {', '.join(_NORM_FORMATS)}", logging.WARNING)
 
 
 @_is_bool
 def _invert(key: Key, value: bool) -> None:
-    used = any(key.section.get(k) for k in ("local_norm_format", "weight_state_format"))
+    used = any(key.section.get(k) for k in _NORM_FORMATS)
     key.says("the layer_norms regex (negated)" if used else "no effect without target and a norm format",
              logging.INFO if used or not value else logging.WARNING)
 
@@ -289,7 +293,7 @@ HANDLERS: Dict[str, Handler] = {
     "local_norm_format": _format_handler("layer_norms"),
     "weight_state_format": _format_handler("layer_norms"),
     "device_local_norm_format": _format_handler("grad_norm"),
-    "optimizer_state_format": _mindformers_only("optimizer state norms"),
+    "optimizer_state_format": _format_handler("layer_norms"),
     "max_attention_logit_format": _format_handler(None),
     "target": _target,
     "invert": _invert,

@@ -67,6 +67,29 @@ def _regex(value: Any) -> Optional[str]:
     return None
 
 
+def _group_regex(value: Any) -> Optional[str]:
+    problem = _regex(value)
+    if problem or value is None or re.compile(value).groups == 1:
+        return problem
+    return f"{value!r} must have exactly one capturing group, the layer's name (it has {re.compile(value).groups})"
+
+
+#: ``system: true`` samples npu-smi this often (seconds).
+SYSTEM_INTERVAL_S = 10.0
+
+
+def _system(value: Any) -> Optional[str]:
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, Mapping):
+        return f"expected true, false, null or a mapping like {{interval_s: {SYSTEM_INTERVAL_S:g}}}, got {value!r}"
+    unknown = [k for k in value if k != "interval_s"]
+    if unknown:
+        return f"unknown key {unknown[0]!r}{did_you_mean(str(unknown[0]), ['interval_s'])} (allowed: interval_s)"
+    problem = _number(0)(value.get("interval_s", SYSTEM_INTERVAL_S))
+    return f"interval_s: {problem}" if problem else None
+
+
 def _mapping(value: Any) -> Optional[str]:
     return None if isinstance(value, Mapping) else f"expected a mapping, got {value!r}"
 
@@ -114,7 +137,11 @@ FIELDS: Dict[str, Field] = {
     "throughput": Field("bool", _bool, "record step time, samples/s and tokens/s"),
     "memory": Field("bool", _bool, "record device/host memory"),
     "layer_norms": Field("regex or null", _regex, "per-parameter norms for names matching (re.search); off if null"),
+    "layer_norms_group": Field("regex with one group, or null", _group_regex,
+                               "report layer_norms per layer: the group names the layer (norm of its parameters)"),
     "histograms": Field("regex or null", _regex, "histograms for parameter names matching (re.search); off if null"),
+    "system": Field("bool, null or {interval_s: float > 0}", _system,
+                    f"NPU utilisation, HBM, temperature, power from npu-smi (every {SYSTEM_INTERVAL_S:g} s for true)"),
     "seq_length": Field("int >= 1 or null", _int(1, optional=True), "tokens per sample, for tokens/s"),
     "sinks": Field("list or mapping", lambda v: None, "sink names, or name -> options; jsonl is always on"),
     "health": Field("mapping", _mapping, "health checks and actions (nonfinite, dump_dir, warmup_steps ...)"),
@@ -222,4 +249,6 @@ def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
         message = spec.check(values[name])
         if message:
             problems.append(((name,), message))
+    if values.get("layer_norms_group") and not values.get("layer_norms"):
+        problems.append((("layer_norms_group",), "has no effect without layer_norms (the regex of parameters)"))
     return problems

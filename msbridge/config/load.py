@@ -26,7 +26,7 @@ from ..health.spec import HealthSpec, resolve_health
 from ..paths import experiment_dir_template, render_template
 from .canonical import canonicalize
 from .compose import plain as thaw
-from .fields import STRAGGLER_DEFAULTS, check_values, normalise_sinks, straggler_settings
+from .fields import STRAGGLER_DEFAULTS, SYSTEM_INTERVAL_S, check_values, normalise_sinks, straggler_settings
 from .interpolate import interpolate
 from .keys import Assignment, Note
 from .mindformers_entry import ENTRY_NAME
@@ -103,7 +103,9 @@ class Config:
     throughput: bool = True
     memory: bool = False
     layer_norms: Optional[str] = None
+    layer_norms_group: Optional[str] = None
     histograms: Optional[str] = None
+    system: Union[None, bool, Mapping[str, Any]] = None
     seq_length: Optional[int] = None
     sinks: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"jsonl": {}})
     health: Mapping[str, Any] = field(default_factory=dict)
@@ -125,6 +127,8 @@ class Config:
         object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
         for name in ("health", "params"):
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
+        if isinstance(self.system, Mapping):
+            object.__setattr__(self, "system", _frozen(thaw(self.system)))
 
     @property
     def health_spec(self) -> HealthSpec:
@@ -138,6 +142,14 @@ class Config:
             spec = HealthSpec.parse(self.health)
             object.__setattr__(self, "_health_spec", spec)
         return spec
+
+    @property
+    def system_interval_s(self) -> Optional[float]:
+        """Seconds between npu-smi samples (``system``), or None when the sampler is off."""
+        if not self.system:
+            return None
+        return float(self.system.get("interval_s", SYSTEM_INTERVAL_S)) if isinstance(self.system, Mapping) \
+            else SYSTEM_INTERVAL_S
 
     @property
     def provenance(self) -> Provenance:

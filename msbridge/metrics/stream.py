@@ -76,6 +76,7 @@ class Stream:
                 columns[name] = window.scalars[name]
         if self.is_global and self._on("global_loss"):
             columns.update(window.global_scalars)
+        columns.update(window.series)
         columns[EPOCH] = window.epochs.astype(np.float64)
         if self._on("throughput"):
             step_s = np.maximum(window.step_time_s, 1e-9)
@@ -96,6 +97,10 @@ class Stream:
         ]
         if records and window.at_flush:
             records[-1].values.update(window.at_flush)
+        if records and window.timed:
+            ends = window.wall_time if window.wall_time.any() else np.full(len(records), now)
+            for taken, values in window.timed:  # on the last step that ended at or before the sample
+                records[max(int(np.searchsorted(ends, taken, side="right")) - 1, 0)].values.update(values)
         return records
 
     def _smooth(self, loss: np.ndarray) -> np.ndarray:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 from typing import Any, List, Optional
 
-from ..callback import BridgeMonitor, _param
+from ..callback import BridgeMonitor
+from ..capture.cb_params import param
 from ..capture.window import Window
 from ..sinks.base import Event
 from .entry import ENTRY_NAME, entry_config
@@ -64,7 +65,7 @@ class MSBridgeMonitor(BridgeMonitor):
             _share_tensorboard_writer(self.plan.sinks)
         super().on_train_begin(run_context)
         if self.run is not None:
-            callbacks = _param(run_context.original_args(), "list_callback", None) or []
+            callbacks = param(run_context.original_args(), "list_callback", None) or []
             self._findings = MindformersFindings.from_callbacks(callbacks, self.run.rank)
 
     def forwarded_events(self, window: Optional[Window]) -> List[Event]:

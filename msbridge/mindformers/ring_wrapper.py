@@ -6,13 +6,17 @@ mindformers builds its train cell from ``runner_wrapper:``. Naming
 ``msbridge.attach_ring`` records its loss, overflow, loss scale, lr and global
 norm into a ring on the device every step. ``MSBridgeMonitor`` drains it with
 one copy per flush, so device sink mode (``sink_size > 1``) still gets every
-step.
+step. With ``local_norm: True`` mindformers' cell also returns each gradient's
+square sum, and the ring keeps every parameter's grad norm for ``layer_norms``
+(``grad_norm/<param>``: this device's gradients, before the data-parallel
+reduction and clipping, as mindformers' own local norm).
 
 Example (run YAML):
     runner_wrapper:
       type: MSBridgeRing
       wrapper: MFTrainOneStepCell    # any registered wrapper
       ring_size: 256                 # >= flush_steps + sink_size
+      local_norm: True               # per-parameter grad norms for layer_norms (optional)
       use_clip_grad: True
       scale_sense: 1.0
 """

@@ -25,6 +25,10 @@ Thresholds, all on robust statistics (rolling median, MAD scaled to sigma):
   flagged as overflow (and skipped on purpose) only a non-finite loss counts.
 - ``straggler`` and ``first_anomaly``: the distributed readings (``diagnose_dist``).
 
+With per-layer grad norms in the log (``layer_norms``), a loss spike, grad-norm
+spikes and NaN findings also name the layer whose grad norm went first
+(``offline.layer_norms``).
+
 Example:
     >>> report = diagnose(read_run("msbridge_runs/demo/run-1"))
     >>> print(report.to_text())
@@ -39,8 +43,9 @@ import numpy as np
 from ..names import EPOCH, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.runlog import RunLog
 from .diagnose_dist import check_first_anomaly, check_stragglers
+from .layer_norms import explain
 from .report import Diagnosis, Report, Skip
-from .series import global_loss, metric_series, rank_losses, run_notes, warmup_end
+from .series import global_loss, mad_sigma, metric_series, rank_losses, rolling_median, run_notes, warmup_end
 
 MIN_STEPS = 30
 SPIKE_Z, SPIKE_RATIO, SPIKE_MAX_LEN, RECOVERY_STEPS = 6.0, 1.2, 10, 20
@@ -50,23 +55,6 @@ _LOSSES = ("train/loss", "train/global_loss", "dist/loss")
 
 
 # -- robust statistics --------------------------------------------------------
-def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
-    """Centred rolling median; near the ends the window shrinks to the values that exist."""
-    half = window // 2
-    padded = np.concatenate([np.full(half, np.nan), values, np.full(half, np.nan)])
-    out = np.empty(len(values))
-    chunk = 8192  # bounds memory on long runs
-    for start in range(0, len(values), chunk):
-        rows = np.lib.stride_tricks.sliding_window_view(padded[start:start + chunk + 2 * half], window)
-        out[start:start + len(rows)] = np.nanmedian(rows, axis=1)
-    return out
-
-
-def mad_sigma(x: np.ndarray) -> float:
-    """Median absolute deviation scaled to a normal sigma (floored so a flat series is not 0)."""
-    return max(1.4826 * float(np.median(np.abs(x - np.median(x)))), 1e-12)
-
-
 def _ranks(x: np.ndarray) -> np.ndarray:
     """Ranks with ties sharing their average rank."""
     _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
@@ -336,4 +324,6 @@ def diagnose(run: RunLog) -> Report:
             continue
         report.checks.append(name)
         report.findings += [r for r in (result if isinstance(result, list) else [result]) if r is not None]
+    for finding in report.findings:  # with grad_norm/<layer> in the log: which layer went first
+        explain(finding, log)
     return report

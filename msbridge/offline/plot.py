@@ -1,4 +1,5 @@
-"""One PNG of a run from its jsonl: loss, per-rank losses, grad norm, lr, throughput; anomalies in red.
+"""One PNG of a run from its jsonl: loss, per-rank losses, grad norm (and per layer), lr, throughput;
+anomalies in red.
 
 Every rank's file is read. Red marks: dashed lines at recorded events, an
 ``x`` on top of a panel (and a faint line through all panels) at every step
@@ -25,8 +26,11 @@ import numpy as np
 from ..errors import MsbridgeError
 from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LOSS_EMA, LR, SAMPLES_PER_S, TOKENS_PER_S
 from ..sinks.runlog import RunLog
+from .layer_norms import layer_grad_norms, top_layers
 from .report import Report
 from .series import Series, global_loss, metric_series, rank_losses, run_notes
+
+TOP_LAYERS = 6
 
 RED = "#d62728"
 
@@ -169,6 +173,27 @@ def _draw_grad_norm(ax: Any, run: RunLog, findings: Dict[str, Any]) -> List[int]
     return bad
 
 
+def _draw_layers(ax: Any, run: RunLog, findings: Dict[str, Any]) -> List[int]:
+    """The ``TOP_LAYERS`` layers (or parameters) with the largest median grad norm; the first to spike circled."""
+    layers = layer_grad_norms(run.ranks[min(run.ranks)], finite=False)
+    top = top_layers({k: (s, v[np.isfinite(v)]) for k, (s, v) in layers.items()}, TOP_LAYERS)
+    bad: List[int] = []
+    for i, name in enumerate(top):
+        bad += _line(ax, layers[name], name, color=f"C{i % 10}", lw=0.8)
+    for finding in findings.values():
+        first = finding.evidence.get("first_layer", {})
+        if first.get("layer") in layers:
+            steps, values = _at(layers[first["layer"]], [first["step"]])
+            ax.plot(steps, values, "o", ms=11, mfc="none", mec=RED, mew=2,
+                    label=f"first to spike: {first['layer']} (step {first['step']})")
+    finite = np.concatenate([v[np.isfinite(v)] for _, v in (layers[n] for n in top)])
+    if len(finite) and finite.min() > 0:
+        _scale(ax, finite)
+    ax.set_ylabel("L2 norm of gradients")
+    ax.set_title(f"Gradient norm per layer (top {len(top)} of {len(layers)} by median)")
+    return bad
+
+
 def _draw_lr(ax: Any, run: RunLog) -> List[int]:
     raw = metric_series(run.ranks[min(run.ranks)], LR, finite=False)
     ax.set_title("Learning rate")
@@ -241,7 +266,8 @@ def draw(run: RunLog, report: Optional[Report] = None) -> Any:
     """The run as a matplotlib ``Figure`` (Agg canvas); ``report`` (from ``diagnose``) adds its marks and footer.
 
     Panels, top to bottom: loss (global, with its EMA), local loss per rank (when
-    there are several), grad norm, lr, throughput, then a footer of findings.
+    there are several), grad norm, grad norm per layer (with ``layer_norms``: the
+    largest ones, the first to spike circled), lr, throughput, then a footer of findings.
 
     Example:
         >>> fig = draw(read_run("runs/tiny-lm/run-1"))
@@ -253,7 +279,8 @@ def draw(run: RunLog, report: Optional[Report] = None) -> Any:
     Figure, FigureCanvasAgg = _matplotlib()
     findings = {f.check: f for f in (report.findings if report else [])}
     per_rank = len(rank_losses(run)) > 1
-    n = 5 if per_rank else 4
+    per_layer = bool(layer_grad_norms(run.ranks[min(run.ranks)]))
+    n = 4 + per_rank + per_layer
     lines = _footer_lines(run, report)
     footer_in = 0.3 + 0.17 * len(lines)  # inches: one 9 pt line each
     fig = Figure(figsize=(12, 2.6 * n + 0.9 + footer_in), layout="constrained")
@@ -263,7 +290,10 @@ def draw(run: RunLog, report: Optional[Report] = None) -> Any:
     bad = _draw_loss(panels[0], run, findings)
     if per_rank:
         bad += _draw_rank_losses(panels[1], run, findings)
-    bad += _draw_grad_norm(panels[-3], run, findings) + _draw_lr(panels[-2], run) + _draw_throughput(panels[-1], run)
+    bad += _draw_grad_norm(panels[-3 - per_layer], run, findings)
+    if per_layer:
+        bad += _draw_layers(panels[-3], run, findings)
+    bad += _draw_lr(panels[-2], run) + _draw_throughput(panels[-1], run)
     nonfinite = sorted(set(bad))
     events = _draw_events(panels, run, nonfinite)
     for ax in panels:

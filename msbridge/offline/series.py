@@ -1,4 +1,5 @@
-"""A run's metrics as numpy arrays, for diagnose and plot: the global loss, every rank's loss, the warm-up.
+"""A run's metrics as numpy arrays, for diagnose and plot: the global loss, every rank's loss, the warm-up,
+and the robust statistics the checks share (rolling median, MAD sigma).
 
 Example:
     >>> run = read_run("msbridge_runs/demo/run-1")
@@ -63,3 +64,20 @@ def run_notes(run: RunLog) -> List[str]:
     return [f"{os.path.basename(log.path)}: the last line was cut (killed run?); "
             f"used the {len(log.records)} complete metrics lines before it"
             for log in run.ranks.values() if log.truncated]
+
+
+def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling median; near the ends the window shrinks to the values that exist."""
+    half = window // 2
+    padded = np.concatenate([np.full(half, np.nan), values, np.full(half, np.nan)])
+    out = np.empty(len(values))
+    chunk = 8192  # bounds memory on long runs
+    for start in range(0, len(values), chunk):
+        rows = np.lib.stride_tricks.sliding_window_view(padded[start:start + chunk + 2 * half], window)
+        out[start:start + len(rows)] = np.nanmedian(rows, axis=1)
+    return out
+
+
+def mad_sigma(x: np.ndarray) -> float:
+    """Median absolute deviation scaled to a normal sigma (floored so a flat series is not 0)."""
+    return max(1.4826 * float(np.median(np.abs(x - np.median(x)))), 1e-12)

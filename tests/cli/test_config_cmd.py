@@ -120,3 +120,20 @@ def test_check_reads_a_mindformers_run_yaml_through_its_msbridge_entry(tmp_path,
         assert line in shown, shown
     assert main(["config", "check", "run.yaml", "--set", "callbacks.1.flush_step=3"]) == 1
     assert "callbacks[1].flush_step: unknown key; did you mean 'flush_steps'?" in capsys.readouterr().out
+
+
+def test_check_points_bad_internals_settings_at_their_lines(tmp_path, capsys):
+    name = write(tmp_path, """\
+        msbridge:
+          layer_norms: 'layers.(0'
+          layer_norms_group: 'layers\\.\\d+'
+          system: {interval_s: 0}
+    """)
+    assert main(["config", "check", name]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "run.yaml: 3 problems:"
+    assert lines[1].startswith("  run.yaml:2: msbridge.layer_norms: 'layers.(0' is not a valid regular expression: "
+                               "missing ), unterminated subpattern")
+    assert lines[2] == "  run.yaml:3: msbridge.layer_norms_group: 'layers\\\\.\\\\d+' must have exactly one " \
+                       "capturing group, the layer's name (it has 0)"
+    assert lines[3] == "  run.yaml:4: msbridge.system: interval_s: expected a number > 0, got 0"

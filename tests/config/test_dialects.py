@@ -167,10 +167,18 @@ def test_mindformers_monitor_config_maps_formats_and_leaves_the_rest_to_mindform
            "the console line" in said
     assert "monitor_config.print_struct -> left to mindformers (prints parameter names, then stops training); " \
            "msbridge does not use it" in said
-    assert "monitor_config.optimizer_state_format -> left to mindformers (optimizer state norms); msbridge " \
-           "does not use it" in said
+    assert "monitor_config.optimizer_state_format -> null: nothing turned on; layer_norms keeps its own setting" \
+        in said
     assert "monitor_config.dump_path -> no dump dir (empty); mindformers then inserts no TensorDump" in said
     assert cfg.seq_length == 32
+
+
+@pytest.mark.parametrize("key", ["local_norm_format", "weight_state_format", "optimizer_state_format"])
+def test_mindformers_norm_formats_turn_on_layer_norms_with_target(tmp_path, key):
+    cfg = load_config(write(tmp_path, f"monitor_config:\n  target: ['attention']\n  {key}: [tensorboard]\n"))
+    assert cfg.layer_norms == "attention" and "tensorboard" in cfg.sinks
+    assert f"monitor_config.{key} -> layer_norms: 'attention', sinks.tensorboard" in texts(cfg)
+    assert "monitor_config.target -> the layer_norms regex (with invert)" in texts(cfg)
 
 
 def test_every_key_of_mindformers_monitor_config_is_understood():

@@ -220,3 +220,29 @@ def test_real_nan_batch_is_found_at_its_step(tmp_path):
     f = next(f for f in report.findings if f.check == "nonfinite")
     assert "first at step 50" in f.title
     assert f.steps == list(range(50, 81))  # the NaN batch poisons the weights: NaN to the end
+
+
+def test_loss_spike_names_the_layer_whose_grad_norm_spiked_first(tmp_path):
+    scenario = sr.with_layer_norms(sr.loss_spike(at=(150,), rank=0, world_size=1),
+                                   spikes={"layers.2": [147, 148, 149, 150], "lm_head": [149, 150]})
+    f = only(report_of(tmp_path, scenario), "loss_spike")
+    assert f.evidence["first_layer"]["layer"] == "layers.2" and f.evidence["first_layer"]["step"] == 147
+    assert "The first layer whose grad norm spiked: layers.2 at step 147" in f.advice
+
+
+def test_periodic_grad_spikes_name_the_layer_that_leads(tmp_path):
+    scenario = sr.with_layer_norms(sr.clean(), spikes={"layers.0": list(range(25, 301, 25))}, factor=8.0)
+    f = only(report_of(tmp_path, scenario), "periodic_grad_spikes")
+    assert f.evidence["first_layer"]["layer"] == "layers.0" and f.evidence["first_layer"]["step"] == f.steps[0]
+
+
+def test_nan_names_the_first_nonfinite_layer(tmp_path):
+    scenario = sr.with_layer_norms(sr.nan_steps(at=(160,)))
+    scenario.ranks[0]["grad_norm/layers.1"][158] = math.inf  # step 159, before the loss goes NaN
+    f = only(report_of(tmp_path, scenario), "nonfinite")
+    assert f.evidence["first_layer"] == {"step": 159, "layers": ["layers.1"]}
+
+
+def test_without_layer_norms_nothing_is_added(tmp_path):
+    f = only(report_of(tmp_path, sr.loss_spike(at=(150,), rank=0, world_size=1)), "loss_spike")
+    assert "first_layer" not in f.evidence and "first layer" not in f.advice

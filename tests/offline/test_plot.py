@@ -176,3 +176,23 @@ def test_real_run_plot(tmp_path, capsys):
     p = panels(draw(read_run(run_dir)))
     assert p["Loss"].get_yscale() == "log"  # the regression loss falls by more than a decade
     assert len(line(p["Gradient norm"], "grad norm").get_xdata()) == 120
+
+
+def test_per_layer_panel_shows_the_largest_layers_and_circles_the_first_to_spike(tmp_path):
+    scenario = sr.with_layer_norms(sr.loss_spike(at=(150,), rank=0, world_size=1),
+                                   spikes={"layers.2": [147, 148, 149, 150]})
+    scenario.ranks[0]["grad_norm/tiny"] = np.full(len(scenario.steps), 1e-4)  # never among the top 6
+    scenario.ranks[0]["grad_norm/tiny2"] = np.full(len(scenario.steps), 2e-4)
+    fig = figure(tmp_path, scenario)
+    p = panels(fig)
+    assert list(p) == ["Loss", "Gradient norm", "Gradient norm per layer", "Learning rate", "Throughput"]
+    ax = p["Gradient norm per layer"]
+    assert ax.get_title() == "Gradient norm per layer (top 6 of 7 by median)"
+    assert "tiny" not in labels(ax) and {"layers.0", "layers.2", "lm_head", "tiny2"} <= set(labels(ax))
+    mark = line(ax, "first to spike: layers.2 (step 147)")
+    assert mark.get_xdata().tolist() == [147] and to_rgb(mark.get_markeredgecolor()) == to_rgb(RED)
+    assert ax.get_yscale() == "log"
+
+
+def test_without_layer_norms_there_is_no_per_layer_panel(tmp_path):
+    assert "Gradient norm per layer" not in panels(figure(tmp_path, sr.clean()))
