@@ -28,9 +28,10 @@ def resume_offset(cb: Any, first_step: int) -> int:
 
 
 def batch_size_of(cb: Any) -> Optional[int]:
+    """The training dataset's batch size (None when it has no fixed one)."""
     dataset = param(cb, "train_dataset", None)
     try:
-        return int(dataset.getbatch_size_of()) if dataset is not None else None
+        return int(dataset.get_batch_size()) if dataset is not None else None
     except Exception:  # a dataset without a fixed batch size
         return None
 
@@ -44,6 +45,7 @@ def steps_per_call(cb: Any) -> int:
 
 
 def expected_steps(cb: Any) -> Optional[int]:
+    """The steps ``Model.train`` will run (epochs x steps per epoch), when it says."""
     epochs = param(cb, "epoch_num", None)
     per_epoch = param(cb, "batch_num", None)
     dataset = param(cb, "train_dataset", None)
