@@ -16,6 +16,7 @@ import pytest
 from msbridge.sinks.base import Event, Record, RunInfo
 from msbridge.sinks.registry import BUILTINS, resolve
 
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 Series = Dict[str, List[Tuple[int, float]]]
 SINKS = list(BUILTINS)
 
