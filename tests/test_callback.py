@@ -217,3 +217,28 @@ def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
     log = read_run(second.run_dir).ranks[0]
     assert [r.step for r in log.records] == list(range(1, 37))
     assert [(e.kind, e.step, e.detail["last_recorded_step"]) for e in log.events] == [("resume", 24, 24)]
+
+
+def test_a_sink_that_fails_to_open_is_not_an_output_and_the_run_says_so(tmp_path, capsys):
+    """A real open() failure: a file where the MindInsight sink makes its run's directory."""
+    from msbridge.cli.main import main
+
+    blocked = tmp_path / "summary"
+    blocked.mkdir()
+    (blocked / "r_rank_0").write_text("")  # run "r", rank 0
+    mon = monitor(tmp_path, sinks={"jsonl": {}, "mindinsight": {"summary_base_dir": str(blocked)}})
+    train_regression([mon], steps=4)
+    meta = json.load(open(mon.run_dir + "/run.json"))
+    readme = open(mon.run_dir + "/README.md").read()
+    assert list(meta["sinks"]) == ["jsonl"] and meta["failed_sinks"]["mindinsight"].startswith("open(): ")
+    assert meta["outcome"]["status"] == "FINISHED" and len(read_run(mon.run_dir).ranks[0].records) == 4
+    listed, look = readme.split("## Sinks\n")[1].split("\n## ")[0], readme.split("## Look at it")[1].split("\n## ")[0]
+    assert "mindinsight" not in listed + look
+    assert "## Sinks that failed\n\n- **mindinsight** failed in open(): FileExistsError" in readme
+
+    (blocked / "demo_rank_0").write_text("")
+    sinks = f"sinks={{jsonl: {{}}, mindinsight: {{summary_base_dir: {blocked}}}}}"
+    argv = ["demo", "--steps", "3", "--out", str(tmp_path / "demo"), "--set", sinks, "--set", "run_name=demo"]
+    assert main(argv) == 1  # the exit status says so too
+    printed = capsys.readouterr()
+    assert "the mindinsight sink failed in open(): " in printed.err and "mindinsight start" not in printed.out
