@@ -31,11 +31,12 @@ LOSS_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\s*([-\d.e+naN]+), per_s
                        r"lr:\s*([-\d.e+]+), grad_norm:\s*([-\d.e+naN]+)")
 
 
-def run_yaml(tmp_path: Path, entry: str = "") -> Path:
-    """The example's run YAML with STEPS steps and ``entry`` lines added to its MSBridgeMonitor entry."""
+def run_yaml(tmp_path: Path, more: str = "") -> Path:
+    """The example's run YAML with STEPS steps and ``more`` lines at its end (in the MSBridgeMonitor entry
+    when indented)."""
     text = (EXAMPLE / "tiny_pynative.yaml").read_text().replace("  steps: 12\n", f"  steps: {STEPS}\n")
     path = tmp_path / "run.yaml"
-    path.write_text(text + entry)
+    path.write_text(text + more)
     return path
 
 
@@ -50,7 +51,7 @@ def train(work: Path, config: Path) -> subprocess.CompletedProcess:
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pynative")
     work = tmp / "work"
-    out = train(work, run_yaml(tmp))
+    out = train(work, run_yaml(tmp, "monitor:\n  train_state:\n    local_loss: True\n"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = (work / "output" / "log" / "rank_0" / "info.log").read_text()
     printed = {int(m[1]): (float(m[2]), float(m[3]), float(m[4])) for m in LOSS_LINE.finditer(text)}
@@ -86,6 +87,8 @@ def test_the_run_yaml_is_read_and_the_run_closes_finished(trained):
     assert config["flush_steps"] == 5 and sorted(config["sinks"]) == ["jsonl", "tensorboard"]
     assert config["params"]["training"]["steps"] == STEPS  # the Trainer's run YAML, found through its config=
     assert config["params"]["lr_scheduler"]["type"] == "CosineWithWarmUpLR"
+    # its monitor: section is mindformers' (nothing in 1.9 reads it) and is logged like the other sections
+    assert config["params"]["monitor"] == {"train_state": {"local_loss": True}}
 
 
 def test_tensorboard_holds_the_jsonl_series(trained):
