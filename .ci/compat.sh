@@ -45,7 +45,10 @@ PY
 )"
     if [ "$mindformers" = yes ]; then
         # else its tests would skip, not fail; from a scratch dir: importing it writes ./output/log
-        (cd "$(mktemp -d)" && "$venv/bin/python" -c "import mindformers" >/dev/null)
+        local scratch
+        scratch="$(mktemp -d)"
+        (cd "$scratch" && "$venv/bin/python" -c "import mindformers" >/dev/null)
+        rm -rf "$scratch"
     fi
     echo "[compat] $name ($versions): venv ready in $((SECONDS - start)) s"
     start=$SECONDS

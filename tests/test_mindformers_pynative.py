@@ -113,3 +113,22 @@ def test_a_bad_entry_key_fails_before_training_naming_file_and_line(tmp_path):
     line = config.read_text().splitlines().index("    flush_step: 10") + 1
     assert f"run.yaml:{line}: callbacks[0].flush_step: unknown key; did you mean 'flush_steps'?" in out.stderr
     assert "loss_callback" not in out.stdout + out.stderr, "no step ran"
+
+
+def test_an_overflow_step_is_recorded_and_a_stop_ends_the_trainers_loop(tmp_path):
+    """A huge lr blows the weights up after the first update: the next step's gradients are not finite,
+    the Trainer skips its update and hands ``grad_norm=None``; health's nonfinite check stops the run."""
+    config = run_yaml(tmp_path, "    health: {nonfinite: {action: stop}}\n")
+    config.write_text(config.read_text().replace("learning_rate: 0.01", "learning_rate: 1.0e+30")
+                      .replace("warmup_steps: 3", "warmup_steps: 1"))
+    work = tmp_path / "work"
+    out = train(work, config)
+    assert out.returncode != 0 and "TrainingStopped: msbridge: nonfinite at step" in out.stderr
+    [run_dir] = [p for p in (work / "msbridge_runs" / "tiny-pynative").iterdir() if (p / "run.json").exists()]
+    log = read_run(str(run_dir)).ranks[0]
+    overflow = dict(log.series("train/overflow"))
+    stop = max(overflow)
+    assert sorted(overflow) == list(range(1, stop + 1)) and overflow[stop] == 1.0
+    grad_norm = dict(log.series("train/grad_norm"))
+    assert all(np.isfinite(grad_norm[s]) for s in range(1, stop)) and np.isnan(grad_norm[stop])
+    assert json.loads((run_dir / "run.json").read_text())["outcome"]["status"] == "FAILED"
