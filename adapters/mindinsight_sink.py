@@ -208,14 +208,24 @@ class MindInsightSink(Sink):
         event = self._lineage_event(wall_time=time.time())
         for key, value in info.items():
             item = event.user_defined_info.user_info.add()
-            # MindSpore's generated classes under protobuf 7 expose these maps as repeated
-            # entries: add(key=, value=) writes the same bytes as a map assignment.
             if isinstance(value, int) and not isinstance(value, bool) and -_INT32 <= value < _INT32:
-                item.map_int32.add(key=key, value=value)
+                _put(item.map_int32, key, value)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                item.map_double.add(key=key, value=float(value))
+                _put(item.map_double, key, float(value))
             elif isinstance(value, str):
-                item.map_str.add(key=key, value=value)
+                _put(item.map_str, key, value)
             else:
-                item.map_str.add(key=key, value=json.dumps(value, default=str))
+                _put(item.map_str, key, json.dumps(value, default=str))
         self._lineage.write("custom_lineage_data", event.SerializeToString())
+
+
+def _put(field: Any, key: str, value: Any) -> None:
+    """One entry of a lineage map field, in either shape MindSpore's generated ``lineage_pb2`` has.
+
+    Up to MindSpore 2.9 the fields are repeated entry messages (``add(key=, value=)``); 2.10's are
+    real protobuf maps (``ScalarMap``, no ``add``). Both write the same bytes.
+    """
+    if hasattr(field, "add"):
+        field.add(key=key, value=value)
+    else:
+        field[key] = value

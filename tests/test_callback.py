@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from importlib.metadata import version
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from training import OutputRecorder, train_regression
 
 from msbridge import BridgeMonitor, ConfigError, Sink
 from msbridge.sinks.runlog import read_run
+
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 
 
 @pytest.mark.parametrize("mode,sink_mode", [("graph", False), ("graph", True), ("pynative", False), ("pynative", True)])
@@ -189,7 +192,8 @@ def test_run_readme_and_run_json_written_and_completed(tmp_path):
     train_regression([mon, ref], steps=10)
     readme = open(mon.run_dir + "/README.md").read()
     meta = json.load(open(mon.run_dir + "/run.json"))
-    assert meta["run_id"] == mon.run.run_id and meta["world_size"] == 1 and meta["versions"]["mindspore"] == "2.9.0"
+    assert meta["run_id"] == mon.run.run_id and meta["world_size"] == 1
+    assert meta["versions"]["mindspore"] == version("mindspore")
     assert meta["expected_steps"] == 10 and meta["outcome"]["status"] == "FINISHED"
     assert meta["outcome"]["final loss"] == pytest.approx(ref.losses[-1], rel=1e-6)
     assert meta["outcome"]["best loss"] == pytest.approx(min(ref.losses), rel=1e-6)
@@ -207,3 +211,28 @@ def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
     log = read_run(second.run_dir).ranks[0]
     assert [r.step for r in log.records] == list(range(1, 37))
     assert [(e.kind, e.step, e.detail["last_recorded_step"]) for e in log.events] == [("resume", 24, 24)]
+
+
+def test_a_sink_that_fails_to_open_is_not_an_output_and_the_run_says_so(tmp_path, capsys):
+    """A real open() failure: a file where the MindInsight sink makes its run's directory."""
+    from msbridge.cli.main import main
+
+    blocked = tmp_path / "summary"
+    blocked.mkdir()
+    (blocked / "r_rank_0").write_text("")  # run "r", rank 0
+    mon = monitor(tmp_path, sinks={"jsonl": {}, "mindinsight": {"summary_base_dir": str(blocked)}})
+    train_regression([mon], steps=4)
+    meta = json.load(open(mon.run_dir + "/run.json"))
+    readme = open(mon.run_dir + "/README.md").read()
+    assert list(meta["sinks"]) == ["jsonl"] and meta["failed_sinks"]["mindinsight"].startswith("open(): ")
+    assert meta["outcome"]["status"] == "FINISHED" and len(read_run(mon.run_dir).ranks[0].records) == 4
+    listed, look = readme.split("## Sinks\n")[1].split("\n## ")[0], readme.split("## Look at it")[1].split("\n## ")[0]
+    assert "mindinsight" not in listed + look
+    assert "## Sinks that failed\n\n- **mindinsight** failed in open(): FileExistsError" in readme
+
+    (blocked / "demo_rank_0").write_text("")
+    sinks = f"sinks={{jsonl: {{}}, mindinsight: {{summary_base_dir: {blocked}}}}}"
+    argv = ["demo", "--steps", "3", "--out", str(tmp_path / "demo"), "--set", sinks, "--set", "run_name=demo"]
+    assert main(argv) == 1  # the exit status says so too
+    printed = capsys.readouterr()
+    assert "the mindinsight sink failed in open(): " in printed.err and "mindinsight start" not in printed.out

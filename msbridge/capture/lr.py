@@ -80,7 +80,10 @@ class LrReader:
 
         # ``construct`` runs the schedule's few ops eagerly; calling the Cell in GRAPH mode would
         # compile a graph for every new length (about 1 s each).
-        values = np.asarray(self._schedule.construct(Tensor(steps)).asnumpy(), dtype=np.float64)
+        try:
+            values = np.asarray(self._schedule.construct(Tensor(steps)).asnumpy(), dtype=np.float64)
+        except (TypeError, ValueError):  # Python control flow on the step (mindformers' schedules): one at a time
+            return None
         return values if values.shape == steps.shape else None
 
     def _scalar(self, step: int) -> float:

@@ -43,7 +43,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
     train(monitor, args.steps, config.params)
     _print_outputs(monitor)
-    return 0
+    failed = monitor.plan.failed_sinks
+    for name, why in failed.items():
+        print(f"[msbridge] demo: the {name} sink failed in {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _load(source, overrides):
@@ -70,7 +73,7 @@ def _print_outputs(monitor) -> None:
     print(f"\n[msbridge] done: {monitor.steps_recorded} steps recorded")
     print(f"  {'run dir':<11}: {run_dir}")
     print(f"  {'README':<11}: {os.path.join(run_dir, 'README.md')}")
-    sinks = {s.name: s.describe(monitor.run) for s in monitor.plan.sinks}
+    sinks = monitor.plan.outputs
     for name, info in sinks.items():
         if info.get("where"):
             print(f"  {name:<11}: {info['where']}")

@@ -4,7 +4,8 @@ mindformers hands a third-party callback the keys of its own ``callbacks:``
 entry and nothing else. So that ``monitor_config`` (``step_interval``,
 ``dump_path``, the global-norm keys ...) is written once and read by both,
 ``entry_config`` looks for the run YAML the entry came from: the file of the
-``mindformers.Trainer`` being built (``Trainer(args="run.yaml")``), else a
+``mindformers.Trainer`` being built (``Trainer(args="run.yaml")``; the pynative
+``mindformers.pynative.trainer.Trainer(config="run.yaml")``), else a
 ``--config FILE`` argument (``run_mindformer.py``), else the Trainer's loaded
 config (no line numbers). The entry is found in its ``callbacks:`` list by its
 keys, so every message names the file, the line and ``callbacks[i]``; what
@@ -39,11 +40,13 @@ def entry_config(entry: Mapping[str, Any], name: str = ENTRY_NAME) -> Config:
 
 def _locate(entry: Dict[str, Any], name: str) -> Located:
     """The run YAML (or mindformers' loaded config) that holds ``entry`` in its ``callbacks``."""
-    trainer = _building_trainer()
-    for path in _candidate_files(trainer):
+    trainer, given = _building_trainer()
+    for path in _candidate_files(given):
         if find_entry(compose(path)[0].data, entry, name) is not None:
             return path, path
     loaded = getattr(trainer, "config", None)
+    if hasattr(loaded, "to_dict") and not isinstance(loaded, Mapping):  # the pynative Trainer's TrainConfig
+        loaded = loaded.to_dict()
     if isinstance(loaded, Mapping):
         data = plain(loaded)
         if find_entry(data, entry, name) is not None:
@@ -51,24 +54,33 @@ def _locate(entry: Dict[str, Any], name: str) -> Located:
     return {"callbacks": [dict(entry, type=name)]}, f"<callbacks entry {name}>"
 
 
-def _building_trainer() -> Any:
-    """The ``mindformers.Trainer`` on the call stack (it is building its callbacks), if any."""
+def _building_trainer() -> Tuple[Any, Any]:
+    """The mindformers Trainer on the call stack (it is building its callbacks), if any, and the run
+    config it was given: the graph-mode Trainer keeps it as ``args``; the pynative one
+    (``mindformers.pynative``, 1.9 on) only in its ``__init__``'s ``config`` argument."""
     from mindformers import Trainer
 
+    kinds: Tuple[type, ...] = (Trainer,)
+    pynative = sys.modules.get("mindformers.pynative.trainer.trainer")  # imported when that Trainer is used
+    if pynative is not None:
+        kinds += (pynative.Trainer,)
+    trainer, given = None, None
     frame = inspect.currentframe()
     while frame is not None:
         candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Trainer):
-            return candidate
+        if isinstance(candidate, kinds) and (trainer is None or candidate is trainer):
+            trainer = candidate
+            if not isinstance(given, str):
+                given = getattr(candidate, "args", None) if isinstance(candidate, Trainer) else \
+                    frame.f_locals.get("config")
         frame = frame.f_back
-    return None
+    return trainer, given
 
 
-def _candidate_files(trainer: Any) -> List[str]:
+def _candidate_files(given: Any) -> List[str]:
     files = []
-    args = getattr(trainer, "args", None)
-    if isinstance(args, str):
-        files.append(args)
+    if isinstance(given, str):
+        files.append(given)
     argv = sys.argv[1:]
     for i, arg in enumerate(argv):
         if arg == "--config" and i + 1 < len(argv):

@@ -14,6 +14,11 @@ What it adds to ``BridgeMonitor``:
 - when the run YAML configures mindformers' tensorboard, msbridge's tensorboard
   sink writes through mindformers' writer: one event file per rank, not two.
 
+Under mindformers' pynative Trainer (``mindformers.pynative.trainer.Trainer``, 1.9 on, single
+device), which builds the same ``- type: MSBridgeMonitor`` entry and calls it as a
+``TrainerCallback``, the loss and grad norm come from ``on_step_end``'s arguments and the lr from
+the optimizer's schedule (``pynative.PynativeSteps``): the same stream, the same sinks.
+
 MFLossMonitor and TrainingStateMonitor keep running unchanged beside it.
 mindformers sorts them first, so when TrainingStateMonitor stops training at a
 step's end (TREError), this monitor has not seen that step yet: it is recorded
@@ -32,6 +37,7 @@ from ..capture.window import Window
 from ..sinks.base import Event
 from .entry import ENTRY_NAME, entry_config
 from .forward import MindformersFindings
+from .pynative import PynativeSteps, TrainingStopped
 
 log = logging.getLogger("msbridge")
 
@@ -59,14 +65,40 @@ class MSBridgeMonitor(BridgeMonitor):
         # mindformers' MFLossMonitor already prints a line per step: msbridge's console lines would repeat it.
         super().__init__(entry_config(entry, ENTRY_NAME), progress=False)
         self._findings: Optional[MindformersFindings] = None
+        self._pynative: Optional[PynativeSteps] = None
 
-    def on_train_begin(self, run_context: Any) -> None:
+    def on_train_begin(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
+        if state is not None:  # mindformers.pynative's Trainer: (args, state, model=, optimizer=, ...)
+            self._pynative = PynativeSteps()
+            super().on_train_begin(self._pynative.begin(state, **kwargs))
+            return
         if self.plan is not None:
             _share_tensorboard_writer(self.plan.sinks)
         super().on_train_begin(run_context)
         if self.run is not None:
             callbacks = param(run_context.original_args(), "list_callback", None) or []
             self._findings = MindformersFindings.from_callbacks(callbacks, self.run.rank)
+
+    # -- mindformers.pynative's TrainerCallback convention (the graph-mode Trainer never calls these) --
+    def on_step_end(self, args: Any, state: Any, **kwargs: Any) -> None:
+        """The pynative Trainer's step end: ``loss=`` and ``grad_norm=`` (None on an overflow step)."""
+        self.on_train_step_end(self._pynative.step_end(state, **kwargs))
+        stop = self.health.stop
+        if stop is not None:  # the sinks are closed; that Trainer has no stop request, so end its loop here
+            raise TrainingStopped(f"msbridge: {stop.reason}; the run closed {stop.status}. mindformers' pynative "
+                                  "Trainer has no stop request, so msbridge ends its loop with this error")
+
+    def on_step_begin(self, args: Any, state: Any, **kwargs: Any) -> None:
+        """Nothing: the step time is measured from one step end to the next."""
+
+    def on_epoch_begin(self, args: Any, state: Any, **kwargs: Any) -> None:
+        """Nothing: the epoch of each step is worked out from ``state`` at its end."""
+
+    def on_epoch_end(self, args: Any, state: Any, **kwargs: Any) -> None:
+        """Nothing: records are written per step, not per epoch."""
+
+    def on_train_end(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
+        super().on_train_end(run_context)
 
     def forwarded_events(self, window: Optional[Window]) -> List[Event]:
         if self._findings is None:

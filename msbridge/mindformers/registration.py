@@ -25,8 +25,10 @@ from typing import Any, Tuple
 
 from ..errors import MissingDependencyError, MsbridgeError
 
-#: The mindformers releases msbridge is tested against (CI installs the first).
-TESTED_VERSIONS: Tuple[str, ...] = ("1.9.0",)
+#: The mindformers releases msbridge is tested against: CI runs 1.9.0 (the default install) and 1.6.0
+#: (the oldest); 1.7.0 and 1.8.0 passed the same tests by hand. 2.0.0 does not install from PyPI.
+#: docs/compatibility.md has the table.
+TESTED_VERSIONS: Tuple[str, ...] = ("1.6.0", "1.7.0", "1.8.0", "1.9.0")
 
 #: A directory for mindformers' ``auto_register``: ``export REGISTER_PATH=<this>`` and write
 #: ``auto_register: msbridge_monitor.MSBridgeMonitor`` in the callback entry.

@@ -105,8 +105,9 @@ def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[
 
 def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
                   sinks: Mapping[str, Mapping[str, str]], run_dir: str,
-                  outcome: Optional[Mapping[str, Any]] = None) -> str:
-    """The run README: what ran, where it writes, how to look at it, and (at the end) how it went."""
+                  outcome: Optional[Mapping[str, Any]] = None, failed: Optional[Mapping[str, str]] = None) -> str:
+    """The run README: what ran, where it writes, how to look at it, and (at the end) how it went.
+    ``failed``: sink name -> its error; a sink that failed to open is not in ``sinks``."""
     versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items() if v)
     git = meta.get("git") or {}
     lines = [
@@ -122,6 +123,11 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
         lines.append(f"- git: {git['commit']}{' (dirty)' if git.get('dirty') else ''}")
     lines += ["", "## Sinks", ""]
     lines += [f"- **{name}**: {info.get('where', '')}" for name, info in sinks.items()]
+    if failed:
+        lines += ["", "## Sinks that failed", ""]
+        lines += [f"- **{name}** failed in {why}" + ("" if name in sinks else "; it holds nothing of this run "
+                                                         "(the jsonl log has every record: `msbridge replay`)")
+                  for name, why in failed.items()]
     lines += ["", "## Look at it", "", "```"] + view_commands(run_dir, sinks) + ["```"]
     if outcome:
         lines += ["", "## Outcome", ""]

@@ -79,21 +79,38 @@ class RunPlan:
                       config=config_dict, metadata=meta,
                       resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
         where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
-        readme = render_readme(self.run_name, self.run_id, meta, where, self.run_dir)
-        run = replace(run, readme=readme)
-        self._meta, self._where = dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=where), where
-        if self.ranks.is_global:
-            write_run_files(self.run_dir, self._meta, readme)
-        dispatcher = Dispatcher(sinks, run)
-        return dispatcher, run
+        run = replace(run, readme=render_readme(self.run_name, self.run_id, meta, where, self.run_dir))
+        self._dispatcher = Dispatcher(sinks, run)  # opens every sink; one that fails is dropped
+        opened = {s.name for s in self._dispatcher.sinks}
+        self._where = {name: info for name, info in where.items() if name in opened}
+        self._meta = dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=self._where)
+        self._write()
+        return self._dispatcher, run
+
+    @property
+    def outputs(self) -> Dict[str, Dict[str, str]]:
+        """Where each sink that opened writes, and the command to look at it (``Sink.describe``)."""
+        return dict(getattr(self, "_where", {}))
+
+    @property
+    def failed_sinks(self) -> Dict[str, str]:
+        """Each sink that raised (in open, write, flush or close), with its first error."""
+        dispatcher = getattr(self, "_dispatcher", None)
+        return dict(dispatcher.failures) if dispatcher is not None else {}
 
     def finish(self, outcome: Dict[str, Any]) -> None:
         """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json."""
-        if not self.ranks.is_global or not hasattr(self, "_meta"):
+        if hasattr(self, "_meta"):
+            self._write(outcome)
+
+    def _write(self, outcome: Optional[Dict[str, Any]] = None) -> None:
+        """run.json and README.md (global rank): the sinks that opened, the ones that failed, the outcome."""
+        if not self.ranks.is_global:
             return
-        meta = dict(self._meta, outcome=outcome)
-        readme = render_readme(self.run_name, self.run_id, meta, self._where, self.run_dir, outcome=outcome)
-        write_run_files(self.run_dir, meta, readme)
+        failed = self.failed_sinks
+        meta = dict(self._meta, failed_sinks=failed, **({"outcome": outcome} if outcome else {}))
+        write_run_files(self.run_dir, meta, render_readme(self.run_name, self.run_id, meta, self._where,
+                                                          self.run_dir, outcome=outcome, failed=failed))
 
 
 def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[Ranks] = None,

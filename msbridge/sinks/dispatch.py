@@ -42,6 +42,7 @@ class Dispatcher:
         self.sinks: List[Sink] = list(sinks)
         self.run = run
         self.errors: Dict[str, int] = {}
+        self.failures: Dict[str, str] = {}  # sink name -> its first failure, "open(): TypeError: ..."
         self._queue: "queue.Queue[object]" = queue.Queue(maxsize=max_batches)
         self._closed = False
         self._warned_full = False
@@ -119,6 +120,7 @@ class Dispatcher:
             count = self.errors.get(sink.name, 0) + 1
             self.errors[sink.name] = count
             if count == 1:
+                self.failures[sink.name] = f"{method}(): {type(exc).__name__}: {exc}"
                 log.error("msbridge: sink %r failed in %s(): %s: %s; other sinks carry on",
                           sink.name, method, type(exc).__name__, exc)
             return False

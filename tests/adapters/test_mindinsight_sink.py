@@ -25,6 +25,8 @@ from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event
 from msbridge.sinks.registry import resolve
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
+
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 
 
@@ -93,9 +95,15 @@ def user_info(lineage_path):
     for body in read_framed(lineage_path):
         event = LineageEvent.FromString(body)
         for item in event.user_defined_info.user_info:
-            for entry in (*item.map_str, *item.map_int32, *item.map_double):
-                info[entry.key] = entry.value
+            for field in (item.map_str, item.map_int32, item.map_double):
+                info.update(map_entries(field))
     return info
+
+
+def map_entries(field):
+    """(key, value) pairs of a lineage map field: a real protobuf map (MindSpore 2.10's generated
+    code) or repeated key/value entries (up to 2.9's)."""
+    return field.items() if hasattr(field, "items") else [(entry.key, entry.value) for entry in field]
 
 
 def same(got, want):

@@ -26,6 +26,7 @@ from msbridge.capture.ring_reader import RingReader, min_ring_size, ring_size_fo
 from msbridge.capture.train_step import TrainStep
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 SCHEDULE = (0.01, 0.9, 1)  # ExponentialDecayLR: step s uses 0.01 * 0.9 ** (s - 1)
 
 

@@ -6,9 +6,11 @@ argv); the ``Trainer(args=FILE)`` path is exercised by test_mindformers_train.py
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -19,6 +21,8 @@ from mindformers.tools.register import MindFormerModuleType, MindFormerRegister 
 import msbridge.mindformers as mf  # noqa: E402
 from msbridge import ConfigError, MsbridgeError  # noqa: E402
 from msbridge.mindformers.entry import entry_config  # noqa: E402
+
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 
 RUN_YAML = """\
 seed: 0
@@ -98,11 +102,15 @@ def test_missing_mindformers_names_the_install_line(tmp_path):
     assert "pip install 'msbridge[mindformers]'" in out.stderr
 
 
-def test_untested_version_warns(monkeypatch):
+def test_the_installed_version_is_tested_and_an_untested_one_warns(monkeypatch):
     import mindformers
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # this job's mindformers (CI runs 1.9.0 and 1.6.0) is a tested one
+        mf.require_mindformers()
     monkeypatch.setattr(mindformers, "__version__", "2.0.0")
-    with pytest.warns(UserWarning, match=r"tested with mindformers 1\.9\.0; mindformers 2\.0\.0 is installed"):
+    tested = re.escape(", ".join(mf.TESTED_VERSIONS))
+    with pytest.warns(UserWarning, match=rf"tested with mindformers {tested}; mindformers 2\.0\.0 is installed"):
         mf.require_mindformers()
 
 

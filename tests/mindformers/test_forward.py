@@ -23,6 +23,8 @@ from msbridge.capture.window import Window  # noqa: E402
 from msbridge.mindformers.forward import HEALTH_CKPT, SKIP_DATA, SPIKE, MindformersFindings  # noqa: E402
 from msbridge.names import GRAD_NORM
 
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
+
 
 def step_params(step: int, global_norm: float) -> _InternalCallbackParam:
     cb = _InternalCallbackParam()

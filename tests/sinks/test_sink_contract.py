@@ -17,6 +17,7 @@ from helpers.runs import make_records, make_run
 from msbridge.sinks.base import Event, Record, RunInfo, Series
 from msbridge.sinks.registry import builtin_names, resolve
 
+pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 SINKS = builtin_names()
 
 
