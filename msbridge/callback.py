@@ -24,12 +24,16 @@ import logging
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-import mindspore as ms
 import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
 from .capture.host_buffer import StepBuffer
+from .capture.loop_params import batch_size as _batch_size
+from .capture.loop_params import expected_steps as _expected_steps
+from .capture.loop_params import param as _param
+from .capture.loop_params import resume_offset as _resume_offset
+from .capture.loop_params import steps_per_call as _steps_per_call
 from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
 from .capture.ring_reader import RingReader, check_ring_size
@@ -39,6 +43,8 @@ from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, LOSS
+from .masking import mask_text
+from .run.outcome import RunOutcome
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
@@ -97,6 +103,8 @@ class BridgeMonitor(Callback):
         self.best_loss: Optional[float] = None
         self.events: List[Event] = []
         self._signals = SignalGuard()
+        self._status: Optional[str] = None  # set when the run is closed
+        self._sink_errors: Dict[str, int] = {}
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
 
@@ -113,6 +121,11 @@ class BridgeMonitor(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         if self.plan is None:
             return
+        self._signals.install()  # from here a SIGTERM or SIGINT ends the run KILLED, with its outcome written
+        with self._signals.critical():  # one landing while the sinks open is raised once they are open
+            self._begin(run_context)
+
+    def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
         first_step = int(_param(cb, "cur_step_num", 0) or 0)
@@ -155,7 +168,6 @@ class BridgeMonitor(Callback):
             last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
             self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
                 "last_recorded_step": last, "run_id": self.run.run_id})])
-        self._signals.install()
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
 
@@ -198,15 +210,20 @@ class BridgeMonitor(Callback):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # MindSpore's callback manager exits every callback, also when training raised.
         rank = self.run.rank if self.run else 0
-        if exc_type is None:
-            self.close(FINISHED)
-            return
-        self._record_interrupted_step()
-        if issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
-            detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
-            self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
-        else:
-            self.close(FAILED, make_event(EXCEPTION, self._last_step, rank, type=exc_type.__name__, message=str(exc)))
+        try:
+            if exc_type is None:
+                self.close(FINISHED)
+                return
+            self._record_interrupted_step()
+            if issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
+                detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
+                self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
+            else:
+                self.close(FAILED, make_event(EXCEPTION, self._last_step, rank, type=exc_type.__name__,
+                                              message=mask_text(str(exc))))
+        except TrainingInterrupted as late:  # arrived during the close, held until it was done
+            self._signals.redeliver(late.signum)
+            raise
         if isinstance(exc, TrainingInterrupted):
             self._signals.redeliver(exc.signum)  # SIGTERM's default: the process ends as killed by it
 
@@ -271,11 +288,12 @@ class BridgeMonitor(Callback):
         return []
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
-        """Final flush, then drain and close every sink with ``status``."""
+        """Final flush, then drain and close every sink with ``status``, then the outcome into run.json and
+        README. A SIGTERM or SIGINT arriving meanwhile is held until all of that is done, then raised."""
         if self.dispatcher is None:
+            self._signals.restore()
             return
         with self._signals.critical():
-            self._signals.restore()
             try:
                 # Only a normal end meets the other ranks in the collective: after an exception here
                 # the others are still training, and a collective would pair with theirs or block.
@@ -283,17 +301,31 @@ class BridgeMonitor(Callback):
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
             interrupted = self._signals.interrupt_detail()
-            if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
-                status = KILLED
+            if interrupted is not None and status == FINISHED:  # a chained handler ended training, or the
+                status = KILLED                                 # signal came during the final flush
                 event = make_event(INTERRUPT, self._last_step, self.run.rank if self.run else 0, **interrupted)
             if event is not None:
                 self.events.append(event)
                 self.dispatcher.submit([], [event])
-            self.dispatcher.close(status)
-            self.dispatcher = None
-            if self.plan is not None:
-                self.plan.finish(self.outcome(status))
-                release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
+            dispatcher, self.dispatcher = self.dispatcher, None
+            dispatcher.close(status)
+            late = self._signals.interrupt_detail() if interrupted is None else None
+            self._finish(status, dispatcher.errors, late)
+            self._signals.restore()
+
+    def _finish(self, status: str, sink_errors: Mapping[str, int], late: Optional[Mapping[str, Any]] = None) -> None:
+        """The outcome into run.json and README (never raising: this runs inside MindSpore's hooks)."""
+        self._status, self._sink_errors = status, dict(sink_errors)
+        if self.plan is None:
+            return
+        try:
+            summary = self._summary(status)
+            if late:
+                summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
+            self.plan.finish(summary)
+        except Exception:
+            log.exception("msbridge: could not write the outcome into run.json and README.md")
+        release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
 
     def _on_collective_timeout(self, window: Window) -> None:
         """Watchdog thread, while the training thread is stuck in the cross-rank collective: keep the
@@ -308,8 +340,7 @@ class BridgeMonitor(Callback):
         self.events.append(event)
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
-        if self.plan is not None:
-            self.plan.finish(self.outcome(FAILED))
+        self._finish(FAILED, dispatcher.errors)
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
@@ -318,9 +349,22 @@ class BridgeMonitor(Callback):
             self.dispatcher.submit(self._pending, self._pending_events)
         self._pending, self._pending_events = [], []
 
-    def outcome(self, status: str) -> Dict[str, Any]:
-        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies."""
+    @property
+    def outcome(self) -> RunOutcome:
+        """How the run ended: status (None until it has), the sinks that did not receive everything,
+        and ``exit_code`` (what ``msbridge demo`` exits with).
+
+        Example:
+            >>> model.train(1, ds, callbacks=[monitor])
+            >>> sys.exit(monitor.outcome.exit_code)
+        """
+        return RunOutcome(self._status, dict(self._sink_errors))
+
+    def _summary(self, status: str) -> Dict[str, Any]:
+        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies,
+        and what each sink did not receive."""
         anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in self.events]
+        undelivered = RunOutcome(status, self._sink_errors).not_delivered(self.run_dir or "RUN_DIR")
         return {
             "status": status,
             "steps recorded": self.steps_recorded,
@@ -330,6 +374,7 @@ class BridgeMonitor(Callback):
             "best loss": self.best_loss,
             "anomalies": "; ".join(anomalies) if anomalies else "none",
             **self.health.summary(),
+            "not delivered": undelivered or "none",
         }
 
     def _track_loss(self, loss: Optional[np.ndarray]) -> None:
@@ -340,46 +385,3 @@ class BridgeMonitor(Callback):
         if finite.size:
             best = float(finite.min())
             self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
-
-
-def _param(cb: Any, name: str, default: Any = None) -> Any:
-    """A callback parameter; MindSpore's ``_InternalCallbackParam`` raises KeyError for a missing one."""
-    try:
-        return getattr(cb, name)
-    except (AttributeError, KeyError):
-        return default
-
-
-def _resume_offset(cb: Any, first_step: int) -> int:
-    """Steps done before this ``Model.train`` call: it counts ``cur_step_num`` from 1 even with
-    ``initial_epoch``, while ``cur_epoch_num`` continues. The global step is the sum."""
-    epoch, per_epoch = _param(cb, "cur_epoch_num", 1) or 1, _param(cb, "batch_num", 0) or 0
-    return max(0, (int(epoch) - 1) * int(per_epoch) - (first_step - 1))
-
-
-def _batch_size(cb: Any) -> Optional[int]:
-    dataset = _param(cb, "train_dataset", None)
-    try:
-        return int(dataset.get_batch_size()) if dataset is not None else None
-    except Exception:  # a dataset without a fixed batch size
-        return None
-
-
-def _steps_per_call(cb: Any) -> int:
-    """Steps between two step-end calls: ``sink_size`` in device sink mode, else 1."""
-    if not _param(cb, "dataset_sink_mode", False):
-        return 1  # also CPU with dataset_sink_mode=True: MindSpore runs it step by step
-    size = int(_param(cb, "sink_size", -1) or -1)
-    return size if size > 0 else int(_param(cb, "batch_num", 1) or 1)
-
-
-def _expected_steps(cb: Any) -> Optional[int]:
-    epochs = _param(cb, "epoch_num", None)
-    per_epoch = _param(cb, "batch_num", None)
-    dataset = _param(cb, "train_dataset", None)
-    if _param(cb, "dataset_sink_mode", False) and dataset is not None and \
-            ms.get_context("device_target") == "CPU":  # batch_num is sink_size, but CPU runs whole epochs
-        per_epoch = dataset.get_dataset_size()
-    if epochs and per_epoch:
-        return int(epochs) * int(per_epoch)
-    return None

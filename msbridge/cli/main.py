@@ -27,7 +27,7 @@ def _quiet_libraries() -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..callback import BridgeMonitor
     from ..config.load import load_config
-    from .demo import demo_config, train
+    from .demo import demo_config, exit_status, train
 
     out = os.path.abspath(args.out)
     config = load_config(args.config if args.config else demo_config(out), overrides=args.set)
@@ -35,7 +35,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
     train(monitor, args.steps, config.params)
     _print_outputs(monitor)
-    return 0
+    return exit_status(monitor)
 
 
 def _print_outputs(monitor) -> None:

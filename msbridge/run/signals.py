@@ -1,26 +1,35 @@
-"""Ending badly on purpose: SIGTERM during training becomes a clean KILLED close, then the default.
+"""Ending badly on purpose: SIGTERM or SIGINT during training becomes a clean KILLED close, then the default.
 
 Schedulers (Slurm, Kubernetes, ModelArts) stop a job with SIGTERM and, after a
-grace period, SIGKILL. Python's default for SIGTERM kills the process at once,
-so without a handler the window not yet flushed, the README outcome and the
-sinks' final status would be lost.
+grace period, SIGKILL; a person stops it with Ctrl-C (SIGINT). Python's default
+for SIGTERM kills the process at once, so without a handler the window not yet
+flushed, the README outcome and the sinks' final status would be lost.
 
 ``SignalGuard`` is installed at train begin (main thread only) and removed when
-the monitor closes:
+the monitor has closed, so it also covers the close itself:
 
-- no other handler before it (``SIG_DFL``): the handler raises
-  ``TrainingInterrupted``, a ``KeyboardInterrupt``. It unwinds ``Model.train``
-  into ``BridgeMonitor.__exit__``, exactly like Ctrl-C: a final flush, every sink
-  closed KILLED, README and run.json updated. ``redeliver`` then restores the
-  default and sends the signal again, so the process ends the way its
-  scheduler expects (killed by SIGTERM, exit status -15 / 143);
+- no other handler before it (``SIG_DFL`` for SIGTERM, Python's
+  ``default_int_handler`` for SIGINT): the handler raises ``TrainingInterrupted``,
+  a ``KeyboardInterrupt`` naming the signal. It unwinds ``Model.train`` into
+  ``BridgeMonitor.__exit__``: a final flush, every sink closed KILLED, README and
+  run.json updated. ``redeliver`` then restores the default and, for SIGTERM,
+  sends the signal again, so the process ends the way its scheduler expects
+  (killed by SIGTERM, exit status -15 / 143); a SIGINT ends as Python's
+  ``KeyboardInterrupt`` does;
 - a Python handler before it (MindSpore's ``OnRequestExit``, the user's own): it
   is called and left in charge of ending training; the monitor only records
   that the run was interrupted and closes KILLED when training ends;
-- ``SIG_IGN`` before it: the user chose to ignore SIGTERM; nothing is installed.
+- ``SIG_IGN`` before it: the user chose to ignore the signal; nothing is installed.
 
-A signal that lands while the monitor is inside its own hook (``critical``) is
-held until the hook's work is consistent, then raised.
+A signal that lands while the monitor is inside its own hook or its close
+(``critical``) is held until that work is consistent (the close: every sink
+closed, run.json and README final), then raised.
+
+MindSpore's runtime replaces the process's C-level SIGINT handler while it runs
+graphs with its own, which sends the process SIGTERM: a Ctrl-C during a MindSpore
+step therefore reaches Python, and this guard, as SIGTERM (MindSpore 2.9,
+``mindspore::DefaultIntHandler``). SIGINT is recorded as SIGINT whenever Python's
+handler receives it.
 
 Example:
     >>> guard = SignalGuard()
@@ -54,10 +63,10 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class SignalGuard:
-    """Turns SIGTERM into ``TrainingInterrupted`` for the duration of training.
+    """Turns SIGTERM and SIGINT into ``TrainingInterrupted`` for the duration of training.
 
     Args:
-        signals: the signals to guard (SIGTERM by default; SIGINT already raises KeyboardInterrupt).
+        signals: the signals to guard.
 
     Example:
         >>> guard = SignalGuard()
@@ -66,7 +75,7 @@ class SignalGuard:
         >>> guard.restore()
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM,)) -> None:
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.signals = tuple(signals)
         self.received: Optional[int] = None
         self._previous: Dict[int, Any] = {}
@@ -77,8 +86,10 @@ class SignalGuard:
     def install(self) -> bool:
         """Install the handler (chaining to the previous one). False off the main thread: Python
         only lets the main thread set signal handlers."""
+        if self._installed:
+            return True
         if threading.current_thread() is not threading.main_thread():
-            log.info("msbridge: training runs outside the main thread; SIGTERM is left to its default handler")
+            log.info("msbridge: training runs outside the main thread; SIGTERM and SIGINT keep their handlers")
             return False
         for sig in self.signals:
             previous = signal.getsignal(sig)
@@ -102,8 +113,11 @@ class SignalGuard:
         """After the monitor closed: restore the handlers and, if the previous one was the default,
         deliver ``signum`` again so the process ends as it would have without msbridge."""
         self.restore()
-        if self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None):
-            signal.raise_signal(signum)
+        if not _ours_to_raise(self._previous.get(signum, signal.SIG_DFL)):
+            return
+        if signum == signal.SIGINT:
+            return  # the KeyboardInterrupt in flight is how Python ends on SIGINT
+        signal.raise_signal(signum)
 
     def interrupt_detail(self) -> Optional[Dict[str, Any]]:
         """``{"signal": "SIGTERM"}`` when a guarded signal arrived during training, else None."""
@@ -128,7 +142,7 @@ class SignalGuard:
             return  # already ending; a second SIGTERM must not cut the close short
         self.received = signum
         previous = self._previous.get(signum)
-        if callable(previous):
+        if not _ours_to_raise(previous):
             chained: Callable[[int, Any], Any] = previous
             chained(signum, frame)
             return
@@ -136,3 +150,9 @@ class SignalGuard:
             self._pending = signum
             return
         raise TrainingInterrupted(signum)
+
+
+def _ours_to_raise(previous: Any) -> bool:
+    """Whether the handler we replaced would have ended training anyway (the default, or SIGINT's
+    KeyboardInterrupt): then ours raises ``TrainingInterrupted`` instead; otherwise it is chained."""
+    return previous in (signal.SIG_DFL, None, signal.default_int_handler) or not callable(previous)

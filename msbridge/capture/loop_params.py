@@ -1,0 +1,57 @@
+"""What MindSpore's callback params say about the training loop: steps, epochs, batch size, sink mode.
+
+Example:
+    >>> cb = run_context.original_args()
+    >>> param(cb, "cur_step_num"), batch_size(cb), steps_per_call(cb), expected_steps(cb)
+    (1, 16, 1, 300)
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import mindspore as ms
+
+
+def param(cb: Any, name: str, default: Any = None) -> Any:
+    """A callback parameter; MindSpore's ``_InternalCallbackParam`` raises KeyError for a missing one."""
+    try:
+        return getattr(cb, name)
+    except (AttributeError, KeyError):
+        return default
+
+
+def resume_offset(cb: Any, first_step: int) -> int:
+    """Steps done before this ``Model.train`` call: it counts ``cur_step_num`` from 1 even with
+    ``initial_epoch``, while ``cur_epoch_num`` continues. The global step is the sum."""
+    epoch, per_epoch = param(cb, "cur_epoch_num", 1) or 1, param(cb, "batch_num", 0) or 0
+    return max(0, (int(epoch) - 1) * int(per_epoch) - (first_step - 1))
+
+
+def batch_size(cb: Any) -> Optional[int]:
+    """The dataset's batch size, or None when it has none fixed."""
+    dataset = param(cb, "train_dataset", None)
+    try:
+        return int(dataset.get_batch_size()) if dataset is not None else None
+    except Exception:  # a dataset without a fixed batch size
+        return None
+
+
+def steps_per_call(cb: Any) -> int:
+    """Steps between two step-end calls: ``sink_size`` in device sink mode, else 1."""
+    if not param(cb, "dataset_sink_mode", False):
+        return 1  # also CPU with dataset_sink_mode=True: MindSpore runs it step by step
+    size = int(param(cb, "sink_size", -1) or -1)
+    return size if size > 0 else int(param(cb, "batch_num", 1) or 1)
+
+
+def expected_steps(cb: Any) -> Optional[int]:
+    """Steps this ``Model.train`` call will run, when MindSpore says."""
+    epochs = param(cb, "epoch_num", None)
+    per_epoch = param(cb, "batch_num", None)
+    dataset = param(cb, "train_dataset", None)
+    if param(cb, "dataset_sink_mode", False) and dataset is not None and \
+            ms.get_context("device_target") == "CPU":  # batch_num is sink_size, but CPU runs whole epochs
+        per_epoch = dataset.get_dataset_size()
+    if epochs and per_epoch:
+        return int(epochs) * int(per_epoch)
+    return None
