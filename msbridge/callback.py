@@ -300,6 +300,7 @@ class BridgeMonitor(Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            self._signals.reassert()  # MindSpore's last graph run took SIGINT over; the close needs it
             interrupted = self._signals.interrupt_detail()
             if interrupted is not None and status == FINISHED:  # a chained handler ended training, or the
                 status = KILLED                                 # signal came during the final flush

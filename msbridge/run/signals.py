@@ -9,13 +9,13 @@ flushed, the README outcome and the sinks' final status would be lost.
 the monitor has closed, so it also covers the close itself:
 
 - no other handler before it (``SIG_DFL`` for SIGTERM, Python's
-  ``default_int_handler`` for SIGINT): the handler raises ``TrainingInterrupted``,
-  a ``KeyboardInterrupt`` naming the signal. It unwinds ``Model.train`` into
-  ``BridgeMonitor.__exit__``: a final flush, every sink closed KILLED, README and
-  run.json updated. ``redeliver`` then restores the default and, for SIGTERM,
-  sends the signal again, so the process ends the way its scheduler expects
-  (killed by SIGTERM, exit status -15 / 143); a SIGINT ends as Python's
-  ``KeyboardInterrupt`` does;
+  ``default_int_handler`` for SIGINT): the handler raises ``TrainingInterrupted``
+  for SIGTERM, Python's own ``KeyboardInterrupt`` for SIGINT. It unwinds
+  ``Model.train`` into ``BridgeMonitor.__exit__``: a final flush, every sink
+  closed KILLED, README and run.json updated. ``redeliver`` then restores the
+  default and sends SIGTERM again, so the process ends the way its scheduler
+  expects (killed by SIGTERM, exit status -15 / 143); an uncaught
+  ``KeyboardInterrupt`` ends it by SIGINT, as Python does (-2 / 130);
 - a Python handler before it (MindSpore's ``OnRequestExit``, the user's own): it
   is called and left in charge of ending training; the monitor only records
   that the run was interrupted and closes KILLED when training ends;
@@ -25,11 +25,13 @@ A signal that lands while the monitor is inside its own hook or its close
 (``critical``) is held until that work is consistent (the close: every sink
 closed, run.json and README final), then raised.
 
-MindSpore's runtime replaces the process's C-level SIGINT handler while it runs
-graphs with its own, which sends the process SIGTERM: a Ctrl-C during a MindSpore
-step therefore reaches Python, and this guard, as SIGTERM (MindSpore 2.9,
-``mindspore::DefaultIntHandler``). SIGINT is recorded as SIGINT whenever Python's
-handler receives it.
+From its first graph run on, MindSpore's runtime replaces the process's C-level
+SIGINT handler with its own, which sends the process SIGTERM: a Ctrl-C during
+training therefore reaches Python, and this guard, as SIGTERM (MindSpore 2.9,
+``mindspore::DefaultIntHandler``). ``reassert`` takes SIGINT back when the
+monitor's close starts, and ``restore`` leaves Python's own handler in place,
+so a SIGINT during the close, or before MindSpore's first graph run, is
+recorded as SIGINT, and Ctrl-C after training is Python's KeyboardInterrupt again.
 
 Example:
     >>> guard = SignalGuard()
@@ -50,7 +52,7 @@ log = logging.getLogger("msbridge")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Raised in the main thread when a guarded signal arrives; ``signum`` says which.
+    """Raised in the main thread when SIGTERM arrives; ``signum`` says which signal.
 
     Example:
         >>> TrainingInterrupted(signal.SIGTERM).signum == signal.SIGTERM
@@ -100,6 +102,13 @@ class SignalGuard:
         self._installed = True
         return True
 
+    def reassert(self) -> None:
+        """Take the guarded signals back where a library replaced the process's handler underneath
+        Python (MindSpore's runtime does, for SIGINT). Main thread only."""
+        if self._installed and threading.current_thread() is threading.main_thread():
+            for sig in self._previous:
+                signal.signal(sig, self._handle)
+
     def restore(self) -> None:
         """Put the previous handlers back (where ours is still the one installed)."""
         if not self._installed:
@@ -113,11 +122,8 @@ class SignalGuard:
         """After the monitor closed: restore the handlers and, if the previous one was the default,
         deliver ``signum`` again so the process ends as it would have without msbridge."""
         self.restore()
-        if not _ours_to_raise(self._previous.get(signum, signal.SIG_DFL)):
-            return
-        if signum == signal.SIGINT:
-            return  # the KeyboardInterrupt in flight is how Python ends on SIGINT
-        signal.raise_signal(signum)
+        if _ours_to_raise(self._previous.get(signum, signal.SIG_DFL)):
+            signal.raise_signal(signum)
 
     def interrupt_detail(self) -> Optional[Dict[str, Any]]:
         """``{"signal": "SIGTERM"}`` when a guarded signal arrived during training, else None."""
@@ -135,7 +141,7 @@ class SignalGuard:
             self._depth -= 1
             if not self._depth and self._pending is not None:
                 signum, self._pending = self._pending, None
-                raise TrainingInterrupted(signum)
+                _interrupt(signum)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is not None:
@@ -149,7 +155,15 @@ class SignalGuard:
         if self._depth:
             self._pending = signum
             return
-        raise TrainingInterrupted(signum)
+        _interrupt(signum)
+
+
+def _interrupt(signum: int) -> None:
+    """Raise what ends training for ``signum``. SIGINT: Python's own ``KeyboardInterrupt`` (not a subclass:
+    only that one, uncaught, makes the interpreter end by SIGINT)."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise TrainingInterrupted(signum)
 
 
 def _ours_to_raise(previous: Any) -> bool:
