@@ -126,12 +126,15 @@ def write_run_files(run_dir: str, meta: Mapping[str, Any], readme: str) -> bool:
     previous complete file and no temp file, is logged once per run dir and cause (a full disk with
     the path and the space left), and returns False.
     """
+    target = run_dir
     try:
         os.makedirs(run_dir, exist_ok=True)
-        _atomic_write(os.path.join(run_dir, RUN_JSON), json.dumps(mask_secrets(dict(meta)), indent=2, default=str))
-        _atomic_write(os.path.join(run_dir, README), mask_text(readme))
+        for name, text in ((RUN_JSON, json.dumps(mask_secrets(dict(meta)), indent=2, default=str)),
+                           (README, mask_text(readme))):
+            target = os.path.join(run_dir, name)
+            _atomic_write(target, text)
     except OSError as exc:
-        _tell_once(run_dir, exc)
+        _tell_once(run_dir, target, exc)
         return False
     return True
 
@@ -154,12 +157,11 @@ def _atomic_write(path: str, text: str) -> None:
 _told: Set[Tuple[str, Optional[int]]] = set()
 
 
-def _tell_once(run_dir: str, exc: OSError) -> None:
+def _tell_once(run_dir: str, path: str, exc: OSError) -> None:
     key = (os.path.abspath(run_dir), exc.errno)
     if key in _told:
         return
     _told.add(key)
-    path = exc.filename or run_dir
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         log.error("msbridge: the disk is full: cannot write %s (%s free on that file system); run.json and "
                   "README.md keep their last complete version", path, free_space(run_dir))

@@ -22,14 +22,10 @@ META = {"run_name": "r", "config": {"params": {"db": {"credentials": {"user": "u
 
 
 class FullDisk:
-    """``open`` for the metadata module: files open, and the first write to one fails with ENOSPC."""
-
-    def __init__(self):
-        self.opened = []
+    """``open`` for the metadata module: files open, and every write to one fails with ENOSPC."""
 
     def __call__(self, path, mode="r", *args, **kwargs):
         handle = builtins.open(path, mode, *args, **kwargs)
-        self.opened.append(path)
         if "w" in mode:
             def write(text):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
@@ -41,14 +37,6 @@ def files(directory):
     return sorted(os.listdir(directory))
 
 
-@pytest.fixture
-def full_disk(monkeypatch):
-    shim = FullDisk()
-    monkeypatch.setattr(metadata, "open", shim, raising=False)
-    monkeypatch.setattr(metadata, "_told", set())
-    return shim
-
-
 def test_written_masked_at_any_depth(tmp_path):
     assert write_run_files(str(tmp_path), META, "# r\n\nuri: http://me:s3cr3t-4@127.0.0.1:5000\n") is True
     text = (tmp_path / RUN_JSON).read_text() + (tmp_path / README).read_text()
@@ -57,18 +45,18 @@ def test_written_masked_at_any_depth(tmp_path):
     assert files(tmp_path) == [README, RUN_JSON]
 
 
-def test_a_full_disk_is_told_once_with_the_path_and_leaves_the_last_complete_files(tmp_path, full_disk, caplog):
-    write_run_files(str(tmp_path), {"run_name": "r", "outcome": None}, "# r\n")
+def test_a_full_disk_is_told_once_with_the_path_and_leaves_the_last_complete_files(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(metadata, "_told", set())
+    assert write_run_files(str(tmp_path), {"run_name": "r", "outcome": None}, "# r\n") is True
     before = {name: (tmp_path / name).read_text() for name in files(tmp_path)}
-    full_disk.opened.clear()
     caplog.set_level(logging.ERROR, logger="msbridge")
-    metadata.open = full_disk  # from here every write fails
+    monkeypatch.setattr(metadata, "open", FullDisk(), raising=False)  # from here every write fails
     for _ in range(3):
         assert write_run_files(str(tmp_path), {"run_name": "r", "outcome": {"status": "FINISHED"}}, "# r\n") is False
     assert {name: (tmp_path / name).read_text() for name in files(tmp_path)} == before, "no half file, no temp file"
     told = [r.getMessage() for r in caplog.records]
     assert len(told) == 1 and told[0].startswith("msbridge: the disk is full: cannot write ")
-    assert full_disk.opened[0] in told[0] and f"({free_space(str(tmp_path))} free on that file system)" in told[0]
+    assert f"cannot write {tmp_path / RUN_JSON} ({free_space(str(tmp_path))} free on that file system)" in told[0]
 
 
 def test_a_failed_rename_removes_the_temp_file_and_raises_nothing(tmp_path, monkeypatch, caplog):
