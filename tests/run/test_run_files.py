@@ -11,8 +11,6 @@ import json
 import logging
 import os
 
-import pytest
-
 from msbridge.run import metadata
 from msbridge.run.metadata import README, RUN_JSON, free_space, write_run_files
 
