@@ -5,8 +5,9 @@ api_key, credentials ...), whatever its type: a string or a number becomes
 ``***``; in a list or a mapping under such a key every leaf does (the shape
 stays, so a reader still sees what was set). In any string, credentials inside
 a URI (``https://user:pass@host``) and secret-looking query parameters are
-masked. ``MaskingFilter`` applies the string rules to every line logged on the
-``msbridge`` logger.
+masked; ``mask_command`` masks the values of secret-looking options on a
+command line. ``MaskingFilter`` applies the string rules to every line logged on
+the ``msbridge`` logger.
 
 Example:
     >>> mask_secrets({"mlflow": {"tracking_uri": "http://bob:hunter2@host:5000", "token": "abc"}})
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping
+from typing import Any, List, Mapping, Sequence
 
 MASK = "***"
 
@@ -59,6 +60,28 @@ def mask_text(text: str) -> str:
     """Mask URI credentials and secret query parameters inside a string."""
     text = _URI_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
     return _QUERY_SECRET.sub(lambda m: f"{m['key']}={MASK}", text)
+
+
+def mask_command(argv: Sequence[str]) -> str:
+    """A command line as one string, with the values of secret-looking options masked:
+    ``--set mlflow.token=abc``, ``--password=abc`` and ``--api-key abc`` alike.
+
+    Example:
+        >>> mask_command(["train.py", "--set", "params.hf_token=abc", "--api-key", "xyz", "--lr", "0.1"])
+        'train.py --set params.hf_token=*** --api-key *** --lr 0.1'
+    """
+    out: List[str] = []
+    for arg in argv:
+        key, sep, _ = str(arg).partition("=")
+        name = key.lstrip("-").rsplit(".", 1)[-1]
+        if out and out[-1].startswith("-") and "=" not in out[-1] and is_secret_key(out[-1].lstrip("-")) \
+                and not str(arg).startswith("-"):
+            out.append(MASK)
+        elif sep and name and is_secret_key(name):
+            out.append(f"{key}={MASK}")
+        else:
+            out.append(mask_text(str(arg)))
+    return " ".join(out)
 
 
 def mask_secrets(value: Any, key: Any = "", secret: bool = False) -> Any:

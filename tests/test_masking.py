@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from msbridge.masking import MASK, MaskingFilter, is_secret_key, mask_secrets, mask_text
+from msbridge.masking import MASK, MaskingFilter, is_secret_key, mask_command, mask_secrets, mask_text
 
 
 @pytest.mark.parametrize("key", ["password", "db_password", "dbPassword", "PASSWD", "pw", "pwd", "token", "hf_token",
@@ -53,3 +53,10 @@ def test_every_msbridge_log_line_is_masked(caplog):
     logging.getLogger("msbridge").info("msbridge: MLflow at %s is unreachable", "http://u:s3cr3t@127.0.0.1:1")
     assert "s3cr3t" not in caplog.text and "http://u:***@127.0.0.1:1" in caplog.text
     assert any(isinstance(f, MaskingFilter) for f in logging.getLogger("msbridge").filters)
+
+
+def test_secret_options_on_a_command_line_are_masked():
+    argv = ["train.py", "--set", "mlflow.token=abc", "--password=pw1", "--api-key", "k1", "--lr", "0.1",
+            "--uri", "http://u:p2@h", "--set", "tokenizer.type=T", "--use-auth", "--verbose"]
+    assert mask_command(argv) == ("train.py --set mlflow.token=*** --password=*** --api-key *** --lr 0.1 "
+                                  "--uri http://u:***@h --set tokenizer.type=T --use-auth --verbose")

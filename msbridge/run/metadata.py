@@ -27,7 +27,7 @@ import uuid
 from importlib import metadata as importlib_metadata
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..masking import mask_secrets, mask_text
+from ..masking import mask_command, mask_secrets, mask_text
 
 log = logging.getLogger("msbridge")
 
@@ -66,7 +66,7 @@ def collect_metadata(config: Mapping[str, Any], world_size: int, expected_steps:
     """Everything a later reader needs to know what this run was."""
     script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else os.getcwd()
     return mask_secrets({
-        "command": " ".join(sys.argv),
+        "command": mask_command(sys.argv),
         "cwd": os.getcwd(),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "expected_steps": expected_steps,
