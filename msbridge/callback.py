@@ -122,8 +122,13 @@ class BridgeMonitor(Callback):
         if self.plan is None:
             return
         self._signals.install()  # from here a SIGTERM or SIGINT ends the run KILLED, with its outcome written
-        with self._signals.critical():  # one landing while the sinks open is raised once they are open
-            self._begin(run_context)
+        try:
+            with self._signals.critical():  # one landing while the sinks open is raised once they are open
+                self._begin(run_context)
+        except BaseException:
+            if self.dispatcher is None:  # refused before the run started: nothing to close, nothing to guard
+                self._signals.restore()
+            raise
 
     def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
