@@ -29,6 +29,8 @@ import subprocess
 import sys
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
+from ..masking import mask_text
+
 #: The child's nice value: MLflow gets the CPU training leaves idle.
 NICE = 19
 _CONNECT = "_connect"
@@ -173,6 +175,19 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         replies.flush()
 
 
+class _Masked:
+    """A text stream that masks URI credentials in what is written to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(mask_text(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     os.nice(NICE)
     try:  # Linux: run only when a CPU would otherwise idle; a waking training thread preempts at once
@@ -184,6 +199,7 @@ def main() -> None:
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
+    sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"
     serve(sys.stdin.buffer, replies)
 
 

@@ -9,6 +9,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -19,9 +20,13 @@ os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 from .config.load import Config, load_config
 from .errors import ConfigError, MissingDependencyError, MsbridgeError
+from .masking import MaskingFilter
 from .sinks.base import Event, Record, RunInfo, Sink
 
 __version__ = "0.1.0"
+
+# Every line msbridge logs has URI credentials and secret query parameters masked.
+logging.getLogger("msbridge").addFilter(MaskingFilter())
 
 __all__ = [
     "BridgeMonitor", "TrainStep", "attach_ring", "Config", "ConfigError", "Event", "MissingDependencyError", "MsbridgeError",

@@ -39,8 +39,10 @@ from .capture.train_step import TrainStep
 from .capture.window import Window
 from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
+from .masking import mask_text
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, LOSS
+from .run.outcome import RunOutcome
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
@@ -100,6 +102,8 @@ class BridgeMonitor(Callback):
         self.best_loss: Optional[float] = None
         self.events: List[Event] = []
         self._signals = SignalGuard()
+        self._status: Optional[str] = None  # set when the run is closed
+        self._sink_errors: Dict[str, int] = {}
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
 
@@ -116,6 +120,16 @@ class BridgeMonitor(Callback):
     def on_train_begin(self, run_context: Any) -> None:
         if self.plan is None:
             return
+        self._signals.install()  # from here a SIGTERM or SIGINT ends the run KILLED, with its outcome written
+        try:
+            with self._signals.critical():  # one landing while the sinks open is raised once they are open
+                self._begin(run_context)
+        except BaseException:
+            if self.dispatcher is None:  # refused before the run started: nothing to close, nothing to guard
+                self._signals.restore()
+            raise
+
+    def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
         first_step = int(param(cb, "cur_step_num", 0) or 0)
@@ -166,7 +180,6 @@ class BridgeMonitor(Callback):
             last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
             self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
                 "last_recorded_step": last, "run_id": self.run.run_id})])
-        self._signals.install()
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
 
@@ -217,15 +230,20 @@ class BridgeMonitor(Callback):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # MindSpore's callback manager exits every callback, also when training raised.
         rank = self.run.rank if self.run else 0
-        if exc_type is None:
-            self.close(FINISHED)
-            return
-        self._record_interrupted_step()
-        if issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
-            detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
-            self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
-        else:
-            self.close(FAILED, make_event(EXCEPTION, self._last_step, rank, type=exc_type.__name__, message=str(exc)))
+        try:
+            if exc_type is None:
+                self.close(FINISHED)
+                return
+            self._record_interrupted_step()
+            if issubclass(exc_type, KeyboardInterrupt) or self._signals.received is not None:
+                detail = self._signals.interrupt_detail() or {"type": exc_type.__name__}
+                self.close(KILLED, make_event(INTERRUPT, self._last_step, rank, **detail))
+            else:
+                self.close(FAILED, make_event(EXCEPTION, self._last_step, rank, type=exc_type.__name__,
+                                              message=mask_text(str(exc))))
+        except TrainingInterrupted as late:  # arrived during the close, held until it was done
+            self._signals.redeliver(late.signum)
+            raise
         if isinstance(exc, TrainingInterrupted):
             self._signals.redeliver(exc.signum)  # SIGTERM's default: the process ends as killed by it
 
@@ -292,11 +310,12 @@ class BridgeMonitor(Callback):
         return []
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
-        """Final flush, then drain and close every sink with ``status``."""
+        """Final flush, then drain and close every sink with ``status``, then the outcome into run.json and
+        README. A SIGTERM or SIGINT arriving meanwhile is held until all of that is done, then raised."""
         if self.dispatcher is None:
+            self._signals.restore()
             return
         with self._signals.critical():
-            self._signals.restore()
             try:
                 # Only a normal end meets the other ranks in the collective: after an exception here
                 # the others are still training, and a collective would pair with theirs or block.
@@ -307,18 +326,33 @@ class BridgeMonitor(Callback):
                 status = self.health.stop.status
             if self._internals is not None:
                 self._internals.close()
+            self._signals.reassert()  # MindSpore's last graph run took SIGINT over; the close needs it
             interrupted = self._signals.interrupt_detail()
-            if interrupted is not None and status == FINISHED:  # a chained SIGTERM handler ended training
-                status = KILLED
+            if interrupted is not None and status == FINISHED:  # a chained handler ended training, or the
+                status = KILLED                                 # signal came during the final flush
                 event = make_event(INTERRUPT, self._last_step, self.run.rank if self.run else 0, **interrupted)
             if event is not None:
                 self.events.append(event)
                 self.dispatcher.submit([], [event])
-            self.dispatcher.close(status)
-            self.dispatcher = None
-            if self.plan is not None:
-                self.plan.finish(self.outcome(status))
-                release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
+            dispatcher, self.dispatcher = self.dispatcher, None
+            dispatcher.close(status)
+            late = self._signals.interrupt_detail() if interrupted is None else None
+            self._finish(status, dispatcher.errors, late)
+            self._signals.restore()
+
+    def _finish(self, status: str, sink_errors: Mapping[str, int], late: Optional[Mapping[str, Any]] = None) -> None:
+        """The outcome into run.json and README (never raising: this runs inside MindSpore's hooks)."""
+        self._status, self._sink_errors = status, dict(sink_errors)
+        if self.plan is None:
+            return
+        try:
+            summary = self._summary(status)
+            if late:
+                summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
+            self.plan.finish(summary)
+        except Exception:
+            log.exception("msbridge: could not write the outcome into run.json and README.md")
+        release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
 
     def _on_collective_timeout(self, window: Window) -> None:
         """Watchdog thread, while the training thread is stuck in the cross-rank collective: keep the
@@ -333,8 +367,7 @@ class BridgeMonitor(Callback):
         self.events.append(event)
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
-        if self.plan is not None:
-            self.plan.finish(self.outcome(FAILED))
+        self._finish(FAILED, dispatcher.errors)
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
@@ -343,9 +376,22 @@ class BridgeMonitor(Callback):
             self.dispatcher.submit(self._pending, self._pending_events)
         self._pending, self._pending_events = [], []
 
-    def outcome(self, status: str) -> Dict[str, Any]:
-        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies."""
+    @property
+    def outcome(self) -> RunOutcome:
+        """How the run ended: status (None until it has), the sinks that did not receive everything,
+        and ``exit_code`` (what ``msbridge demo`` exits with).
+
+        Example:
+            >>> model.train(1, ds, callbacks=[monitor])
+            >>> sys.exit(monitor.outcome.exit_code)
+        """
+        return RunOutcome(self._status, dict(self._sink_errors))
+
+    def _summary(self, status: str) -> Dict[str, Any]:
+        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies,
+        and what each sink did not receive."""
         anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in self.events]
+        undelivered = RunOutcome(status, self._sink_errors).not_delivered(self.run_dir or "RUN_DIR")
         return {
             "status": status,
             "steps recorded": self.steps_recorded,
@@ -355,6 +401,7 @@ class BridgeMonitor(Callback):
             "best loss": self.best_loss,
             "anomalies": "; ".join(anomalies) if anomalies else "none",
             **self.health.summary(),
+            "not delivered": undelivered or "none",
         }
 
     def _track_loss(self, loss: Optional[np.ndarray]) -> None:

@@ -7,6 +7,8 @@ from typing import Iterable, List, Sequence
 
 _OS_ERROR = re.compile(r"\[Errno -?\d+\] [^\"'()\[\]]+")
 
+from .masking import mask_text
+
 
 class MsbridgeError(Exception):
     """Base class of msbridge's own errors."""
@@ -23,7 +25,8 @@ class ConfigError(MsbridgeError, ValueError):
     """
 
     def __init__(self, problems: "str | Iterable[str]") -> None:
-        self.problems: List[str] = [problems] if isinstance(problems, str) else list(problems)
+        problems = [problems] if isinstance(problems, str) else list(problems)
+        self.problems: List[str] = [mask_text(p) for p in problems]  # a value may carry a URL with a password
         super().__init__("\n".join(self.problems))
 
 

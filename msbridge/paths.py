@@ -5,7 +5,8 @@ looked up in the training params first, then in msbridge's own settings) and
 ``{timestamp}``. ``output_dir`` may use ``{experiment}``, ``{run_name}``,
 ``{rank}``, ``{timestamp}`` and, as its first component, ``{experiment_dir}``.
 Names are reduced to one safe path component, so a run name can never escape
-the output directory.
+the output directory, and two different names never share a directory
+(``safe_component``).
 
 The experiment dir holds the stores an experiment's runs share (MLflow's
 ``mlflow.db`` and ``mlartifacts/``, TensorBoard's ``tensorboard/``, MindInsight's
@@ -22,15 +23,19 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
+import unicodedata
 from typing import Any, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@,-]+")
+_SAFE_ASCII = re.compile(r"[A-Za-z0-9._+=@,-]")
+#: UTF-8 bytes of a name's readable part (file systems allow 255 per component; the hash adds 9).
+MAX_COMPONENT_BYTES = 120
 
 
 def timestamp(now: Optional[float] = None) -> str:
@@ -65,9 +70,36 @@ def render_template(template: str, *scopes: Mapping[str, Any], what: str = "run_
 
 
 def safe_component(name: str) -> str:
-    """One path component: separators and other unsafe characters become '_', never '.' or '..'."""
-    cleaned = _UNSAFE.sub("_", name).strip("._") or "run"
-    return cleaned[:200]
+    """One path component for ``name``, readable, and distinct for distinct names.
+
+    Kept: ASCII letters, digits and ``._+=@,-``, and any other letter, digit or mark
+    (``run-ü``, ``实验一``), NFC-normalised. Separators, spaces, controls, NUL,
+    invisible format characters and other symbols become ``_``; leading and
+    trailing ``.``/``_`` go (never ``.``, ``..`` or a hidden name); the name is cut
+    to ``MAX_COMPONENT_BYTES`` of UTF-8. Whenever anything was replaced, dropped,
+    normalised or cut, ``-`` and 8 hex digits of the original's SHA-1 follow, so
+    two names that clean to the same text still get two directories.
+
+    Example:
+        >>> safe_component("tiny-lm-lr0.001"), safe_component("run-ü")
+        ('tiny-lm-lr0.001', 'run-ü')
+        >>> safe_component("../etc/passwd")
+        'etc_passwd-e96c47ea'
+    """
+    text = unicodedata.normalize("NFC", str(name))
+    cleaned = "".join(ch if _keep(ch) else "\0" for ch in text)
+    cleaned = re.sub("\0+", "_", cleaned).strip("._")
+    readable = cleaned.encode("utf-8")[:MAX_COMPONENT_BYTES].decode("utf-8", "ignore").rstrip("._")
+    if readable and readable == name:
+        return readable
+    digest = hashlib.sha1(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{readable or 'run'}-{digest}"
+
+
+def _keep(ch: str) -> bool:
+    if ch.isascii():
+        return bool(_SAFE_ASCII.match(ch))
+    return unicodedata.category(ch)[0] in "LNM"
 
 
 def render_output_dir(template: str, experiment: str, run_name: str, rank: int, stamp: str,

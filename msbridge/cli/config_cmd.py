@@ -4,8 +4,9 @@
 ``${...}``, ``--set``, dialects and defaults) as YAML, each value commented with
 where it came from: ``file:line`` (and the key as written when a dialect
 renamed it), ``--set`` or ``default``; the dialect lines and warnings come first,
-as comments. ``check`` exits 0 when the config is valid (printing warnings) and
-1 with every problem listed when it is not.
+as comments. Secrets are masked, as everywhere (``msbridge.masking``). ``check``
+exits 0 when the config is valid (printing warnings) and 1 with every problem
+listed when it is not.
 
 Example:
     $ msbridge config check train.yaml --set monitor_config.interval=50
@@ -23,6 +24,7 @@ from ..config.compose import plain
 from ..config.load import FIELD_NAMES, Config, Provenance, build_config
 from ..config.yaml_lines import Path, format_path
 from ..errors import ConfigError
+from ..masking import mask_secrets, mask_text
 
 Line = Tuple[str, str]
 
@@ -52,7 +54,7 @@ def _load(args: argparse.Namespace) -> Optional[Config]:
         count = len(exc.problems)
         print(f"{args.file}: {count} problem{'s' if count != 1 else ''}:")
         for problem in exc.problems:
-            print(f"  {problem}")
+            print(f"  {mask_text(problem)}")
         return None
 
 
@@ -64,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     notes = config.provenance.notes
     warnings = config.provenance.warnings
     for warning in warnings:
-        print(f"warning: {warning}")
+        print(f"warning: {mask_text(warning)}")
     print(f"{args.file}: ok ({len(notes) - len(warnings)} dialect/precedence notes, {len(warnings)} warnings; "
           "`msbridge config show` prints them)")
     return 0
@@ -87,9 +89,9 @@ def render(config: Config) -> List[str]:
     for title, level in (("dialect and precedence", logging.INFO), ("warnings", logging.WARNING)):
         notes = [n for n in prov.notes if n.level == level]
         if notes:
-            head += [f"# {title}:"] + [f"#   {note}" for note in notes]
+            head += [f"# {title}:"] + [f"#   {mask_text(str(note))}" for note in notes]
     body: List[Line] = []
-    _mapping({name: getattr(config, name) for name in FIELD_NAMES}, (), "", prov, body)
+    _mapping(mask_secrets({name: getattr(config, name) for name in FIELD_NAMES}), (), "", prov, body)
     width = min(max(len(text) for text, _ in body) + 2, 60)
     return head + [f"{text:<{width}}# {origin}" if origin else text for text, origin in body]
 

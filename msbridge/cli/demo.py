@@ -4,16 +4,24 @@ The data are arithmetic token sequences (``x[t+1] = (x[t] + stride) % vocab``,
 a random start and stride per sample): a pattern the model learns within a few
 hundred steps, so the loss falls visibly.
 
+``msbridge demo`` exits with the run's ``exit_code`` (``exit_status``): 0 when
+it finished and every sink received everything, 3 when a sink did not, 4 when
+it ended FAILED (a health action stopped it), 5 when KILLED; the table is in
+``msbridge.run.outcome``.
+
 Example:
     >>> from msbridge import BridgeMonitor
-    >>> from msbridge.cli.demo import demo_config, train
+    >>> from msbridge.cli.demo import demo_config, exit_status, train
     >>> config = demo_config("./demo_runs")
     >>> monitor = train(BridgeMonitor(config), steps=300, params=config["params"])
+    >>> exit_status(monitor)
+    0
 """
 from __future__ import annotations
 
 import copy
 import math
+import sys
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -150,3 +158,14 @@ def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: 
     model = Model(TrainStep(loss_net, optimizer, clip_grad_norm=float(opt_cfg.get("clip_grad_norm", 1.0))))
     model.train(1, dataset, callbacks=[monitor, *extra_callbacks], dataset_sink_mode=False)
     return monitor
+
+
+def exit_status(monitor: Any) -> int:
+    """The demo's exit code, ``monitor.outcome.exit_code``; when it is not 0, stderr says why."""
+    outcome = monitor.outcome
+    if outcome.exit_code:
+        short = f"; these sinks did not receive everything: {', '.join(sorted(outcome.undelivered))}" \
+            if outcome.undelivered else ""
+        print(f"[msbridge] the run ended {outcome.status}{short} (exit code {outcome.exit_code}; "
+              f"the outcome is in {monitor.run_dir}/README.md)", file=sys.stderr)
+    return outcome.exit_code

@@ -32,7 +32,7 @@ def _quiet_libraries() -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..callback import BridgeMonitor
-    from .demo import demo_config, demo_params, train
+    from .demo import demo_config, demo_params, exit_status, train
 
     if args.config:
         overrides = (out_overrides(args.out) if args.out else []) + list(args.set)
@@ -43,10 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
     train(monitor, args.steps, config.params)
     _print_outputs(monitor)
-    failed = monitor.plan.failed_sinks
-    for name, why in failed.items():
-        print(f"[msbridge] demo: the {name} sink failed in {why}", file=sys.stderr)
-    return 1 if failed else 0
+    return exit_status(monitor)
 
 
 def _load(source, overrides):

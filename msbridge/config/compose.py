@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from ..errors import did_you_mean
 from .dialects import VOCABULARY
 from .keys import Note, is_training_yaml, section_of
-from .yaml_lines import Origin, Path, Tree, format_path, parse_yaml, yaml_value
+from .yaml_lines import Origin, Path, Tree, format_path, read_yaml, yaml_value
 
 BASE_KEYS = ("base_config", "base")
 
@@ -108,22 +108,16 @@ class _Composer:
             self.problems.append(f"{origin}: {key}: cannot find {name!r} (looked relative to {where_dir!r} "
                                  "and its parent directories)")
             return Tree()
-        return self.file(path, chain)
+        return self.file(path, chain, f"{origin}: {key}")
 
-    def file(self, path: str, chain: Tuple[str, ...] = ()) -> Tree:
+    def file(self, path: str, chain: Tuple[str, ...] = (), included_at: str = "") -> Tree:
         real = os.path.realpath(path)
         shown = _display(path)
         if real in chain:
             names = [_display(p) for p in chain[chain.index(real):]] + [shown]
-            self.problems.append(f"{shown}: base files include each other: {' -> '.join(names)}")
+            self.problems.append(f"{included_at or shown}: base files include each other: {' -> '.join(names)}")
             return Tree()
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            self.problems.append(f"{shown}: cannot read the config file: {exc.strerror or exc}")
-            return Tree()
-        docs, problems = parse_yaml(text, shown)
+        docs, problems = read_yaml(path, shown)
         self.problems.extend(problems)
         return self.layers(docs, os.path.dirname(os.path.abspath(path)), chain + (real,))
 

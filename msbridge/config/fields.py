@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -19,6 +20,12 @@ from ..errors import ConfigError, did_you_mean
 from .yaml_lines import Path
 
 Check = Callable[[Any], Optional[str]]
+
+# Upper bounds: far above any real run, low enough that a typo (1e36, an extra zero or ten) is caught.
+MAX_STEPS = 10_000_000  # step_interval, flush_steps, print_interval
+MAX_ROWS = 100_000_000  # buffer_size, seq_length
+MAX_SECONDS = 10_000_000.0  # flush_seconds, collective_timeout_s (~116 days)
+MAX_RANKS = 10_000_000
 
 
 def _bool(value: Any) -> Optional[str]:
@@ -29,20 +36,27 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(minimum: int, optional: bool = False) -> Check:
+def _int(minimum: int, maximum: int, optional: bool = False) -> Check:
     def check(value: Any) -> Optional[str]:
-        if (optional and value is None) or (_is_int(value) and value >= minimum):
+        if (optional and value is None) or (_is_int(value) and minimum <= value <= maximum):
             return None
+        if _is_int(value) and value > maximum:
+            return f"expected an integer from {minimum} to {maximum:_}, got {value!r}"
         return f"expected {'null or ' if optional else ''}an integer >= {minimum}, got {value!r}"
     return check
 
 
-def _number(low: float, high: Optional[float] = None) -> Check:
-    allowed = f"a number > {low}" if high is None else f"a number between {low} and {high} (exclusive)"
-
+def _number(low: float, high: float, below_high: bool = False) -> Check:
+    """A finite number > ``low`` and <= ``high`` (< ``high`` with ``below_high``)."""
     def check(value: Any) -> Optional[str]:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > low
-        return None if ok and (high is None or value < high) else f"expected {allowed}, got {value!r}"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and math.isfinite(value) and low < value and (value < high if below_high else value <= high):
+            return None
+        if below_high:
+            return f"expected a number between {low} and {high} (exclusive), got {value!r}"
+        if number and value > low:  # too large, or inf
+            return f"expected a finite number > {low} and <= {int(high):_}, got {value!r}"
+        return f"expected a number > {low}, got {value!r}"
     return check
 
 
@@ -95,9 +109,10 @@ def _mapping(value: Any) -> Optional[str]:
 
 
 def _ranks(value: Any) -> Optional[str]:
-    if value is None or (isinstance(value, (list, tuple)) and value and all(_is_int(r) and r >= 0 for r in value)):
+    if value is None or (isinstance(value, (list, tuple)) and value
+                         and all(_is_int(r) and 0 <= r < MAX_RANKS for r in value)):
         return None
-    return f"expected null or a non-empty list of ranks (integers >= 0), got {value!r}"
+    return f"expected null or a non-empty list of ranks (integers from 0 to {MAX_RANKS - 1:_}), got {value!r}"
 
 
 def _tags(value: Any) -> Optional[str]:
@@ -126,10 +141,10 @@ FIELDS: Dict[str, Field] = {
                             "where the stores an experiment's runs share live (mlflow.db, mlartifacts/, tensorboard/, "
                             "summary/); may use {experiment}; null: ./msbridge_runs/{experiment} when output_dir "
                             "starts with {experiment_dir}, else output_dir's part before its first per-run component"),
-    "step_interval": Field("int >= 1", _int(1), "record every N-th step (sampling granularity)"),
-    "flush_steps": Field("int >= 1", _int(1), "steps buffered between device->host copies and writes"),
-    "flush_seconds": Field("float > 0", _number(0), "also flush when this many seconds passed"),
-    "print_interval": Field("int >= 1", _int(1), "console progress line every N steps (global rank)"),
+    "step_interval": Field("int in [1, 1e7]", _int(1, MAX_STEPS), "record every N-th step (sampling granularity)"),
+    "flush_steps": Field("int in [1, 1e7]", _int(1, MAX_STEPS), "steps buffered between device->host copies and writes"),
+    "flush_seconds": Field("float in (0, 1e7]", _number(0, MAX_SECONDS), "also flush when this many seconds passed"),
+    "print_interval": Field("int in [1, 1e7]", _int(1, MAX_STEPS), "console progress line every N steps (global rank)"),
     "local_loss": Field("bool", _bool, "record each rank's own loss (train/loss)"),
     "global_loss": Field("bool", _bool, "record the loss averaged over ranks and its spread (rank 0)"),
     "grad_norm": Field("bool", _bool, "record the global gradient norm"),
@@ -142,15 +157,15 @@ FIELDS: Dict[str, Field] = {
     "histograms": Field("regex or null", _regex, "histograms for parameter names matching (re.search); off if null"),
     "system": Field("bool, null or {interval_s: float > 0}", _system,
                     f"NPU utilisation, HBM, temperature, power from npu-smi (every {SYSTEM_INTERVAL_S:g} s for true)"),
-    "seq_length": Field("int >= 1 or null", _int(1, optional=True), "tokens per sample, for tokens/s"),
+    "seq_length": Field("int in [1, 1e8] or null", _int(1, MAX_ROWS, optional=True), "tokens per sample, for tokens/s"),
     "sinks": Field("list or mapping", lambda v: None, "sink names, or name -> options; jsonl is always on"),
     "health": Field("mapping", _mapping, "health checks and actions (nonfinite, dump_dir, warmup_steps ...)"),
-    "overhead_budget": Field("float in (0, 1)", _number(0, 1), "allowed share of step time spent monitoring"),
-    "buffer_size": Field("int >= 0", _int(0), "rows a TrainStep/attach_ring device ring must have at least; "
+    "overhead_budget": Field("float in (0, 1)", _number(0, 1, below_high=True), "allowed share of step time spent monitoring"),
+    "buffer_size": Field("int in [0, 1e8]", _int(0, MAX_ROWS), "rows a TrainStep/attach_ring device ring must have at least; "
                          "0 = auto (2 x flush_steps); also caps how far overhead_budget widens the flush window"),
-    "reduce_ranks": Field("list of int >= 0 or null", _ranks,
+    "reduce_ranks": Field("list of int in [0, 1e7) or null", _ranks,
                           "ranks whose loss makes train/global_loss and dist/* (pipeline parallel: last stage); null: all"),
-    "collective_timeout_s": Field("float > 0", _number(0),
+    "collective_timeout_s": Field("float in (0, 1e7]", _number(0, MAX_SECONDS),
                                   "seconds the per-flush cross-rank collective may block before the run is closed FAILED"),
     "straggler": Field("mapping", lambda v: None,  # checked key by key (_NESTED)
                        "a rank whose own step time (its step without its wait for others) is above the other "

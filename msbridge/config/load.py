@@ -298,7 +298,11 @@ def build_config(source: Union[Source, Config] = None, overrides: Sequence[str] 
     """
     if isinstance(source, Config):
         source = source.to_dict()
-    return _checked(prepare(source, overrides, entry, name, label))
+    prepared = prepare(source, overrides, entry, name, label)
+    if isinstance(source, (str, os.PathLike)) and not prepared.tree.data and not prepared.problems:
+        prepared.problems.append(f"{prepared.label}:1: the file holds no settings (it is empty, or only comments or "
+                                 "null); write msbridge settings, or a training YAML with a monitor_config: section")
+    return _checked(prepared)
 
 
 def _checked(prepared: Prepared) -> Config:

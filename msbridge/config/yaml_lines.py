@@ -6,6 +6,11 @@ graph instead and records, for every mapping key and list item, the ``Origin``
 accepts: a key written twice in one mapping. Floats such as ``1e-4`` load as
 floats (YAML 1.2), not as strings as plain PyYAML does.
 
+A file is loaded within limits, so a broken or hostile one is a problem with
+its file and line, never a hang or a traceback: ``MAX_FILE_BYTES``, UTF-8 text,
+``MAX_DEPTH`` levels of nesting and ``MAX_VALUES`` keys and items once aliases
+and merge keys are expanded (an alias bomb stops there in milliseconds).
+
 Example:
     >>> docs, problems = parse_yaml("a:\\n  b: 1e-4\\n", "run.yaml")
     >>> docs[0].data, str(docs[0].origins[("a", "b")])
@@ -13,13 +18,23 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
 Path = Tuple[Any, ...]
+
+#: A config file larger than this is refused unread: msbridge and training YAMLs are kilobytes.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+#: Levels of nested mappings and lists one document may have.
+MAX_DEPTH = 100
+#: Keys and list items one document may hold once its aliases and merge keys are expanded.
+MAX_VALUES = 100_000
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,25 @@ def format_path(path: Path) -> str:
     return out
 
 
+class LimitError(yaml.MarkedYAMLError):
+    """A document over one of the loader's limits (nesting, expanded size)."""
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e-4`` as a float, as YAML 1.2 does."""
+    """SafeLoader that reads ``1e-4`` as a float, as YAML 1.2 does, and composes ``MAX_DEPTH`` levels at most."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise LimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -90,6 +122,7 @@ _Loader.add_implicit_resolver(
 )
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INVALID = object()  # a scalar its tag could not construct (already reported)
 
 
 class _Walker:
@@ -101,6 +134,7 @@ class _Walker:
         self.origins: Dict[Path, Origin] = {}
         self.problems: List[str] = []
         self._stack: set = set()
+        self._keys: Dict[int, Any] = {}
 
     def where(self, node: yaml.Node) -> str:
         return f"{self.filename}:{node.start_mark.line + 1}"
@@ -117,19 +151,44 @@ class _Walker:
                 out = []
                 for i, item in enumerate(node.value):
                     self.origins[path + (i,)] = Origin(self.filename, item.start_mark.line + 1)
-                    out.append(self.value(item, path + (i,)))
+                    value = self.value(item, path + (i,))
+                    out.append(None if value is _INVALID else value)
                 return out
-            return self.loader.construct_object(node, deep=True)
+            return self.construct(node, path)
         finally:
             self._stack.discard(id(node))
+
+    def construct(self, node: yaml.Node, path: Path) -> Any:
+        """The scalar's value; one its tag cannot hold (``!!int x``, ``2024-02-30``) is a problem and ``_INVALID``."""
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+            self.loader.recursive_objects.pop(node, None)
+            reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: {node.value!r} is not a valid "
+                                 f"{tag}: {reason}")
+            return _INVALID
+
+    def key(self, node: yaml.Node, path: Path) -> Any:
+        """The key's value, constructed once per node; ``_INVALID`` for a key that cannot be one (reported once)."""
+        if id(node) not in self._keys:
+            if isinstance(node, yaml.ScalarNode):
+                self._keys[id(node)] = self.construct(node, path)
+            else:
+                self.problems.append(f"{self.where(node)}: {format_path(path) or 'top level'}: a key must be a scalar")
+                self._keys[id(node)] = _INVALID
+        return self._keys[id(node)]
 
     def mapping(self, node: yaml.MappingNode, path: Path) -> Dict[Any, Any]:
         seen: Dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:
                 continue
-            key = self.loader.construct_object(key_node, deep=True)
+            key = self.key(key_node, path)
             line = key_node.start_mark.line + 1
+            if key is _INVALID:
+                continue
             if key in seen:
                 self.problems.append(f"{self.filename}:{line}: {format_path(path + (key,))}: key written twice "
                                      f"(first at line {seen[key]}); YAML would silently keep only the last")
@@ -137,31 +196,93 @@ class _Walker:
         self.loader.flatten_mapping(node)
         out: Dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = self.loader.construct_object(key_node, deep=True)
-            if isinstance(key, (list, dict)):
-                self.problems.append(f"{self.where(key_node)}: {format_path(path)}: a key must be a scalar")
+            key = self.key(key_node, path)
+            if key is _INVALID:
                 continue
-            self.origins[path + (key,)] = Origin(self.filename, key_node.start_mark.line + 1)
-            out[key] = self.value(value_node, path + (key,))
+            value = self.value(value_node, path + (key,))
+            if value is not _INVALID:  # reported already; the setting keeps its default
+                self.origins[path + (key,)] = Origin(self.filename, key_node.start_mark.line + 1)
+                out[key] = value
         return out
+
+
+def read_yaml(path: str, shown: str) -> Tuple[List[Tree], List[str]]:
+    """Every ``---`` document of the YAML file at ``path`` (named ``shown`` in problems), plus the problems.
+
+    The file must be a regular file of at most ``MAX_FILE_BYTES`` of UTF-8 text.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return [], [f"{shown}: not a regular file"]
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return [], [f"{shown}: cannot read the config file: {exc.strerror or exc}"]
+    if len(data) > MAX_FILE_BYTES:
+        return [], [f"{shown}: larger than {MAX_FILE_BYTES // 2 ** 20} MiB; a config file is kilobytes "
+                    "(is this the right file?)"]
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        offset = exc.start + (len(_BOM) if data.startswith(_BOM) else 0)
+        line = data[:offset].count(b"\n") + 1
+        return [], [f"{shown}:{line}: not UTF-8 text (byte {offset} is 0x{data[offset]:02x}); save the file as UTF-8"]
+    return parse_yaml(text, shown)
+
+
+def check_size(node: yaml.Node) -> None:
+    """Raise ``LimitError`` if ``node``, its aliases (and merge keys) followed, holds more than ``MAX_VALUES``
+    keys and items or ``MAX_DEPTH`` levels. Linear in the composed graph: each shared node is measured once."""
+    measured: Dict[int, Tuple[int, int]] = {}  # node -> (values, levels below it)
+    inside: set = set()
+
+    def deeper(mark: Any) -> LimitError:
+        return LimitError(None, None, f"nested deeper than {MAX_DEPTH} levels once aliases are expanded", mark)
+
+    def measure(node: yaml.Node, depth: int) -> Tuple[int, int]:
+        if id(node) in inside:
+            return 1, 0  # an alias inside its own anchor: the walker reports it
+        if id(node) not in measured:
+            if depth > MAX_DEPTH:
+                raise deeper(node.start_mark)
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else []
+            inside.add(id(node))
+            size, height = 1, 0
+            for child in children:
+                values, levels = measure(child, depth + 1)
+                size, height = size + values, max(height, levels + 1)
+                if size > MAX_VALUES:
+                    raise LimitError(None, None, f"more than {MAX_VALUES} keys and items once aliases are expanded "
+                                     "(an alias bomb?)", node.start_mark)
+            inside.discard(id(node))
+            measured[id(node)] = (size, height)
+        size, height = measured[id(node)]
+        if depth + height > MAX_DEPTH:
+            raise deeper(node.start_mark)
+        return size, height
+
+    measure(node, 0)
 
 
 def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
     """Every ``---`` document of ``text`` as a Tree, plus the problems found.
 
-    A syntax error ends parsing (the documents before it are kept); a document
-    whose top level is not a mapping is a problem and is dropped.
+    A syntax error or a limit ends parsing (the documents before it are kept); a
+    document whose top level is not a mapping is a problem and is dropped.
     """
-    loader = _Loader(text)
     docs: List[Tree] = []
     problems: List[str] = []
+    loader: Optional[_Loader] = None
     try:
+        loader = _Loader(text)
         while loader.check_node():
             node = loader.get_node()
+            check_size(node)
             walker = _Walker(loader, filename)
             data = walker.value(node, ()) if node is not None else {}
             problems.extend(walker.problems)
-            if data is None:
+            if data is None or data is _INVALID:
                 data = {}
             if not isinstance(data, dict):
                 problems.append(f"{walker.where(node)}: the top level must be a mapping of keys, "
@@ -171,19 +292,38 @@ def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        problems.append(f"{filename}{line}: YAML syntax error: {exc.problem or exc.context}")
+        if isinstance(exc, LimitError):
+            problems.append(f"{filename}{line}: {exc.problem}; refused")
+        else:
+            problems.append(f"{filename}{line}: YAML syntax error: {exc.problem or exc.context}")
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other controls)
+        line = text[:exc.position].count("\n") + 1
+        problems.append(f"{filename}:{line}: YAML does not allow the character {chr(exc.character)!r} "
+                        f"(character {exc.position} of the file)")
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return docs, problems
 
 
 def yaml_value(text: str) -> Any:
-    """A ``--set`` value typed as YAML types it (``5`` -> 5, ``true`` -> True, ``[a, b]`` -> list).
+    """A ``--set`` value typed as YAML types it (``5`` -> 5, ``true`` -> True, ``[a, b]`` -> list),
+    within the limits of a file.
 
     Raises:
-        ValueError: the text is not valid YAML.
+        ValueError: the text is not valid YAML, or is over a limit.
     """
+    loader: Optional[_Loader] = None
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc).replace("\n", " ")) from None
+        loader = _Loader(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_size(node)
+        return loader.construct_document(node)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        reason = exc.problem if isinstance(exc, LimitError) else str(exc)
+        raise ValueError(reason.replace("\n", " ")) from None
+    finally:
+        if loader is not None:
+            loader.dispose()

@@ -3,7 +3,8 @@
 At start the global rank writes ``{run_dir}/run.json`` and ``{run_dir}/README.md``
 (command line, versions, host, git commit, resolved config, sinks and the
 commands to look at them). At the end the README gains the outcome. Everything
-passes through ``mask_secrets`` first.
+passes through ``mask_secrets`` first. Writing never raises for the file system:
+it runs inside MindSpore's hooks, where an exception would end training.
 
 Example:
     >>> meta = collect_metadata(config_dict, world_size=1, expected_steps=300)
@@ -11,20 +12,26 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
+import logging
 import os
 import platform
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from importlib import metadata as importlib_metadata
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..masking import mask_secrets, mask_text
+from ..masking import mask_command, mask_secrets, mask_text
+
+log = logging.getLogger("msbridge")
 
 RUN_JSON = "run.json"
 README = "README.md"
@@ -61,7 +68,7 @@ def collect_metadata(config: Mapping[str, Any], world_size: int, expected_steps:
     """Everything a later reader needs to know what this run was."""
     script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else os.getcwd()
     return mask_secrets({
-        "command": " ".join(sys.argv),
+        "command": mask_command(sys.argv),
         "cwd": os.getcwd(),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "expected_steps": expected_steps,
@@ -136,15 +143,64 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     return mask_text("\n".join(lines))
 
 
-def write_run_files(run_dir: str, meta: Mapping[str, Any], readme: str) -> None:
-    """Write run.json and README.md atomically (a reader never sees half a file)."""
-    os.makedirs(run_dir, exist_ok=True)
-    _atomic_write(os.path.join(run_dir, RUN_JSON), json.dumps(meta, indent=2, default=str))
-    _atomic_write(os.path.join(run_dir, README), readme)
+def write_run_files(run_dir: str, meta: Mapping[str, Any], readme: str) -> bool:
+    """Write run.json and README.md atomically (a reader never sees half a file), secrets masked.
+
+    Never raises for the file system (it runs inside MindSpore's hooks): a failed write leaves the
+    previous complete file and no temp file, is logged once per run dir and cause (a full disk with
+    the path and the space left), and returns False.
+    """
+    target = run_dir
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        for name, text in ((RUN_JSON, json.dumps(mask_secrets(dict(meta)), indent=2, default=str)),
+                           (README, mask_text(readme))):
+            target = os.path.join(run_dir, name)
+            _atomic_write(target, text)
+    except OSError as exc:
+        _tell_once(run_dir, target, exc)
+        return False
+    return True
 
 
 def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    """``text`` to ``path`` through a temp file in the same dir; the temp file is gone whatever happens."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_told: Set[Tuple[str, Optional[int]]] = set()
+
+
+def _tell_once(run_dir: str, path: str, exc: OSError) -> None:
+    key = (os.path.abspath(run_dir), exc.errno)
+    if key in _told:
+        return
+    _told.add(key)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.error("msbridge: the disk is full: cannot write %s (%s free on that file system); run.json and "
+                  "README.md keep their last complete version", path, free_space(run_dir))
+    else:
+        log.error("msbridge: cannot write %s: %s; run.json and README.md keep their last complete version",
+                  path, exc.strerror or exc)
+
+
+def free_space(path: str) -> str:
+    """The space left on ``path``'s file system, as ``"1.5 MB"`` (``"unknown"`` if it cannot be read)."""
+    try:
+        free = float(shutil.disk_usage(path).free)
+    except OSError:
+        return "unknown"
+    units, i = ("bytes", "kB", "MB", "GB", "TB"), 0
+    while free >= 1000 and i < len(units) - 1:
+        free, i = free / 1000, i + 1
+    return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"

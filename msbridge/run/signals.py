@@ -1,26 +1,37 @@
-"""Ending badly on purpose: SIGTERM during training becomes a clean KILLED close, then the default.
+"""Ending badly on purpose: SIGTERM or SIGINT during training becomes a clean KILLED close, then the default.
 
 Schedulers (Slurm, Kubernetes, ModelArts) stop a job with SIGTERM and, after a
-grace period, SIGKILL. Python's default for SIGTERM kills the process at once,
-so without a handler the window not yet flushed, the README outcome and the
-sinks' final status would be lost.
+grace period, SIGKILL; a person stops it with Ctrl-C (SIGINT). Python's default
+for SIGTERM kills the process at once, so without a handler the window not yet
+flushed, the README outcome and the sinks' final status would be lost.
 
 ``SignalGuard`` is installed at train begin (main thread only) and removed when
-the monitor closes:
+the monitor has closed, so it also covers the close itself:
 
-- no other handler before it (``SIG_DFL``): the handler raises
-  ``TrainingInterrupted``, a ``KeyboardInterrupt``. It unwinds ``Model.train``
-  into ``BridgeMonitor.__exit__``, exactly like Ctrl-C: a final flush, every sink
+- no other handler before it (``SIG_DFL`` for SIGTERM, Python's
+  ``default_int_handler`` for SIGINT): the handler raises ``TrainingInterrupted``
+  for SIGTERM, Python's own ``KeyboardInterrupt`` for SIGINT. It unwinds
+  ``Model.train`` into ``BridgeMonitor.__exit__``: a final flush, every sink
   closed KILLED, README and run.json updated. ``redeliver`` then restores the
-  default and sends the signal again, so the process ends the way its
-  scheduler expects (killed by SIGTERM, exit status -15 / 143);
+  default and sends SIGTERM again, so the process ends the way its scheduler
+  expects (killed by SIGTERM, exit status -15 / 143); an uncaught
+  ``KeyboardInterrupt`` ends it by SIGINT, as Python does (-2 / 130);
 - a Python handler before it (MindSpore's ``OnRequestExit``, the user's own): it
   is called and left in charge of ending training; the monitor only records
   that the run was interrupted and closes KILLED when training ends;
-- ``SIG_IGN`` before it: the user chose to ignore SIGTERM; nothing is installed.
+- ``SIG_IGN`` before it: the user chose to ignore the signal; nothing is installed.
 
-A signal that lands while the monitor is inside its own hook (``critical``) is
-held until the hook's work is consistent, then raised.
+A signal that lands while the monitor is inside its own hook or its close
+(``critical``) is held until that work is consistent (the close: every sink
+closed, run.json and README final), then raised.
+
+From its first graph run on, MindSpore's runtime replaces the process's C-level
+SIGINT handler with its own, which sends the process SIGTERM: a Ctrl-C during
+training therefore reaches Python, and this guard, as SIGTERM (MindSpore 2.9,
+``mindspore::DefaultIntHandler``). ``reassert`` takes SIGINT back when the
+monitor's close starts, and ``restore`` leaves Python's own handler in place,
+so a SIGINT during the close, or before MindSpore's first graph run, is
+recorded as SIGINT, and Ctrl-C after training is Python's KeyboardInterrupt again.
 
 Example:
     >>> guard = SignalGuard()
@@ -41,7 +52,7 @@ log = logging.getLogger("msbridge")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Raised in the main thread when a guarded signal arrives; ``signum`` says which.
+    """Raised in the main thread when SIGTERM arrives; ``signum`` says which signal.
 
     Example:
         >>> TrainingInterrupted(signal.SIGTERM).signum == signal.SIGTERM
@@ -54,10 +65,10 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class SignalGuard:
-    """Turns SIGTERM into ``TrainingInterrupted`` for the duration of training.
+    """Turns SIGTERM and SIGINT into ``TrainingInterrupted`` for the duration of training.
 
     Args:
-        signals: the signals to guard (SIGTERM by default; SIGINT already raises KeyboardInterrupt).
+        signals: the signals to guard.
 
     Example:
         >>> guard = SignalGuard()
@@ -66,7 +77,7 @@ class SignalGuard:
         >>> guard.restore()
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM,)) -> None:
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self.signals = tuple(signals)
         self.received: Optional[int] = None
         self._previous: Dict[int, Any] = {}
@@ -77,8 +88,10 @@ class SignalGuard:
     def install(self) -> bool:
         """Install the handler (chaining to the previous one). False off the main thread: Python
         only lets the main thread set signal handlers."""
+        if self._installed:
+            return True
         if threading.current_thread() is not threading.main_thread():
-            log.info("msbridge: training runs outside the main thread; SIGTERM is left to its default handler")
+            log.info("msbridge: training runs outside the main thread; SIGTERM and SIGINT keep their handlers")
             return False
         for sig in self.signals:
             previous = signal.getsignal(sig)
@@ -88,6 +101,13 @@ class SignalGuard:
             signal.signal(sig, self._handle)
         self._installed = True
         return True
+
+    def reassert(self) -> None:
+        """Take the guarded signals back where a library replaced the process's handler underneath
+        Python (MindSpore's runtime does, for SIGINT). Main thread only."""
+        if self._installed and threading.current_thread() is threading.main_thread():
+            for sig in self._previous:
+                signal.signal(sig, self._handle)
 
     def restore(self) -> None:
         """Put the previous handlers back (where ours is still the one installed)."""
@@ -102,7 +122,7 @@ class SignalGuard:
         """After the monitor closed: restore the handlers and, if the previous one was the default,
         deliver ``signum`` again so the process ends as it would have without msbridge."""
         self.restore()
-        if self._previous.get(signum, signal.SIG_DFL) in (signal.SIG_DFL, None):
+        if _ours_to_raise(self._previous.get(signum, signal.SIG_DFL)):
             signal.raise_signal(signum)
 
     def interrupt_detail(self) -> Optional[Dict[str, Any]]:
@@ -121,18 +141,32 @@ class SignalGuard:
             self._depth -= 1
             if not self._depth and self._pending is not None:
                 signum, self._pending = self._pending, None
-                raise TrainingInterrupted(signum)
+                _interrupt(signum)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is not None:
             return  # already ending; a second SIGTERM must not cut the close short
         self.received = signum
         previous = self._previous.get(signum)
-        if callable(previous):
+        if not _ours_to_raise(previous):
             chained: Callable[[int, Any], Any] = previous
             chained(signum, frame)
             return
         if self._depth:
             self._pending = signum
             return
-        raise TrainingInterrupted(signum)
+        _interrupt(signum)
+
+
+def _interrupt(signum: int) -> None:
+    """Raise what ends training for ``signum``. SIGINT: Python's own ``KeyboardInterrupt`` (not a subclass:
+    only that one, uncaught, makes the interpreter end by SIGINT)."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise TrainingInterrupted(signum)
+
+
+def _ours_to_raise(previous: Any) -> bool:
+    """Whether the handler we replaced would have ended training anyway (the default, or SIGINT's
+    KeyboardInterrupt): then ours raises ``TrainingInterrupted`` instead; otherwise it is chained."""
+    return previous in (signal.SIG_DFL, None, signal.default_int_handler) or not callable(previous)

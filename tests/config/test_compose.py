@@ -69,7 +69,7 @@ def test_include_cycle_shows_the_chain(tmp_path):
     write(tmp_path / "b.yaml", "base: a.yaml\n")
     with pytest.raises(ConfigError) as err:
         load_config(str(tmp_path / "a.yaml"))
-    assert err.value.problems == ["a.yaml: base files include each other: a.yaml -> b.yaml -> a.yaml"]
+    assert err.value.problems == ["b.yaml:1: base: base files include each other: a.yaml -> b.yaml -> a.yaml"]
 
 
 def test_missing_base_and_bad_base_value_are_reported_together(tmp_path):

@@ -1,0 +1,188 @@
+"""A corpus of broken and hostile configs: each one is a clear problem with its file:line and key.
+
+Every case goes through ``msbridge config check`` in-process, under a time limit: no
+traceback, no hang, exit 1, and every problem line names where (``file:line`` or
+``--set``) and what (the key, or what is wrong with the file). A few also go through
+the real console script.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from msbridge.cli.main import main
+
+LIMIT_S = 5.0  # per case; the slowest (a 1000-deep flow list) takes about 0.6 s
+
+
+def _bomb(levels: int = 9, width: int = 10) -> str:
+    lines = ["a0: &a0 [" + ", ".join(["lol"] * width) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\nparams: {{big: *a{levels}}}\n"
+
+
+def _deep_mapping(levels: int) -> str:
+    return "params:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, levels)) + "  " * levels + "k: 1\n"
+
+
+# name -> (run.yaml content (str or bytes), expected text in the problems, extra files, --set values)
+CASES = {
+    # -- the file itself
+    "empty": ("", "run.yaml:1: the file holds no settings"),
+    "only-null": ("null\n", "run.yaml:1: the file holds no settings"),
+    "only-comments": ("# nothing here\n# at all\n", "run.yaml:1: the file holds no settings"),
+    "only-document-marker": ("---\n", "run.yaml:1: the file holds no settings"),
+    "empty-mapping": ("{}\n", "run.yaml:1: the file holds no settings"),
+    "not-utf8": (b"flush_steps: 5\nexperiment: caf\xe9\n", "run.yaml:2: not UTF-8 text (byte 30 is 0xe9)"),
+    "utf16": ("flush_steps: 5\n".encode("utf-16"), "run.yaml:1: not UTF-8 text (byte 0 is 0xff)"),
+    "nul-byte": ("flush_steps: 5\nexperiment: a\x00b\n", "run.yaml:2: YAML does not allow the character '\\x00'"),
+    "escape-char": ("experiment: a\x1bb\n", "run.yaml:1: YAML does not allow the character '\\x1b'"),
+    "alias-bomb": (_bomb(), "run.yaml:5: more than 100000 keys and items once aliases are expanded"),
+    "merge-bomb": ("m0: &m0 {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8, i: 9, j: 10}\n"
+                   + "".join(f"m{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 10)}]}}\n" for i in range(1, 9)),
+                   "more than 100000 keys and items once aliases are expanded"),
+    "deep-mapping": (_deep_mapping(150), "run.yaml:100: nested deeper than 100 levels"),
+    "deep-flow-list": ("params: " + "[" * 1000 + "]" * 1000 + "\n", "run.yaml:1: nested deeper than 100 levels"),
+    "alias-chain-deeper-than-limit": ("".join(f"a{i}: &a{i} [{'*a' + str(i - 1) if i else 1}]\n" for i in range(150)),
+                                      "nested deeper than 100 levels once aliases are expanded"),
+    "bad-indentation": ("monitor_config:\n  interval: 5\n flush_steps: 3\n", "run.yaml:3: YAML syntax error"),
+    "unclosed-quote": ("experiment: 'abc\nflush_steps: 5\n", "YAML syntax error"),
+    "unclosed-flow": ("sinks: [jsonl, tensorboard\n", "YAML syntax error"),
+    "tab-indent": ("monitor_config:\n\tinterval: 5\n", "run.yaml:2: YAML syntax error"),
+    "undefined-alias": ("flush_steps: *nope\n", "run.yaml:1: YAML syntax error: found undefined alias 'nope'"),
+    "self-alias": ("params: &p {a: *p}\n", "run.yaml:1: params.a: an alias refers to itself"),
+    "top-level-list": ("- flush_steps: 5\n", "run.yaml:1: the top level must be a mapping of keys"),
+    "top-level-text": ("just some text\n", "run.yaml:1: the top level must be a mapping of keys"),
+    "key-twice": ("flush_steps: 5\nflush_steps: 6\n", "run.yaml:2: flush_steps: key written twice"),
+    "list-as-key": ("? [a, b]\n: 1\n", "run.yaml:1: top level: a key must be a scalar"),
+    "bad-date": ("params:\n  start: 2024-02-30\n", "run.yaml:2: params.start: '2024-02-30' is not a valid !!timestamp"),
+    "bad-int-tag": ("flush_steps: !!int many\n", "run.yaml:1: flush_steps: 'many' is not a valid !!int"),
+    "python-tag": ("flush_steps: !!python/name:os.system\n", "run.yaml:1: flush_steps: '' is not a valid !!python/name:os.system: could not determine a constructor"),
+    "python-apply-tag": ("flush_steps: !!python/object/apply:os.system [ls]\n",  # nothing runs: a plain list
+                         "run.yaml:1: flush_steps: expected an integer >= 1, got ['ls']"),
+    "bad-binary": ("params:\n  blob: !!binary abc\n", "run.yaml:2: params.blob: 'abc' is not a valid !!binary"),
+    "merge-a-number": ("params:\n  <<: 5\n", "run.yaml:2: YAML syntax error"),
+    "directory": (None, "run.yaml: not a regular file"),
+    # -- base files
+    "self-include": ("base_config: run.yaml\nflush_steps: 5\n", "run.yaml:1: base_config: base files include each other"),
+    "mutual-include": ("base_config: other.yaml\n", "other.yaml:1: base_config: base files include each other",
+                       {"other.yaml": "base_config: run.yaml\n"}),
+    "missing-base": ("base_config: nowhere.yaml\n", "run.yaml:1: base_config: cannot find 'nowhere.yaml'"),
+    "base-not-a-path": ("base_config: 5\n", "run.yaml:1: base_config: expected a file path"),
+    "base-in-second-doc": ("flush_steps: 5\n---\nbase: other.yaml\n", "run.yaml:3: base: only the first document",
+                           {"other.yaml": "experiment: x\n"}),
+    "base-and-base_config": ("base_config: other.yaml\nbase: other.yaml\n", "run.yaml:2: base: use one of",
+                             {"other.yaml": "experiment: x\n"}),
+    "bad-base-file": ("base_config: other.yaml\n", "other.yaml:1: not UTF-8 text", {"other.yaml": b"a: \xff\n"}),
+    # -- values
+    "flush-steps-zero": ("flush_steps: 0\n", "run.yaml:1: flush_steps: expected an integer >= 1, got 0"),
+    "flush-steps-float": ("flush_steps: 1e36\n", "run.yaml:1: flush_steps: expected an integer >= 1, got 1e+36"),
+    "flush-steps-huge": ("flush_steps: 1" + "0" * 36 + "\n", "run.yaml:1: flush_steps: expected an integer from 1 to"),
+    "flush-steps-text": ("flush_steps: '10'\n", "run.yaml:1: flush_steps: expected an integer >= 1, got '10'"),
+    "flush-steps-bool": ("flush_steps: true\n", "run.yaml:1: flush_steps: expected an integer >= 1, got True"),
+    "flush-seconds-overflow": ("flush_seconds: 1e400\n", "run.yaml:1: flush_seconds: expected a finite number"),
+    "flush-seconds-nan": ("flush_seconds: .nan\n", "run.yaml:1: flush_seconds: expected a number > 0, got nan"),
+    "flush-seconds-negative": ("flush_seconds: -1\n", "run.yaml:1: flush_seconds: expected a number > 0, got -1"),
+    "collective-timeout-inf": ("collective_timeout_s: .inf\n", "run.yaml:1: collective_timeout_s: expected a finite"),
+    "overhead-budget-over-1": ("overhead_budget: 1.5\n", "run.yaml:1: overhead_budget: expected a number between 0"),
+    "overhead-budget-nan": ("overhead_budget: .nan\n", "run.yaml:1: overhead_budget: expected a number between 0"),
+    "step-interval-float": ("step_interval: 2.5\n", "run.yaml:1: step_interval: expected an integer >= 1"),
+    "print-interval-negative": ("print_interval: -1\n", "run.yaml:1: print_interval: expected an integer >= 1"),
+    "buffer-size-huge": ("buffer_size: 1000000000000\n", "run.yaml:1: buffer_size: expected an integer from 0 to"),
+    "seq-length-zero": ("seq_length: 0\n", "run.yaml:1: seq_length: expected null or an integer >= 1"),
+    "reduce-ranks-empty": ("reduce_ranks: []\n", "run.yaml:1: reduce_ranks: expected null or a non-empty list"),
+    "reduce-ranks-negative": ("reduce_ranks: [0, -1]\n", "run.yaml:1: reduce_ranks: expected null or a non-empty"),
+    "monitor-on-text": ("monitor_on: 'yes please'\n", "run.yaml:1: monitor_on: expected true or false"),
+    "experiment-empty": ("experiment: ''\n", "run.yaml:1: experiment: expected a non-empty string"),
+    "experiment-number": ("experiment: 123\n", "run.yaml:1: experiment: expected a non-empty string, got 123 (quote"),
+    "run-name-unknown-field": ("run_name: 'lr{optimizer.lr}'\n", "run.yaml:1: run_name:"),
+    "output-dir-unknown-field": ("output_dir: '/x/{nope}'\n", "run.yaml:1: output_dir:"),
+    "unknown-sink": ("sinks: [tensorbord]\n", "run.yaml:1: sinks[0]: unknown sink 'tensorbord'; did you mean"),
+    "sinks-number": ("sinks: 5\n", "run.yaml:1: sinks: expected a list of sink names"),
+    "sink-options-list": ("sinks:\n  tensorboard: [1, 2]\n", "run.yaml:2: sinks.tensorboard: sink options must be"),
+    "tag-value-list": ("tags:\n  team: [a, b]\n", "run.yaml:2: tags: tag values must be strings or numbers"),
+    "params-list": ("params: [1, 2]\n", "run.yaml:1: params: expected a mapping"),
+    "bad-regex": ("layer_norms: '(['\n", "run.yaml:1: layer_norms: '(['"),
+    "unknown-key": ("flush_step: 5\n", "run.yaml:1: flush_step: unknown key; did you mean 'flush_steps'?"),
+    "unknown-dialect-key": ("monitor_config:\n  intreval: 5\n", "run.yaml:2: monitor_config.intreval: unknown key"),
+    "missing-reference": ("flush_steps: ${train.steps}\n", "run.yaml:1: flush_steps:"),
+    "reference-cycle": ("params:\n  a: ${params.b}\n  b: ${params.a}\n", "run.yaml:2: params.a:"),
+    "health-not-mapping": ("health: 5\n", "run.yaml:1: health"),
+    # -- --set
+    "set-not-yaml": ("flush_steps: 5\n", "--set flush_steps: the value '[' is not valid YAML", {}, ["flush_steps=["]),
+    "set-alias-bomb": ("flush_steps: 5\n", "--set params.x: the value", {},
+                       ["params.x=[" + ", ".join(f"&a{i} [{', '.join([f'*a{i - 1}'] * 10) if i else 'x'}]"
+                                                 for i in range(7)) + "]"]),
+    "set-no-equals": ("flush_steps: 5\n", "--set 'flush_steps': expected KEY=VALUE", {}, ["flush_steps"]),
+    "set-bad-value": ("flush_steps: 5\n", "--set: flush_steps: expected an integer >= 1, got 'x'", {}, ["flush_steps=x"]),
+}
+CLI_CASES = ["alias-bomb", "not-utf8", "self-include", "empty", "nul-byte"]
+WHERE = re.compile(r"^  (run\.yaml|other\.yaml)(:\d+)?: |^  --set")
+
+
+def _write_case(tmp_path, name):
+    text, expected, *more = CASES[name]
+    files = dict(more[0]) if more else {}
+    if text is None:
+        (tmp_path / "run.yaml").mkdir()
+    files.setdefault("run.yaml", text)
+    for file_name, content in files.items():
+        if content is not None:
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            (tmp_path / file_name).write_bytes(data)
+    sets = more[1] if len(more) > 1 else []
+    return expected, [arg for value in sets for arg in ("--set", value)]
+
+
+@contextmanager
+def time_limit(seconds):
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_the_corpus_is_big_enough():
+    assert len(CASES) >= 50
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_config_is_one_clear_problem_with_where_and_what(tmp_path, capsys, name):
+    expected, sets = _write_case(tmp_path, name)
+    start = time.perf_counter()
+    with time_limit(LIMIT_S):
+        code = main(["config", "check", "run.yaml", *sets])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert code == 1, out
+    lines = out.splitlines()
+    assert re.match(r"run\.yaml: \d+ problems?:$", lines[0]), out
+    problems = lines[1:]
+    assert problems and all(WHERE.match(line) for line in problems), out
+    assert any(expected in line for line in problems), out
+    assert "Traceback" not in out and elapsed < LIMIT_S
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_bad_config_through_the_console_script(tmp_path, name):
+    expected, sets = _write_case(tmp_path, name)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "config", "check", "run.yaml", *sets],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env=dict(os.environ, GLOG_v="3"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert expected in out.stdout and "Traceback" not in out.stdout + out.stderr
+    assert time.perf_counter() - start < 30
