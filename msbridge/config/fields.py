@@ -100,7 +100,7 @@ def _system(value: Any) -> Optional[str]:
     unknown = [k for k in value if k != "interval_s"]
     if unknown:
         return f"unknown key {unknown[0]!r}{did_you_mean(str(unknown[0]), ['interval_s'])} (allowed: interval_s)"
-    problem = _number(0)(value.get("interval_s", SYSTEM_INTERVAL_S))
+    problem = _number(0, MAX_SECONDS)(value.get("interval_s", SYSTEM_INTERVAL_S))
     return f"interval_s: {problem}" if problem else None
 
 
@@ -179,7 +179,7 @@ FIELDS: Dict[str, Field] = {
 
 #: ``straggler:`` keys, their defaults and checks.
 STRAGGLER_DEFAULTS: Dict[str, Any] = {"margin": 0.15, "windows": 3}
-_STRAGGLER_CHECKS: Dict[str, Check] = {"margin": _number(0), "windows": _int(1)}
+_STRAGGLER_CHECKS: Dict[str, Check] = {"margin": _number(0, 100.0), "windows": _int(1, MAX_STEPS)}
 
 
 def straggler_settings(value: Mapping[str, Any]) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..sinks.base import FAILED, FINISHED, KILLED
 
@@ -68,3 +68,12 @@ class RunOutcome:
                    else f"fill it: msbridge replay {shlex.quote(run_dir)} --to {name}")
             out[name] = f"{failures} failed call(s); {fix}"
         return out
+
+
+def run_summary(status: str, counts: Mapping[str, Any], events: Sequence[Any], sink_errors: Mapping[str, int],
+                run_dir: str) -> Dict[str, Any]:
+    """How the run went, for run.json and README: status, ``counts`` (steps, wall time, losses, health
+    counters), the anomalies, and what each sink did not receive (with the replay that fills it)."""
+    anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in events]
+    return {"status": status, **counts, "anomalies": "; ".join(anomalies) if anomalies else "none",
+            "not delivered": RunOutcome(status, sink_errors).not_delivered(run_dir) or "none"}
