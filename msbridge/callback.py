@@ -305,6 +305,7 @@ class BridgeMonitor(Callback):
                 self.events.append(event)
                 self.dispatcher.submit([], [event])
             self.dispatcher.close(status)
+            self.events.extend(self.dispatcher.raised)  # what a sink finally lost (a jsonl gap): in the outcome
             self.dispatcher = None
             if self.plan is not None:
                 self.plan.finish(self.outcome(status))
@@ -323,6 +324,7 @@ class BridgeMonitor(Callback):
         self.events.append(event)
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
+        self.events.extend(dispatcher.raised)
         if self.plan is not None:
             self.plan.finish(self.outcome(FAILED))
 

@@ -26,6 +26,9 @@ FINISHED = "FINISHED"
 FAILED = "FAILED"
 KILLED = "KILLED"
 STATUSES = (FINISHED, FAILED, KILLED)
+#: The event a sink raises for what it finally could not store: detail ``first_step``, ``last_step``,
+#: ``records``, ``events`` (counts), ``sink``, ``reason``. The dispatcher hands it to every other sink.
+GAP = "gap"
 
 
 def json_safe(value: Any) -> Any:
@@ -138,7 +141,8 @@ class Sink:
     ``close(status)`` once (it flushes first).
 
     ``write`` drops the records of steps the sink already holds, then calls
-    ``emit``. ``last_step`` is the highest step handed over; ``open`` sets it to
+    ``emit``. A sink that finally loses something (the jsonl log on a full disk)
+    appends a ``GAP`` event to ``raised``; the dispatcher hands it to every other sink. ``last_step`` is the highest step handed over; ``open`` sets it to
     ``run.resumed_from_step`` (a resumed job trains again from its checkpoint),
     and a sink that can see what it holds raises it in its own ``open``.
 
@@ -168,6 +172,8 @@ class Sink:
         self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
         self.last_step = 0
+        #: Events this sink raised itself, for the dispatcher to hand to every other sink (it empties the list).
+        self.raised: List[Event] = []
 
     def open(self, run: RunInfo) -> None:
         self.run = run
