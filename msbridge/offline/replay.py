@@ -153,7 +153,8 @@ def _write_all(sink: Any, rank: int, records: List[Any], events: List[Event], pr
         sink.write(records[start:start + BATCH], [])
         if progress:
             done = min(start + BATCH, len(records))
-            print(f"\r[msbridge] replay rank {rank}: {done}/{len(records)} records", end="", file=sys.stderr, flush=True)
+            print(f"\r[msbridge] replay rank {rank}: {done}/{len(records)} records", end="", file=sys.stderr,
+                  flush=True)
     sink.write([], events)
     if progress:
         print(file=sys.stderr)

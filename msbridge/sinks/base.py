@@ -141,11 +141,13 @@ class Sink:
     ``close(status)`` once (it flushes first).
 
     ``write`` drops the records of steps the sink already holds and the events
-    in ``held_events``, then calls ``emit``. A sink that finally loses something (the jsonl log on a full disk)
-    appends a ``GAP`` event to ``raised``; the dispatcher hands it to every other sink. ``last_step`` is the highest step handed over; ``open`` sets it to
-    ``run.resumed_from_step`` (a resumed job trains again from its checkpoint),
-    and a sink that can see what it holds raises it in its own ``open`` (and
-    fills ``held_events``): replaying a run into it again then adds nothing.
+    in ``held_events``, then calls ``emit``. ``last_step`` is the highest step
+    handed over; ``open`` sets it to ``run.resumed_from_step`` (a resumed job
+    trains again from its checkpoint), and a sink that can see what it holds
+    raises it in its own ``open`` (and fills ``held_events``): replaying a run
+    into it again then adds nothing. A sink that finally loses something (the
+    jsonl log on a full disk) appends a ``GAP`` event to ``raised``; the
+    dispatcher hands it to every other sink.
 
     Example:
         >>> class PrintSink(Sink):

@@ -183,7 +183,8 @@ def _add(log: "RankLog", obj: Dict[str, Any]) -> None:
     if kind == "header":
         log.header = obj
     elif kind == "metrics":
-        log.records.append(Record(_int(obj, "step"), _int(obj, "rank"), _float(obj, "time"), _values(obj.get("values"))))
+        values = _values(obj.get("values"))
+        log.records.append(Record(_int(obj, "step"), _int(obj, "rank"), _float(obj, "time"), values))
     elif kind == "event":
         name, detail = obj.get("kind", _MISSING), obj.get("detail", {})
         if not isinstance(name, str):

@@ -87,7 +87,7 @@ def test_strict_refuses_a_bad_line_naming_it(trained, tmp_path, capsys, command)
     run_dir = damaged(trained, tmp_path)
     assert main([command[0], str(run_dir), *command[1:], "--strict"]) == 2
     err = capsys.readouterr().err
-    assert f"rank_0.jsonl:11: not a JSON line (without --strict the line is skipped)" in err
+    assert "rank_0.jsonl:11: not a JSON line (without --strict the line is skipped)" in err
     assert "Traceback" not in err
 
 
