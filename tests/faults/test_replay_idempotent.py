@@ -16,7 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.runs import make_run
+import pytest
+from helpers.runs import make_records, make_run
+from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mindinsight_sink import MindInsightSink, rank_dir
 from processes import stop_group
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -24,6 +26,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from msbridge import BridgeMonitor
 from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
+from msbridge.run.metadata import write_run_files
+from msbridge.sinks.base import Event
 from msbridge.sinks.runlog import read_run
 
 STEPS = 40
@@ -119,3 +123,28 @@ def test_a_run_killed_with_sigkill_gets_its_outcome_from_replay(tmp_path):
     assert [t.tensor_proto.string_val[0] for t in acc.Tensors("run/status")] == [b"KILLED"], "the status once"
     assert mi_points(run_dir) == [r.step for r in records]
     assert os.listdir(rank_dir(os.path.join(out, "idem", "summary"), "killed", 0))
+
+
+@pytest.mark.parametrize("events, status", [
+    ([], "KILLED"),
+    ([Event("interrupt", 8, 0, 1.0, {"signal": "SIGTERM"})], "KILLED"),
+    ([Event("exception", 8, 0, 1.0, {"type": "RuntimeError"})], "FAILED"),
+    ([Event("action", 8, 0, 1.0, {"check": "nonfinite", "action": "stop"})], "FAILED"),
+    ([Event("early_stop", 8, 0, 1.0, {"check": "plateau"})], "FINISHED"),
+    ([Event("job_stop", 8, 0, 1.0, {"check": "plateau", "status": "FINISHED"})], "FINISHED"),
+])
+def test_a_run_without_an_outcome_gets_the_status_its_log_ends_with(tmp_path, events, status):
+    run = make_run(tmp_path, name="cut", experiment="idem", config={"experiment": "idem"})
+    sink = JsonlSink()
+    sink.open(run)
+    sink.write(make_records(range(1, 9)), events)
+    sink.close()
+    write_run_files(run.run_dir, {"run_id": run.run_id, "run_name": "cut", "config": {"experiment": "idem"}}, "# cut\n")
+    assert main(["replay", run.run_dir, "--to", "tensorboard"]) == 0
+    outcome = json.loads(Path(run.run_dir, "run.json").read_text())["outcome"]
+    assert outcome["status"] == status and outcome["steps recorded"] == 8 and outcome["last step"] == 8
+    assert outcome["final loss"] == make_records(range(1, 9))[-1].values["train/loss"]
+    assert f"- status: {status}" in Path(run.run_dir, "README.md").read_text()
+    acc, steps = tb_points(run.run_dir)
+    assert steps == list(range(1, 9))
+    assert [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("run/status")] == [status]
