@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from typing import Dict, Iterator, Mapping
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Tuple
 
 #: The field number of a scalar's float32 value in ``Summary.Value``.
 TENSORBOARD_VALUE = 2
@@ -83,6 +83,8 @@ def read_records(path: str) -> Iterator[bytes]:
     pos = 0
     while pos + 12 <= len(data):
         (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        if pos + 12 + length > len(data):  # cut by a killed writer
+            return
         yield data[pos + 12:pos + 12 + length]
         pos += 16 + length
 
@@ -114,3 +116,70 @@ class RecordFile:
     def close(self) -> None:
         self.flush()
         self._writer.Shut()
+
+
+def _varint_at(data: bytes, pos: int) -> Tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("a varint cut short")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes) -> Iterator[Tuple[int, int, Any]]:
+    """``(field number, wire type, value)`` of a protobuf message: an int for a varint, bytes for a
+    length-delimited field, None for a fixed-width one; ``ValueError`` on a message cut short."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint_at(data, pos)
+        wire, value = key & 7, None
+        if wire == 0:
+            value, pos = _varint_at(data, pos)
+        elif wire == 2:
+            size, pos = _varint_at(data, pos)
+            value, pos = data[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+        if pos > len(data):
+            raise ValueError("a field cut short")
+        yield key >> 3, wire, value
+
+
+def _summary_value(data: bytes) -> Tuple[str, bool, Optional[bytes]]:
+    """A ``Summary.Value``: its tag, whether it holds a scalar (a float32 in field 2 or 3), a text's string."""
+    tag, scalar, text = "", False, None
+    for field, wire, value in _fields(data):
+        if field == 1 and wire == 2:
+            tag = value.decode("utf-8", "replace")
+        elif field in (TENSORBOARD_VALUE, MINDSPORE_VALUE) and wire == 5:
+            scalar = True
+        elif field == 8 and wire == 2:  # a TensorProto; a text is its first string_val (field 8)
+            text = next((v for f, w, v in _fields(value) if f == 8 and w == 2), None)
+    return tag, scalar, text
+
+
+def held_values(paths: Iterable[str]) -> Iterator[Tuple[int, str, bool, Optional[bytes]]]:
+    """``(step, tag, is a scalar, text or None)`` of each event in event files written before: what a sink
+    already holds. Only an event's first summary value is read (~0.01 ms an event): the sinks write one
+    directory's scalars of one step per event, and one value per text or event marker. An event cut by a
+    killed writer is left out."""
+    for path in paths:
+        for body in read_records(path):
+            step, first = 0, None
+            try:
+                for field, wire, value in _fields(body):
+                    if field == 2 and wire == 0:
+                        step = value - (1 << 64) if value >> 63 else value
+                    elif field == 5 and wire == 2:
+                        first = next((v for f, w, v in _fields(value) if f == 1 and w == 2), None)
+                if first is not None:
+                    yield (step,) + _summary_value(first)
+            except ValueError:
+                continue

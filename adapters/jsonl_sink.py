@@ -2,8 +2,15 @@
 
 ``{run_dir}/metrics/rank_{rank}.jsonl`` starts with a header line, then holds one
 JSON object per metrics record or event, in the format ``msbridge.sinks.runlog``
-encodes and reads (a non-finite value is ``null``, named under ``"nonfinite"``). Every batch is flushed and fsynced, so
-a killed process loses at most the window it had not handed over yet.
+encodes and reads (a non-finite value is ``null``, named under ``"nonfinite"``). Every batch is written
+and fsynced, so a killed process loses at most the window it had not handed over yet.
+
+The file only ever holds complete lines. A failed or short write (a full disk: ENOSPC, or EIO) is cut
+back to the last complete line; the lines that did not fit are held (up to ``MAX_HELD_LINES``) and
+written again at the next batch or flush, in order. The first failure is said once, naming the file and
+its free space. What is finally dropped (the oldest held lines past the bound, or what is still held at
+close) becomes one ``gap`` event (first and last step, counts): written into the log where the lines
+would have been, and raised to every other sink and the run's outcome.
 
 On resume the file is appended to: a line cut by a kill is trimmed first, and
 the file's last step is what this sink holds: steps up to it are never written again.
@@ -16,10 +23,15 @@ Example:
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
-from typing import IO, Any, Dict, Optional, Sequence
+import shutil
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-from ..sinks.base import Event, Record, RunInfo, Series, Sink
+from ..sinks.base import GAP, Event, Record, RunInfo, Series, Sink
 from ..sinks.options import Option
 from ..sinks.runlog import (
     encode_event,
@@ -30,6 +42,21 @@ from ..sinks.runlog import (
     read_rank_file,
     trim_partial_line,
 )
+
+log = logging.getLogger("msbridge")
+
+#: Lines held while the file cannot take them; past this the oldest are dropped into a ``gap`` event.
+MAX_HELD_LINES = 4096
+_HEADER, _RECORD, _EVENT, _GAP = "header", "record", "event", "gap"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
 
 
 class JsonlSink(Sink):
@@ -46,43 +73,188 @@ class JsonlSink(Sink):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.path = ""
-        self._file: Optional[IO[str]] = None
+        self._fd: Optional[int] = None
+        self._good = 0  # bytes of complete lines in the file: where a failed write is cut back to
+        self._cut = False  # a cut back that itself failed: the file's tail must go before the next write
+        self._held: Deque[Tuple[str, int, bytes]] = deque()  # (kind, step, line) not in the file yet
+        self._gap: Optional[Dict[str, Any]] = None  # what was dropped since the file last took a line
+        self._gap_time = 0.0
+        self._failing = False  # in a failure episode (said once; "writable again" ends it)
+        self._dropping = False
+        self._reason = ""
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self.path = rank_file(run.run_dir, run.rank)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
-        if exists:
+        if os.path.exists(self.path):
             trim_partial_line(self.path)
             self.last_step = last_step(self.path)  # the file is what this rank holds
-        self._file = open(self.path, "a", encoding="utf-8")
-        if not exists:
-            self._file.write(encode_header(run))
-            self.flush()
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            self._held.append((_HEADER, 0, encode_header(run).encode()))
+        self._drain()  # a disk full from the start: the header waits with the rest
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        assert self._file is not None, "JsonlSink.write before open"
-        self._file.writelines([encode_record(rec) for rec in records] + [encode_event(ev) for ev in events])
-        self.flush()
+        self._held.extend((_RECORD, rec.step, encode_record(rec).encode()) for rec in records)
+        self._held.extend((_EVENT, ev.step, encode_event(ev).encode()) for ev in events)
+        self._drain()
+        self._bound()
 
     def flush(self) -> None:
-        if self._file is None:
-            return
-        self._file.flush()
-        if self.settings["fsync"]:
-            os.fsync(self._file.fileno())
+        """Write what is held (each flush retries) and fsync."""
+        self._drain()
 
     def close(self, status: str = "FINISHED") -> None:
-        if self._file is None:
-            return
-        self.flush()
-        self._file.close()
-        self._file = None
+        self._drain()
+        if any(kind in (_RECORD, _EVENT, _GAP) for kind, _, _ in self._held):
+            self._drop(len(self._held))  # the file could not take them: other sinks and run.json hear of it
+            gap = dict(self._gap or {})
+            self._raise_gap()
+            log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
+                      "close (%s); the other sinks and the run's outcome list them as a gap", self.path,
+                      gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
+        self._held.clear()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": rank_file(run.run_dir, run.rank)}
 
     def read_back(self, run: RunInfo) -> Series:
-        log = read_rank_file(rank_file(run.run_dir, run.rank))
-        return {name: log.series(name) for name in log.metric_names()}
+        wal = read_rank_file(rank_file(run.run_dir, run.rank))
+        return {name: wal.series(name) for name in wal.metric_names()}
+
+    # -- the write path ----------------------------------------------------------
+    def _drain(self) -> None:
+        """Write every held line, oldest first; on a failed or short write cut the file back to its
+        last complete line and keep the lines that did not fit."""
+        if not self._held:
+            return
+        lines = [self._gap_line() if kind == _GAP else line for kind, _, line in self._held]
+        data = b"".join(lines)
+        written = 0
+        try:
+            self._ready()
+            view = memoryview(data)
+            while written < len(data):
+                n = os.write(self._fd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += n
+            if self.settings["fsync"]:
+                os.fsync(self._fd)
+        except OSError as exc:
+            # after a failed fsync nothing of this write is known to be on disk: keep it all
+            kept = self._whole_lines(lines, 0 if written == len(data) else written)
+            self._cut_back(sum(len(line) for line in lines[:kept]))
+            self._failed(exc)
+            self._take(kept)
+            return
+        self._good += len(data)
+        self._take(len(lines))
+        if self._failing:
+            self._failing = self._dropping = False
+            log.warning("msbridge: jsonl: %s is writable again; every held line is written", self.path)
+
+    def _ready(self) -> None:
+        """Open the file (its directory may not have been creatable on a full disk) and finish a cut back."""
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._good = os.fstat(self._fd).st_size
+        if self._cut:
+            os.ftruncate(self._fd, self._good)
+            self._cut = False
+
+    @staticmethod
+    def _whole_lines(lines: List[bytes], written: int) -> int:
+        """How many of ``lines`` fit whole into ``written`` bytes."""
+        count = total = 0
+        for line in lines:
+            total += len(line)
+            if total > written:
+                break
+            count += 1
+        return count
+
+    def _cut_back(self, kept: int) -> None:
+        """Cut the file to its last complete line: ``kept`` bytes of whole lines after ``self._good``."""
+        if self._fd is None:
+            return
+        end = self._good + kept
+        try:
+            os.ftruncate(self._fd, end)
+            self._good = end
+        except OSError:
+            self._cut = True  # retried before the next write; the lines stay held
+
+    def _take(self, count: int) -> None:
+        """The first ``count`` held lines are in the file: forget them (a written gap line is raised)."""
+        if self._cut:
+            return
+        for _ in range(count):
+            kind, _, _ = self._held.popleft()
+            if kind == _GAP:
+                self._raise_gap()
+
+    def _failed(self, exc: OSError) -> None:
+        """Say once per episode why the file cannot take lines: a full disk by name, with its free space."""
+        if self._failing:
+            return
+        self._failing = True
+        folder = os.path.dirname(self.path)
+        if exc.errno in _FULL:
+            try:
+                free = _size(shutil.disk_usage(folder).free)
+            except OSError:
+                free = "unknown"
+            what = f"the disk is full ({free} free in {folder})"
+        else:
+            what = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, 'error')})"
+        self._reason = what
+        log.warning("msbridge: jsonl: cannot write %s: %s; holding up to %d lines and retrying at every flush",
+                    self.path, what, MAX_HELD_LINES)
+
+    def _bound(self) -> None:
+        """Past ``MAX_HELD_LINES`` held lines, drop the oldest into the gap."""
+        held = sum(1 for kind, _, _ in self._held if kind in (_RECORD, _EVENT))
+        if held > MAX_HELD_LINES:
+            if not self._dropping:
+                self._dropping = True
+                log.warning("msbridge: jsonl: %d lines held for %s; dropping the oldest, recorded as a gap event",
+                            MAX_HELD_LINES, self.path)
+            self._drop(held - MAX_HELD_LINES)
+
+    def _drop(self, count: int) -> None:
+        """Drop the ``count`` oldest held records/events into the gap, whose line takes their place."""
+        kept: List[Tuple[str, int, bytes]] = []
+        while self._held and count:
+            kind, step, line = self._held.popleft()
+            if kind in (_HEADER, _GAP):
+                kept.append((kind, step, line))
+                continue
+            if self._gap is None:
+                self._gap_time = time.time()
+            gap = self._gap or {"first_step": step, "last_step": step, "records": 0, "events": 0}
+            gap["first_step"], gap["last_step"] = min(gap["first_step"], step), max(gap["last_step"], step)
+            gap["records" if kind == _RECORD else "events"] += 1
+            self._gap = gap
+            count -= 1
+        if self._gap is not None and not any(kind == _GAP for kind, _, _ in kept):
+            kept.append((_GAP, self._gap["last_step"], b""))
+        self._held.extendleft(reversed(kept))
+
+    def _gap_event(self) -> Event:
+        """The gap so far, the same event each time until it changes (its line is measured, then raised)."""
+        assert self._gap is not None and self.run is not None
+        detail = dict(self._gap, sink=self.name, path=self.path, reason=self._reason or "write failed")
+        return Event(GAP, self._gap["last_step"], self.run.rank, self._gap_time, detail)
+
+    def _gap_line(self) -> bytes:
+        return encode_event(self._gap_event()).encode()
+
+    def _raise_gap(self) -> None:
+        """The gap is final (in the file, or the file is closing without it): every other sink hears of it."""
+        if self._gap is not None:
+            self.raised.append(self._gap_event())
+            self._gap = None

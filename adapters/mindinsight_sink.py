@@ -38,8 +38,12 @@ core even when idle. An open sink costs nothing between calls.
   plus user-defined info: ``params`` flattened to dot keys and ``msbridge.*``
   run facts, ``msbridge.status`` last. MindInsight's lineage page shows them as
   ``user_defined/<key>`` columns.
-- On resume, steps up to ``run.resumed_from_step`` are skipped and a new file
-  is added; MindInsight reads a directory's files in time order.
+- On resume, and on a replay into a run it already holds, ``open`` reads the
+  rank's summary and lineage files back: steps up to the last one they hold
+  (or ``run.resumed_from_step``) and the events they hold are skipped. Files
+  are created at the first thing to write, so a replay that brings nothing new
+  adds no file and no point; otherwise a new file pair is added (MindInsight
+  reads a directory's files in time order).
 
 Example:
     >>> sink = MindInsightSink(summary_base_dir="/tmp/summary")
@@ -60,7 +64,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from ..paths import safe_component
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import MINDSPORE_VALUE, fsync, read_records, scalar_event
+from ._eventwire import MINDSPORE_VALUE, fsync, held_values, read_records, scalar_event
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -100,7 +104,10 @@ class MindInsightSink(Sink):
         self._lineage: Any = None  # mindspore's LineageWriter
         self._paths: tuple = ()
         self._lineage_event: Any = None  # mindspore's lineage_pb2.LineageEvent
+        self._writers: tuple = ()  # mindspore's SummaryWriter and LineageWriter classes
         self._prefixes: Dict[str, bytes] = {}
+        self._status_held: Optional[str] = None  # the last msbridge.status its lineage files hold
+        self._closed = False
 
     def base_dir(self, run: RunInfo) -> str:
         return os.path.abspath(self.summary_base_dir or os.path.join(run.experiment_dir, "summary"))
@@ -111,19 +118,49 @@ class MindInsightSink(Sink):
 
         super().open(run)
         self._lineage_event = LineageEvent
+        self._writers = (SummaryWriter, LineageWriter)
+        self._closed = False
         self.dir = rank_dir(self.base_dir(run), run.run_name, run.rank)
+        self._read_held()
+
+    def _read_held(self) -> None:
+        """What this rank's files already hold: the last step of a metric, the events, the last status."""
+        for step, tag, scalar, _ in held_values(sorted(glob.glob(os.path.join(self.dir, "*_MS")))):
+            if tag.startswith("events/"):
+                self.held_events.add((tag[len("events/"):], step))
+            elif scalar:
+                self.last_step = max(self.last_step, step)
+        for path in sorted(glob.glob(os.path.join(self.dir, "*_lineage"))):
+            for body in read_records(path):
+                try:
+                    event = self._lineage_event.FromString(body)
+                except Exception:  # an event cut by a killed writer (protobuf's DecodeError)
+                    continue
+                for item in event.user_defined_info.user_info:
+                    self._status_held = next((e.value for e in item.map_str if e.key == "msbridge.status"),
+                                             self._status_held)
+
+    def _open_files(self) -> None:
+        """This session's summary and lineage files, at its first write."""
+        assert self.run is not None, "MindInsightSink.write before open"
+        run = self.run
+        summary_writer, lineage_writer = self._writers
         os.makedirs(self.dir, exist_ok=True)
         stem = self._new_stem(run.rank)
         self._paths = (stem + "_MS", stem + "_lineage")
-        self._summary = SummaryWriter(self._paths[0])
+        self._summary = summary_writer(self._paths[0])
         self._summary.writer  # creates the file and writes MindSpore's version event
-        self._lineage = LineageWriter(self._paths[1])
+        self._lineage = lineage_writer(self._paths[1])
         self._lineage.write("train_lineage", self._train_lineage(run).SerializeToString())
         info = {**flatten(dict(run.config.get("params") or {})), **self._run_facts(run)}
         self._write_user_info(info)
         self.flush()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        if not records and not events:
+            return
+        if self._summary is None:
+            self._open_files()
         for rec in records:
             if not rec.values:
                 continue
@@ -142,8 +179,13 @@ class MindInsightSink(Sink):
             fsync(path)
 
     def close(self, status: str = FINISHED) -> None:
-        if self._summary is None:
+        if self._closed or self.run is None:
             return
+        self._closed = True
+        if self._summary is None:
+            if self._status_held == status:  # a replay that brought nothing new: add nothing
+                return
+            self._open_files()
         self._write_user_info({"msbridge.status": status})
         self.flush()
         for writer in (self._summary, self._lineage):

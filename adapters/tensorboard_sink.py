@@ -30,8 +30,12 @@ writer; tensorboardX builds the rare events (text, hparams).
   ``hparams/final_global_loss`` and ``hparams/best_loss``. No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them.
-- On resume, steps up to ``run.resumed_from_step`` are skipped, and a new
-  event file is added next to the old ones.
+- On resume, and on a replay into a run it already holds, ``open`` reads the
+  run's own event files back: steps up to the last one they hold (or
+  ``run.resumed_from_step``) and the events they hold are skipped. Files are
+  created at the first thing to write, so a replay that brings nothing new
+  adds no file and no point; a new event file is added next to the old ones
+  otherwise.
 - ``share_writer``: when another library already writes TensorBoard events for
   this rank (mindformers' ``tensorboard:``), everything goes through its
   tensorboardX writer instead (one event file, its queue and its flush).
@@ -60,7 +64,7 @@ from ..names import GLOBAL_LOSS, LOSS, is_global_metric
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, version_event
+from ._eventwire import TENSORBOARD_VALUE, RecordFile, held_values, scalar_event, version_event
 
 log = logging.getLogger("msbridge")
 
@@ -184,6 +188,8 @@ class TensorBoardSink(Sink):
         self._shared: Any = None
         self._final: Dict[str, float] = {}
         self._best: Dict[str, float] = {}
+        self._status_held: Optional[str] = None  # the last run/status its files hold
+        self._closed = False
 
     def _logdir(self, run: RunInfo) -> str:
         path = self.logdir or os.path.join(run.experiment_dir, "tensorboard")
@@ -202,7 +208,29 @@ class TensorBoardSink(Sink):
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
-        run_dir = self.run_dir(run)
+        self._closed = False
+        if self._shared is not None:
+            self._open_files()
+        else:
+            self._read_held(run)
+
+    def _read_held(self, run: RunInfo) -> None:
+        """What this rank's event files (and the run dir's, on the global rank) already hold: the last
+        step of a metric, the events, the last status."""
+        dirs = [os.path.join(self.run_dir(run), f"rank_{run.rank}")] + ([self.run_dir(run)] if run.is_global else [])
+        paths = sorted(p for d in dirs for p in glob.glob(os.path.join(d, "events.out.tfevents.*")))
+        for step, tag, scalar, text in held_values(paths):
+            if scalar and not tag.startswith("hparams/"):
+                self.last_step = max(self.last_step, step)
+            elif tag.startswith("events/"):
+                self.held_events.add((tag[len("events/"):], step))
+            elif tag == "run/status" and text is not None:
+                self._status_held = text.decode("utf-8", "replace")
+
+    def _open_files(self) -> None:
+        """The event files of this session, at its first write (the README first, on the global rank)."""
+        assert self.run is not None, "TensorBoardSink.write before open"
+        run, run_dir = self.run, self.run_dir(self.run)
         if self._shared is not None:
             self._local = _SharedFile(self._tbx, self._shared)
         else:
@@ -214,7 +242,11 @@ class TensorBoardSink(Sink):
         self.flush()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        assert self._local is not None, "TensorBoardSink.write before open"
+        if not records and not events:
+            return
+        if self._local is None:
+            self._open_files()
+        assert self._local is not None
         renamed: Dict[str, str] = {}
         for rec in records:
             step_values: Dict[_EventFile, Dict[str, float]] = {}  # one event per directory and step
@@ -241,8 +273,13 @@ class TensorBoardSink(Sink):
             target.flush()
 
     def close(self, status: str = FINISHED) -> None:
-        if self._local is None:
+        if self._closed or self.run is None:
             return
+        self._closed = True
+        if self._local is None:
+            if self._status_held == status:  # a replay that brought nothing new: add nothing
+                return
+            self._open_files()
         if self._global is not None:
             self._write_hparams(status)
         for target in self._files():

@@ -61,8 +61,7 @@ class BridgeMonitor(Callback):
         sinks: extra sink instances (third-party or test sinks), added to the configured ones.
         progress: print progress lines on the global rank.
 
-    Everything that can be checked is checked here, before training: the
-    config, the sink names and extras, the output dir.
+    The config, the sink names and extras and the output dir are all checked here, before training.
 
     Example:
         >>> monitor = BridgeMonitor({"experiment": "tiny-lm", "sinks": ["jsonl", "tensorboard"]})
@@ -92,11 +91,8 @@ class BridgeMonitor(Callback):
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
         self._offset: Optional[int] = None
-        self._last_end = 0.0
-        self._last_flush = 0.0
+        self._last_end = self._last_flush = self._monitor_s = self._started = 0.0
         self._last_step = 0
-        self._monitor_s = 0.0
-        self._started = 0.0
         self.steps_recorded = 0
         self.final_loss: Optional[float] = None
         self.best_loss: Optional[float] = None
@@ -336,6 +332,7 @@ class BridgeMonitor(Callback):
                 self.dispatcher.submit([], [event])
             dispatcher, self.dispatcher = self.dispatcher, None
             dispatcher.close(status)
+            self.events.extend(dispatcher.raised)  # what a sink finally lost (a jsonl gap): in the outcome
             late = self._signals.interrupt_detail() if interrupted is None else None
             self._finish(status, dispatcher.errors, late)
             self._signals.restore()
@@ -370,6 +367,7 @@ class BridgeMonitor(Callback):
         self.events.append(event)
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
+        self.events.extend(dispatcher.raised)
         self._finish(FAILED, dispatcher.errors)
 
     def _dispatch_pending(self) -> None:

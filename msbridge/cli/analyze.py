@@ -2,7 +2,9 @@
 
 A directory that is not a run, or a jsonl from a newer schema, is an
 ``MsbridgeError`` (exit code 2, the message names what is missing or both
-schema versions). A last line cut by a killed run is skipped and said.
+schema versions). A last line cut by a killed run is skipped and said; any
+other bad line is skipped with one warning naming file:line and the count
+(``--strict`` refuses the run instead).
 
 Example:
     $ msbridge plot msbridge_runs/demo/run-1 -o run-1.png
@@ -23,7 +25,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """``msbridge plot RUN_DIR [-o FILE.png]``: notes first, then the PNG's path (the last line)."""
     from ..offline.plot import plot_run
 
-    run = read_run(args.run_dir)
+    run = read_run(args.run_dir, strict=args.strict)
     output = args.output or os.path.join(args.run_dir, "plot.png")
     for note in run_notes(run):
         print(f"[msbridge] note: {note}")
@@ -33,7 +35,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """``msbridge diagnose RUN_DIR [--format text|json]``: exit code 0 whatever it finds."""
-    report = diagnose(read_run(args.run_dir))
+    report = diagnose(read_run(args.run_dir, strict=args.strict))
     print(json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_text())
     return 0
 
@@ -48,8 +50,16 @@ def add_analysis_commands(sub: "argparse._SubParsersAction") -> None:
     plot = sub.add_parser("plot", help="draw a run's jsonl into one PNG (needs msbridge[plot])")
     plot.add_argument("run_dir", help="the run directory (holds metrics/rank_*.jsonl)")
     plot.add_argument("-o", "--output", help="PNG path (default: RUN_DIR/plot.png)")
+    add_strict(plot)
     plot.set_defaults(func=cmd_plot)
     diag = sub.add_parser("diagnose", help="read a run's jsonl and say what looks wrong, with the evidence")
     diag.add_argument("run_dir", help="the run directory (holds metrics/rank_*.jsonl)")
     diag.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for scripts")
+    add_strict(diag)
     diag.set_defaults(func=cmd_diagnose)
+
+
+def add_strict(parser: argparse.ArgumentParser) -> None:
+    """``--strict``: refuse a run with a bad jsonl line instead of skipping it (one warning) and going on."""
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse a run whose jsonl has a bad line (default: skip it with a warning)")

@@ -15,7 +15,7 @@ import sys
 from typing import List, Optional
 
 from ..errors import MsbridgeError
-from .analyze import add_analysis_commands
+from .analyze import add_analysis_commands, add_strict
 from .bench import add_arguments as add_bench_arguments
 from .bench import run_from_args as cmd_bench
 from .config_cmd import add_config_commands
@@ -86,12 +86,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..offline.replay import replay
 
     options = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
-    counts = replay(args.run_dir, args.to, options)
+    counts = replay(args.run_dir, args.to, options, strict=args.strict)
     target = f" at {mask_text(args.tracking_uri)}" if args.tracking_uri else ""
     print(f"[msbridge] replayed {counts['records']} records and {counts['events']} events "
           f"from {counts['ranks']} rank(s) to {args.to}{target}")
     if counts["truncated"]:
         print(f"[msbridge] {counts['truncated']} cut last line(s) skipped (a killed run); every complete line was used")
+    if counts["skipped"]:
+        print(f"[msbridge] {counts['skipped']} bad line(s) skipped (see the warning above); every other line was used")
     return 0
 
 
@@ -126,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"],
                      help="the sink to rebuild")
     rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
+    add_strict(rep)
     rep.set_defaults(func=cmd_replay)
 
     cmp_ = sub.add_parser("compare", help="a sweep's runs side by side, from MLflow")

@@ -5,48 +5,118 @@ that is down), copy the run dir somewhere that can reach the tracker, then
 ``msbridge replay RUN_DIR --to mlflow``. Each rank's log is replayed as that
 rank would have written it; global-only sinks get rank 0's log only.
 
-Replay is idempotent: sinks reattach to the run id kept in ``run.json`` and
-skip steps they already hold, so replaying twice gives the same run.
+Replay is idempotent: sinks reattach to the run id kept in ``run.json`` (or read
+back what they hold) and skip the steps and events they already have, so
+replaying twice gives the same run.
+
+A run that never recorded its outcome (SIGKILL, a crashed rank's peers killed by
+msrun) gets one here, in run.json and README.md: the status the log's end says
+(an exception, a collective timeout or a stop action: FAILED; an interrupt or
+nothing: KILLED; an early stop: FINISHED), with what its log holds.
+
+Bad lines in the log are skipped with one warning per file (``strict`` refuses the run).
 
 Example:
     >>> replay("msbridge_runs/demo/run-1", "mlflow", {"tracking_uri": "http://127.0.0.1:5000"})
-    {'records': 300, 'events': 0, 'ranks': 1, 'truncated': 0}
+    {'records': 300, 'events': 0, 'ranks': 1, 'truncated': 0, 'skipped': 0}
 """
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import sys
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import MsbridgeError
+from ..health.detectors.base import STOP_ACTIONS
+from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT
+from ..names import LOSS
 from ..paths import recorded_experiment_dir, with_store_defaults
-from ..run.metadata import README, RUN_JSON
-from ..sinks.base import KILLED, STATUSES, RunInfo
+from ..run.metadata import README, RUN_JSON, write_outcome
+from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, RunInfo
 from ..sinks.registry import resolve
-from ..sinks.runlog import RunLogError, read_run
+from ..sinks.runlog import RunLog, RunLogError, read_run
 
 BATCH = 1000
+log = logging.getLogger("msbridge")
 
 
 def _run_json(run_dir: str) -> Dict[str, Any]:
     path = os.path.join(run_dir, RUN_JSON)
     if not os.path.exists(path):
         raise RunLogError(f"{run_dir}: not an msbridge run, {RUN_JSON} is missing")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise RunLogError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise RunLogError(f"{path}: not an msbridge run.json (a JSON object)")
+    return meta
+
+
+def ended_as(run: RunLog) -> str:
+    """The status the events of a run without an outcome point to; KILLED when they say nothing."""
+    events = [e for rank_log in run.ranks.values() for e in rank_log.events]
+    if any(e.kind in (EXCEPTION, "collective_timeout")
+           or e.kind == ACTION and e.detail.get("action") in STOP_ACTIONS for e in events):
+        return FAILED
+    told = [e.detail["status"] for e in events if e.detail.get("status") in STATUSES]  # job_stop: the agreed one
+    if told:
+        return told[-1]
+    if any(e.kind == INTERRUPT for e in events):
+        return KILLED
+    return FINISHED if any(e.kind == EARLY_STOP for e in events) else KILLED
+
+
+def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
+    """The outcome the global rank would have written, rebuilt from its log (as ``BridgeMonitor.outcome``)."""
+    main = run.ranks[min(run.ranks)]
+    records = main.records
+    losses = [r.values[LOSS] for r in records if LOSS in r.values]
+    finite = [v for v in losses if math.isfinite(v)]
+    anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events]
+    return {
+        "status": status,
+        "steps recorded": len(records),
+        "last step": max((r.step for r in records), default=0),
+        "wall time": f"{records[-1].time - records[0].time:.1f} s (first to last record)" if records else "unknown",
+        "final loss": losses[-1] if losses else None,
+        "best loss": min(finite) if finite else None,
+        "anomalies": "; ".join(anomalies) if anomalies else "none",
+        "recorded by": "msbridge replay: the run ended without recording its outcome; read from its jsonl log",
+    }
+
+
+def _settle_outcome(run_dir: str, meta: Dict[str, Any], run: RunLog) -> Dict[str, Any]:
+    """run.json's outcome; a run without one gets it from its log, written into run.json and README.md."""
+    outcome = meta.get("outcome")
+    if isinstance(outcome, Mapping) and outcome.get("status") in STATUSES:
+        return meta
+    outcome = outcome_from_log(run, ended_as(run))
+    try:
+        return write_outcome(run_dir, meta, outcome)
+    except OSError as exc:  # a read-only copy of the run: replay goes on with the status it found
+        log.warning("msbridge: could not record the outcome (%s) in %s: %s", outcome["status"],
+                    os.path.join(run_dir, RUN_JSON), exc.strerror or exc)
+        return dict(meta, outcome=outcome)
 
 
 def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
-           progress: Optional[bool] = None) -> Dict[str, int]:
+           progress: Optional[bool] = None, strict: bool = False) -> Dict[str, int]:
     """Write every record and event of ``run_dir`` to the sink ``to``; returns counts.
 
     ``progress`` (default: when stderr is a terminal) prints a running count per rank.
+    ``strict`` refuses a log with a bad line instead of skipping it.
     """
     progress = sys.stderr.isatty() if progress is None else progress
     run_dir = os.path.abspath(run_dir)
     meta = _run_json(run_dir)
-    log = read_run(run_dir)
+    run_log = read_run(run_dir, strict=strict)
+    meta = _settle_outcome(run_dir, meta, run_log)
+    status = meta["outcome"]["status"]
     config = meta.get("config", {})
     sink_cls = resolve(to)
     sink_options = dict(config.get("sinks", {}).get(to) or {})
@@ -54,37 +124,39 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     sink_options = with_store_defaults(to, sink_options, recorded_experiment_dir(meta, run_dir))
     readme_path = os.path.join(run_dir, README)
     readme = open(readme_path, encoding="utf-8").read() if os.path.exists(readme_path) else ""
-    # No outcome in run.json: the job never reached its end (SIGKILL, a crashed rank's peers killed by msrun).
-    status = (meta.get("outcome") or {}).get("status", KILLED)
-    status = status if status in STATUSES else KILLED
-    world_size = int(log.header.get("world_size", len(log.ranks)))
-    counts = {"records": 0, "events": 0, "ranks": 0, "truncated": 0}
-    for rank, rank_log in log.ranks.items():
+    world_size = int(run_log.header.get("world_size", len(run_log.ranks)))
+    counts = {"records": 0, "events": 0, "ranks": 0, "truncated": 0, "skipped": 0}
+    for rank, rank_log in run_log.ranks.items():
         if sink_cls.ranks == "global" and rank != 0:
             continue
-        run = RunInfo(run_id=meta.get("run_id") or log.header["run_id"], run_name=meta.get("run_name", ""),
+        run = RunInfo(run_id=meta.get("run_id") or run_log.header["run_id"], run_name=meta.get("run_name", ""),
                       experiment=config.get("experiment", "default"), rank=rank, world_size=world_size,
                       is_global=rank == 0, run_dir=run_dir, config=config, metadata=meta, readme=readme)
         sink = sink_cls(**sink_options)
         sink.open(run)
         try:
-            for start in range(0, len(rank_log.records), BATCH):
-                sink.write(rank_log.records[start:start + BATCH], [])
-                if progress:
-                    done = min(start + BATCH, len(rank_log.records))
-                    print(f"\r[msbridge] replay rank {rank}: {done}/{len(rank_log.records)} records",
-                          end="", file=sys.stderr, flush=True)
-            sink.write([], rank_log.events)
+            _write_all(sink, rank, rank_log.records, rank_log.events, progress)
         except Exception:
-            sink.close("FAILED")
+            sink.close(FAILED)
             raise
         sink.close(status)
-        if progress:
-            print(file=sys.stderr)
         counts["records"] += len(rank_log.records)
         counts["events"] += len(rank_log.events)
         counts["truncated"] += rank_log.truncated
+        counts["skipped"] += len(rank_log.skipped)
         counts["ranks"] += 1
     if not counts["ranks"]:
         raise MsbridgeError(f"{run_dir}: no rank log to replay to {to!r}")
     return counts
+
+
+def _write_all(sink: Any, rank: int, records: List[Any], events: List[Event], progress: bool) -> None:
+    for start in range(0, len(records), BATCH):
+        sink.write(records[start:start + BATCH], [])
+        if progress:
+            done = min(start + BATCH, len(records))
+            print(f"\r[msbridge] replay rank {rank}: {done}/{len(records)} records", end="", file=sys.stderr,
+                  flush=True)
+    sink.write([], events)
+    if progress:
+        print(file=sys.stderr)

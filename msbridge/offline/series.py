@@ -60,10 +60,14 @@ def warmup_end(run: RunLog) -> int:
 
 
 def run_notes(run: RunLog) -> List[str]:
-    """Plain-words notes on what was read: lines cut by a killed run."""
-    return [f"{os.path.basename(log.path)}: the last line was cut (killed run?); "
-            f"used the {len(log.records)} complete metrics lines before it"
-            for log in run.ranks.values() if log.truncated]
+    """Plain-words notes on what was read: lines cut by a killed run, bad lines skipped."""
+    notes = [f"{os.path.basename(log.path)}: the last line was cut (killed run?); "
+             f"used the {len(log.records)} complete metrics lines before it"
+             for log in run.ranks.values() if log.truncated]
+    notes += [f"{os.path.basename(log.path)}: skipped {len(log.skipped)} bad line(s), the first at line "
+              f"{log.skipped[0][0]} ({log.skipped[0][1]}); every other line was used"
+              for log in run.ranks.values() if log.skipped]
+    return notes
 
 
 def rolling_median(values: np.ndarray, window: int) -> np.ndarray:

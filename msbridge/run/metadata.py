@@ -143,6 +143,15 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     return mask_text("\n".join(lines))
 
 
+def write_outcome(run_dir: str, meta: Mapping[str, Any], outcome: Mapping[str, Any]) -> Dict[str, Any]:
+    """run.json and README.md of ``meta`` (a run.json's content) with ``outcome`` added; returns the new run.json."""
+    meta = dict(meta, outcome=dict(outcome))
+    readme = render_readme(meta.get("run_name", ""), meta.get("run_id", ""), meta, meta.get("sinks") or {},
+                           run_dir, outcome=outcome)
+    write_run_files(run_dir, meta, readme)
+    return meta
+
+
 def write_run_files(run_dir: str, meta: Mapping[str, Any], readme: str) -> bool:
     """Write run.json and README.md atomically (a reader never sees half a file), secrets masked.
 

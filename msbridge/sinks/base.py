@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError
 from .options import Option, check_options, with_defaults
@@ -26,6 +26,9 @@ FINISHED = "FINISHED"
 FAILED = "FAILED"
 KILLED = "KILLED"
 STATUSES = (FINISHED, FAILED, KILLED)
+#: The event a sink raises for what it finally could not store: detail ``first_step``, ``last_step``,
+#: ``records``, ``events`` (counts), ``sink``, ``reason``. The dispatcher hands it to every other sink.
+GAP = "gap"
 
 
 def json_safe(value: Any) -> Any:
@@ -137,10 +140,14 @@ class Sink:
     ``flush()`` whenever everything handed over must be durable, and
     ``close(status)`` once (it flushes first).
 
-    ``write`` drops the records of steps the sink already holds, then calls
-    ``emit``. ``last_step`` is the highest step handed over; ``open`` sets it to
-    ``run.resumed_from_step`` (a resumed job trains again from its checkpoint),
-    and a sink that can see what it holds raises it in its own ``open``.
+    ``write`` drops the records of steps the sink already holds and the events
+    in ``held_events``, then calls ``emit``. ``last_step`` is the highest step
+    handed over; ``open`` sets it to ``run.resumed_from_step`` (a resumed job
+    trains again from its checkpoint), and a sink that can see what it holds
+    raises it in its own ``open`` (and fills ``held_events``): replaying a run
+    into it again then adds nothing. A sink that finally loses something (the
+    jsonl log on a full disk) appends a ``GAP`` event to ``raised``; the
+    dispatcher hands it to every other sink.
 
     Example:
         >>> class PrintSink(Sink):
@@ -168,18 +175,25 @@ class Sink:
         self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
         self.last_step = 0
+        #: ``(kind, step)`` of the events the sink found it holds in ``open``; ``write`` does not hand them over again.
+        self.held_events: Set[Tuple[str, int]] = set()
+        #: Events this sink raised itself, for the dispatcher to hand to every other sink (it empties the list).
+        self.raised: List[Event] = []
 
     def open(self, run: RunInfo) -> None:
         self.run = run
         self.last_step = run.resumed_from_step
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event."""
+        """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event
+        not in ``held_events``."""
         fresh = []
         for rec in records:
             if rec.step > self.last_step:
                 fresh.append(rec)
                 self.last_step = rec.step
+        if self.held_events:
+            events = [ev for ev in events if (ev.kind, ev.step) not in self.held_events]
         self.emit(fresh, events)
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:

@@ -3,7 +3,9 @@
 The training thread only puts work on a bounded queue. The thread blocks on
 the queue while idle (no polling), writes the write-ahead log (jsonl) first,
 then every other sink, each in its own try/except: a sink that raises is
-logged once with its name, counted, and the others carry on.
+logged once with its name, counted, and the others carry on. An event a sink
+raises itself (``Sink.raised``: a ``gap`` in the jsonl log) is handed to every
+other open sink right after, like any event, and kept in ``raised``.
 
 The thread starts by flushing every sink once, so a tracker's first contact
 (MLflow creating a store and a run: seconds) happens while the graph compiles,
@@ -43,12 +45,16 @@ class Dispatcher:
         self.run = run
         self.errors: Dict[str, int] = {}
         self.failures: Dict[str, str] = {}  # sink name -> its first failure, "open(): TypeError: ..."
+        #: Every event the sinks raised themselves (a ``gap``), in order: the run's outcome lists them.
+        self.raised: List[Event] = []
+        self._open: List[Sink] = []
         self._queue: "queue.Queue[object]" = queue.Queue(maxsize=max_batches)
         self._closed = False
         self._warned_full = False
         for sink in list(self.sinks):
             if not self._call(sink, "open", run):
                 self.sinks.remove(sink)
+        self._open = list(self.sinks)
         self._thread = threading.Thread(target=self._loop, name="msbridge-dispatch", daemon=True)
         self._thread.start()
         atexit.register(self._atexit)
@@ -95,7 +101,7 @@ class Dispatcher:
     # -- dispatcher thread -------------------------------------------------
     def _loop(self) -> None:
         for sink in self.sinks:  # first contact off the training thread, before the first window
-            self._call(sink, "flush")
+            self._run(sink, "flush")
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -103,14 +109,27 @@ class Dispatcher:
             kind = item[0]
             if kind == "write":
                 for sink in self.sinks:
-                    self._call(sink, "write", item[1], item[2])
+                    self._run(sink, "write", item[1], item[2])
             elif kind == "flush":
                 for sink in self.sinks:
-                    self._call(sink, "flush")
+                    self._run(sink, "flush")
                 item[1].set()
             elif kind == "close":
                 for sink in self.sinks:
-                    self._call(sink, "close", item[1])
+                    self._open.remove(sink)
+                    self._run(sink, "close", item[1])
+
+    def _run(self, sink: Sink, method: str, *args: object) -> None:
+        """Call ``method``, then hand what the sink raised itself to every other open sink."""
+        self._call(sink, method, *args)
+        raised = getattr(sink, "raised", None)
+        if not raised:
+            return
+        sink.raised = []
+        self.raised.extend(raised)
+        for other in self._open:
+            if other is not sink:
+                self._run(other, "write", [], raised)
 
     def _call(self, sink: Sink, method: str, *args: object) -> bool:
         try:

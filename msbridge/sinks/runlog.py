@@ -13,7 +13,9 @@ A non-finite value is ``null`` and named under ``"nonfinite"`` (absent when
 every value is finite); event details hold NaN as the string ``"nan"``.
 
 When reading, every complete line is used. A last line cut by a killed process is skipped and
-counted in ``RankLog.truncated``; a line from a newer schema is a clear error.
+counted in ``RankLog.truncated``. Any other bad line (not JSON, ``values`` not an object ...) is
+skipped with one warning per file naming ``file:line`` and the count, and listed in
+``RankLog.skipped`` (``strict=True`` refuses instead); a line from a newer schema is a clear error.
 
 Example:
     >>> run = read_run("msbridge_runs/default/run-1")
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import math
 import os
 import re
@@ -32,6 +35,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import MsbridgeError
 from .base import SCHEMA_VERSION, Event, Record, RunInfo, json_safe
+
+_logger = logging.getLogger("msbridge")
 
 
 def rank_file(run_dir: str, rank: int) -> str:
@@ -79,6 +84,8 @@ class RankLog:
     records: List[Record] = field(default_factory=list)
     events: List[Event] = field(default_factory=list)
     truncated: int = 0
+    #: ``(line number, what is wrong)`` of each bad line skipped (salvaged).
+    skipped: List[Tuple[int, str]] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
@@ -105,10 +112,64 @@ class RunLog:
         return self.ranks[min(self.ranks)].header
 
 
-def _parse(line: str, path: str, lineno: int) -> Dict[str, Any]:
-    obj = json.loads(line)
+class _BadLine(ValueError):
+    """A complete line that is not a line of this format; the message says what is wrong with it."""
+
+
+_MISSING = object()
+
+
+def _what(value: Any) -> str:
+    if value is _MISSING:
+        return "missing"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
+def _int(obj: Dict[str, Any], key: str, default: Any = _MISSING) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _BadLine(f'"{key}" is {_what(value)}, not an integer')
+
+
+def _float(obj: Dict[str, Any], key: str, default: Any = _MISSING) -> float:
+    value = obj.get(key, default)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise _BadLine(f'"{key}" is {_what(value)}, not a number')
+
+
+def _values(raw: Any) -> Dict[str, float]:
+    """A metrics line's ``values``: name -> number, ``null`` for a non-finite one."""
+    if not isinstance(raw, dict):
+        raise _BadLine(f'"values" is {_what(raw)}, not an object of metric name -> number')
+    out = {}
+    for name, value in raw.items():
+        if value is None:
+            out[name] = math.nan
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+        else:
+            raise _BadLine(f'"values"."{name}" is {_what(value)}, not a number or null')
+    return out
+
+
+def _decode(text: str, path: str, lineno: int) -> Dict[str, Any]:
+    """One line as a JSON object, or ``_BadLine``; a newer schema is a ``RunLogError`` (never salvaged)."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _BadLine("not a JSON line") from None
+    if not isinstance(obj, dict):
+        raise _BadLine(f"{_what(obj)}, not a JSON object")
     version = obj.get("schema_version")
-    if version is not None and int(version) > SCHEMA_VERSION:
+    if obj.get("type") == "header":  # every reader relies on these three
+        version = _int(obj, "schema_version")
+        for key, default in (("rank", 0), ("world_size", 1)):
+            _int(obj, key, default)
+    if isinstance(version, int) and version > SCHEMA_VERSION:
         raise RunLogError(
             f"{path}:{lineno}: written with jsonl schema version {version}, but this msbridge "
             f"reads up to version {SCHEMA_VERSION}; upgrade msbridge to read it"
@@ -116,38 +177,69 @@ def _parse(line: str, path: str, lineno: int) -> Dict[str, Any]:
     return obj
 
 
-def read_rank_file(path: str) -> RankLog:
-    """Parse one ``rank_{r}.jsonl``; a cut last line is skipped and counted."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
+def _add(log: "RankLog", obj: Dict[str, Any]) -> None:
+    """Put one decoded line into ``log``; a line whose fields have the wrong types is ``_BadLine``."""
+    kind = obj.get("type", _MISSING)
+    if kind == "header":
+        log.header = obj
+    elif kind == "metrics":
+        values = _values(obj.get("values"))
+        log.records.append(Record(_int(obj, "step"), _int(obj, "rank"), _float(obj, "time"), values))
+    elif kind == "event":
+        name, detail = obj.get("kind", _MISSING), obj.get("detail", {})
+        if not isinstance(name, str):
+            raise _BadLine(f'"kind" is {_what(name)}, not a string')
+        if not isinstance(detail, dict):
+            raise _BadLine(f'"detail" is {_what(detail)}, not an object')
+        log.events.append(Event(name, _int(obj, "step"), _int(obj, "rank"), _float(obj, "time", 0.0), detail))
+    elif not isinstance(kind, str):
+        raise _BadLine(f'"type" is {_what(kind)}, not "header", "metrics" or "event"')
+    # another string: a line kind from a later msbridge of the same schema, left out
+
+
+def read_rank_file(path: str, strict: bool = False) -> RankLog:
+    """Parse one ``rank_{r}.jsonl``. A cut last line is skipped and counted (``truncated``).
+
+    A bad line elsewhere (not JSON, wrong types) is skipped with one warning for the file naming
+    ``path:line`` and the count, and listed in ``RankLog.skipped``; ``strict`` raises ``RunLogError`` instead.
+    """
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
     log = RankLog(path=path, header={})
-    tail = len(lines) - 1  # a file that ends cleanly leaves "" here; anything else was cut
-    for i, line in enumerate(lines):
-        if not line.strip():
+    tail = len(lines) - 1  # a file that ends cleanly leaves b"" here; anything else was cut
+    for i, raw in enumerate(lines):
+        if not raw.strip():
             continue
         try:
-            obj = _parse(line, path, i + 1)
-        except json.JSONDecodeError:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
+            _add(log, _decode(text, path, i + 1))
+        except _BadLine as bad:
             if i == tail:
-                log.truncated += 1
-                continue
-            raise RunLogError(f"{path}:{i + 1}: not a JSON line") from None
-        kind = obj.get("type")
-        if kind == "header":
-            log.header = obj
-        elif kind == "metrics":
-            values = {k: (float("nan") if v is None else float(v)) for k, v in obj["values"].items()}
-            log.records.append(Record(int(obj["step"]), int(obj["rank"]), float(obj["time"]), values))
-        elif kind == "event":
-            log.events.append(Event(obj["kind"], int(obj["step"]), int(obj["rank"]),
-                                    float(obj.get("time", 0.0)), obj.get("detail", {})))
+                log.truncated += 1  # the writer was killed mid-line
+            elif strict:
+                raise RunLogError(f"{path}:{i + 1}: {bad} (without --strict the line is skipped)") from None
+            else:
+                log.skipped.append((i + 1, str(bad)))
     if not log.header:
         raise RunLogError(f"{path}: no header line; not an msbridge jsonl file")
+    if log.skipped:
+        _warn_skipped(path, log.skipped)
     return log
 
 
-def read_run(run_dir: str) -> RunLog:
-    """Every rank file of a run directory."""
+def _warn_skipped(path: str, skipped: List[Tuple[int, str]]) -> None:
+    """One warning for a file's bad lines: the first as ``path:line: why``, then the count and line numbers."""
+    first, why = skipped[0]
+    numbers = ", ".join(str(n) for n, _ in skipped[:10]) + (" ..." if len(skipped) > 10 else "")
+    _logger.warning("msbridge: %s:%d: %s; skipped %d bad line(s) of this file (line %s) and used every other "
+                    "line (--strict refuses such a file)", path, first, why, len(skipped), numbers)
+
+
+def read_run(run_dir: str, strict: bool = False) -> RunLog:
+    """Every rank file of a run directory (``strict``: as ``read_rank_file``)."""
     if not os.path.isdir(run_dir):
         raise RunLogError(f"{run_dir}: no such directory")
     paths = glob.glob(os.path.join(run_dir, "metrics", "rank_*.jsonl"))
@@ -155,7 +247,7 @@ def read_run(run_dir: str) -> RunLog:
         raise RunLogError(f"{run_dir}: not an msbridge run, metrics/rank_*.jsonl is missing")
     ranks = {}
     for path in paths:
-        log = read_rank_file(path)
+        log = read_rank_file(path, strict)
         ranks[log.rank] = log
     return RunLog(run_dir=run_dir, ranks=dict(sorted(ranks.items())))
 
