@@ -53,7 +53,8 @@ def plugins(logdir):
     mux.AddRunsFromDirectory(logdir)
     mux.Reload()
     instances = {}
-    tb_context = base_plugin.TBContext(logdir=logdir, multiplexer=mux, data_provider=MultiplexerDataProvider(mux, logdir),
+    provider = MultiplexerDataProvider(mux, logdir)
+    tb_context = base_plugin.TBContext(logdir=logdir, multiplexer=mux, data_provider=provider,
                                        plugin_name_to_instance=instances)
     instances["scalars"] = ScalarsPlugin(tb_context)
     return CustomScalarsPlugin(tb_context)

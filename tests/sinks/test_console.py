@@ -47,8 +47,9 @@ def test_a_line_every_interval_and_at_the_last_step(tmp_path):
 
 
 def test_a_finding_is_one_readable_line_never_a_dict():
-    nonfinite = Event("anomaly", 3700, 1, 0.0, {"check": "nonfinite", "action": "dump", "loss": float("nan"),
-                                                 "nonfinite": ["train/loss", "train/grad_norm"], "dump": "/r/dumps/3700"})
+    detail = {"check": "nonfinite", "action": "dump", "loss": float("nan"),
+              "nonfinite": ["train/loss", "train/grad_norm"], "dump": "/r/dumps/3700"}
+    nonfinite = Event("anomaly", 3700, 1, 0.0, detail)
     assert describe_event(nonfinite, with_rank=True) == ("step 3700 rank 1: anomaly nonfinite, action dump: loss nan, "
                                                          "nonfinite [train/loss, train/grad_norm], dump /r/dumps/3700")
     resume = Event("resume", 1200, 0, 0.0, {"last_recorded_step": 1200, "run_id": "ab12"})
