@@ -22,10 +22,14 @@ running MindInsight shows it at its next reload, and ``flush`` adds fsync.
 ``SummaryRecord`` is not used: its writer process busy-polls and burns a CPU
 core even when idle. An open sink costs nothing between calls.
 
-- Tags are the metric names as they are (``train/loss``). MindInsight shows a
-  scalar as ``<tag>/scalar`` (``train/loss/scalar``) and accepts the ``/``. It
-  keeps 1000 points per tag (reservoir-sampled beyond that) and 300 tags per
-  train job.
+- Tags are the metric names (``perf/step_time_ms``), except that MindInsight lists
+  a job's tags sorted by name and its dashboard shows the first two: the headline
+  metrics (``names.HEADLINE``) lead with their place, ``1_train/loss``,
+  ``2_train/global_loss``, ``3_train/grad_norm``, ``4_train/lr``,
+  ``5_perf/samples_per_s``, ``6_perf/tokens_per_s`` (``mindinsight_tag``), so the
+  loss comes first. MindInsight shows a scalar as ``<tag>/scalar``
+  (``1_train/loss/scalar``) and accepts the ``/``. It keeps 1000 points per tag
+  (reservoir-sampled beyond that) and 300 tags per train job.
 - Values are stored as float32 (the summary format's ``scalar_value``); one
   beyond float32's range becomes +-inf.
 - NaN and +-inf are written as they are. MindInsight reads them and its REST API
@@ -61,6 +65,7 @@ import time
 from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from ..names import HEADLINE
 from ..paths import safe_component
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
@@ -75,6 +80,21 @@ _HYPER_PARAMETERS = {
     "batch_size": (int, ("batch_size",)),
     "loss_function": (str, ("loss_function", "loss")),
 }
+
+
+#: MindInsight's tag of each headline metric: its place first, so a job's sorted tags start with them.
+_HEADLINE_TAGS = {name: f"{place}_{name}" for place, name in enumerate(HEADLINE, 1)}
+_METRIC_OF_TAG = {tag: name for name, tag in _HEADLINE_TAGS.items()}
+
+
+def mindinsight_tag(name: str) -> str:
+    """The tag a metric has in MindInsight: ``1_train/loss`` for the loss, the name itself for most.
+
+    Example:
+        >>> mindinsight_tag("train/loss"), mindinsight_tag("perf/step_time_ms")
+        ('1_train/loss', 'perf/step_time_ms')
+    """
+    return _HEADLINE_TAGS.get(name, name)
 
 
 def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
@@ -164,7 +184,7 @@ class MindInsightSink(Sink):
         for rec in records:
             if not rec.values:
                 continue
-            self._scalars(rec.step, rec.time, rec.values)
+            self._scalars(rec.step, rec.time, {mindinsight_tag(k): v for k, v in rec.values.items()})
         counts = Counter((ev.step, ev.kind) for ev in events)
         wall = max((ev.time for ev in events), default=0.0) or time.time()
         for step, kind in sorted(counts):  # in step order: MindInsight drops later points on a step going back
@@ -196,8 +216,9 @@ class MindInsightSink(Sink):
         return {"where": rank_dir(self.base_dir(run), run.run_name, run.rank)}
 
     def read_back(self, run: RunInfo) -> Series:
-        """The scalars of this rank's summary files, parsed with MindSpore's ``summary_pb2.Event``
-        (MindInsight's own read, over its REST API, is in tests/adapters/test_mindinsight_sink.py)."""
+        """The scalars of this rank's summary files under their metric names, parsed with MindSpore's
+        ``summary_pb2.Event`` (MindInsight's own read, over its REST API, is in
+        tests/adapters/test_mindinsight_sink.py)."""
         from mindspore.train.summary_pb2 import Event as SummaryEvent
 
         out: Series = {}
@@ -205,7 +226,8 @@ class MindInsightSink(Sink):
             for body in read_records(path):
                 event = SummaryEvent.FromString(body)
                 for value in event.summary.value:
-                    out.setdefault(value.tag, []).append((event.step, value.scalar_value))
+                    name = _METRIC_OF_TAG.get(value.tag, value.tag)
+                    out.setdefault(name, []).append((event.step, value.scalar_value))
         return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
 
     # -- helpers -------------------------------------------------------------

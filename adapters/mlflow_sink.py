@@ -12,17 +12,22 @@ Everything is masked. Resume reattaches to the run tagged with the job's ``run_i
 skips steps up to its ``msbridge.last_step``. An unreachable tracker never stops training:
 one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``.
 
+The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however
+late MLflow is reached, and the same when the run is replayed. The run README is the run's
+description (``mlflow.note.content``, cut to MLflow's 8000 characters; whole in ``README.md``).
+An experiment this sink creates is tagged ``mlflow.experimentKind: custom_model_development``
+(MLflow's "Machine learning" kind, which its kind selector writes there); MLflow 3.17's UI picks
+its GenAI or ML view from the URL (``?workflowType=machine_learning``) or the browser's last choice.
+
 Example:
     >>> sinks: {jsonl: {}, mlflow: {tracking_uri: "http://127.0.0.1:5000", experiment: tiny-lm}}
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
-import re
 import shlex
 import time
 from collections import deque
@@ -32,23 +37,31 @@ import yaml
 
 from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
-from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten, json_safe
+from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
+from ._mlflow_fields import (
+    EXPERIMENT_TAGS,
+    MAX_PARAM_LENGTH,
+    MAX_TAG_LENGTH,
+    NOTE_TAG,
+    RUN_ID_TAG,
+    clean_key,
+    clean_keys,
+    fit,
+    run_note,
+    run_params,
+    run_tags,
+)
 from ._mlflow_process import ClientProcess
 
 log = logging.getLogger("msbridge")
 
-RUN_ID_TAG = "msbridge.run_id"
 LAST_STEP_TAG = "msbridge.last_step"
 EVENTS_ARTIFACT = "events.jsonl"
 METRICS_PER_CALL = 999  # MLflow takes 1000 entities per log_batch; one is the last-step tag
 PARAMS_TAGS_PER_CALL = 100
-MAX_PARAM_LENGTH = 6000
-MAX_TAG_LENGTH = 8000
-MAX_KEY_LENGTH = 250
 MAX_EVENT_LINES = 10_000
-_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
 _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
               "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND"}
@@ -57,58 +70,9 @@ _HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
              "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
 
 
-def clean_key(key: str) -> str:
-    """A name MLflow accepts: bad characters become ``_``, path-like parts are fixed,
-    and a name over 250 characters is cut and ends with a hash of the whole."""
-    name = _BAD_KEY_CHARS.sub("_", str(key))
-    name = "/".join("__" if p == ".." else p for p in name.split("/") if p not in ("", ".")) or "_"
-    if len(name) > MAX_KEY_LENGTH:
-        name = name[:MAX_KEY_LENGTH - 9].rstrip("/") + "-" + hashlib.sha256(str(key).encode()).hexdigest()[:8]
-    return name
-
-
-def _as_params(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
-    """Dot keys with string values, as MLflow stores params; a list or empty mapping stays one JSON value."""
-    return {k: json.dumps(json_safe(v), default=str) if isinstance(v, (Mapping, list, tuple)) else str(v)
-            for k, v in flatten(tree, prefix).items()}
-
-
-def _fit(value: str, limit: int) -> str:
-    """A value MLflow stores whole, or ``sha256:<hex>`` of one that is too long."""
-    return value if len(value) <= limit else "sha256:" + hashlib.sha256(value.encode()).hexdigest()
-
-
-def _clean_keys(items: Mapping[str, str], renamed: Dict[str, str]) -> Dict[str, str]:
-    """``items`` under valid MLflow names; every renamed key is added to ``renamed``."""
-    out: Dict[str, str] = {}
-    for key, value in items.items():
-        new = clean_key(key)
-        if new != key and (new in items or new in out):  # two names clean to one: keep them apart
-            new = clean_key(new[:MAX_KEY_LENGTH - 9] + "-" + hashlib.sha256(key.encode()).hexdigest()[:8])
-        if new != key:
-            renamed[key] = new
-        out[new] = value
-    return out
-
-
-def run_params(run: RunInfo) -> Dict[str, str]:
-    """The job's hyperparameters with dot keys, plus msbridge's own settings under ``msbridge.``."""
-    config = dict(run.config)
-    own = {k: v for k, v in config.items() if k not in ("params", "tags")}
-    return mask_secrets({**_as_params(config.get("params") or {}), **_as_params(own, "msbridge.")})
-
-
-def run_tags(run: RunInfo) -> Dict[str, str]:
-    """Versions, host, world size, git commit, sweep id, the config's tags and the job's run id."""
-    meta = run.metadata
-    versions = meta.get("versions") or {}
-    git = meta.get("git") or {}
-    tags = {f"{name}.version": versions.get(name) for name in ("msbridge", "mindspore", "mindformers", "python")}
-    tags.update({"msbridge.world_size": run.world_size, "msbridge.host": meta.get("host"),
-                 "mlflow.source.name": meta.get("command"), "mlflow.source.git.commit": git.get("commit"),
-                 "msbridge.git_dirty": git.get("dirty"), "msbridge.sweep_id": run.config.get("sweep_id"),
-                 **dict(run.config.get("tags") or {}), RUN_ID_TAG: run.run_id})
-    return {k: str(v) for k, v in mask_secrets(tags).items() if v is not None}
+def _ms(seconds: float) -> Optional[int]:
+    """Epoch seconds as MLflow's milliseconds; None (MLflow takes now) when unknown."""
+    return int(round(seconds * 1000)) if seconds > 0 else None
 
 
 class MlflowSink(Sink):
@@ -238,7 +202,7 @@ class MlflowSink(Sink):
                 self._client.log_text(self.run_id, "\n".join(self._events) + "\n", EVENTS_ARTIFACT)
                 self._events_dirty = False
             if status is not None:
-                self._client.set_terminated(self.run_id, status)
+                self._client.set_terminated(self.run_id, status, end_time=_ms(self.end_time))
         except Exception as exc:  # whatever the tracker does, training goes on: retry later
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
@@ -277,7 +241,7 @@ class MlflowSink(Sink):
             self._logged_step = step
 
     def _send_tags(self) -> None:
-        tags = [(k, _fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
+        tags = [(k, fit(v, MAX_TAG_LENGTH)) for k, v in self._tags.items()]
         for i in range(0, len(tags), PARAMS_TAGS_PER_CALL):
             self._log_batch("tags", tags=tags[i:i + PARAMS_TAGS_PER_CALL])
         self._tags.clear()
@@ -318,15 +282,17 @@ class MlflowSink(Sink):
             self._logged_step = max(self._logged_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
             log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
-            run_id = client.create_run(experiment_id, tags={RUN_ID_TAG: run.run_id},
+            run_id = client.create_run(experiment_id, start_time=_ms(self.start_time), tags={RUN_ID_TAG: run.run_id},
                                        run_name=self.settings["run_name"] or run.run_name).info.run_id
         if found or run.resumed_from_step:
             self._catch_up(run)
         self.run_id = run_id
         try:
             renamed: Dict[str, str] = {}
-            params = _clean_keys({k: _fit(v, MAX_PARAM_LENGTH) for k, v in run_params(run).items()}, renamed)
-            self._tags.update(_clean_keys(run_tags(run), renamed))
+            params = clean_keys({k: fit(v, MAX_PARAM_LENGTH) for k, v in run_params(run).items()}, renamed)
+            self._tags.update(clean_keys(run_tags(run), renamed))
+            if run.readme:
+                self._tags[NOTE_TAG] = run_note(run.readme)
             if renamed:
                 log.warning("msbridge: MLflow rejects %d param/tag name(s); logged them as: %s", len(renamed),
                             ", ".join(f"{k!r} -> {v!r}" for k, v in renamed.items()))
@@ -354,7 +320,7 @@ class MlflowSink(Sink):
             if not location and self.uri.startswith("sqlite:///"):  # MLflow's default: ./mlruns of the cwd
                 location = os.path.join(os.path.dirname(os.path.abspath(self.uri[len("sqlite:///"):])), "mlartifacts")
             try:
-                return client.create_experiment(name, artifact_location=location)
+                return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_TAGS)
             except Exception:
                 experiment = client.get_experiment_by_name(name)  # another run of a sweep made it first
                 if experiment is None:

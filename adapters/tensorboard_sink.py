@@ -23,13 +23,17 @@ writer; tensorboardX builds the rare events (text, hparams).
 - NaN and +-inf are written as they are. TensorBoard stores them and draws a
   marker at a non-finite point; the curve is not cut and nothing raises.
 - TensorBoard stores scalars as float32; a value beyond float32's range is stored as +-inf.
+- The global rank's directory holds a Custom Scalars layout (``LAYOUT``): the loss and
+  global loss, grad norm, lr and throughput charts first, open; step time, loss scale and the
+  ranks' losses folded below. ``http://127.0.0.1:6006/#custom_scalars`` opens on it.
 - At close the global rank writes the hparams: ``params`` flattened to dot
   keys, plus ``msbridge.*`` settings. They go into the run's own directory,
   where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
   a new timestamped subdirectory. Next to them go ``hparams/final_loss``,
   ``hparams/final_global_loss`` and ``hparams/best_loss``. No experiment
   summary is written, so TensorBoard builds the table from every run's own
-  hparams and a sweep whose runs differ in keys still shows all of them.
+  hparams and a sweep whose runs differ in keys still shows all of them. The
+  session's start and end times are the training's (``Sink.start_time``/``end_time``).
 - On resume, and on a replay into a run it already holds, ``open`` reads the
   run's own event files back: steps up to the last one they hold (or
   ``run.resumed_from_step``) and the events they hold are skipped. Files are
@@ -60,11 +64,33 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MissingDependencyError
-from ..names import GLOBAL_LOSS, LOSS, is_global_metric
+from ..names import (
+    GLOBAL_LOSS,
+    GRAD_NORM,
+    LOSS,
+    LOSS_MAX,
+    LOSS_MIN,
+    LOSS_SCALE,
+    LR,
+    SAMPLES_PER_S,
+    STEP_TIME,
+    TOKENS_PER_S,
+    is_global_metric,
+    rank_loss,
+)
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import TENSORBOARD_VALUE, RecordFile, held_values, scalar_event, version_event
+from ._eventwire import (
+    TENSORBOARD_VALUE,
+    Layout,
+    RecordFile,
+    custom_scalars_summary,
+    held_values,
+    scalar_event,
+    summary_event,
+    version_event,
+)
 
 log = logging.getLogger("msbridge")
 
@@ -78,6 +104,28 @@ _STATUS = {FINISHED: "STATUS_SUCCESS", FAILED: "STATUS_FAILURE", KILLED: "STATUS
 def clean_tag(name: str) -> str:
     """``name`` as a tag TensorBoard shows unchanged: only ``[-/\\w.]``, no leading ``/``."""
     return _INVALID_TAG.sub("_", name).lstrip("/") or "_"
+
+
+def _tags(*names: str) -> Tuple[str, ...]:
+    """Regexes matching exactly these tags (Custom Scalars matches a chart's tags as regexes)."""
+    return tuple(f"^{re.escape(clean_tag(name))}$" for name in names)
+
+
+#: The Custom Scalars tab: what matters first (``names.HEADLINE``'s order), the rest folded.
+LAYOUT: Layout = (
+    ("msbridge: training", False, (
+        ("loss", _tags(LOSS, GLOBAL_LOSS)),
+        ("grad norm", _tags(GRAD_NORM)),
+        ("learning rate", _tags(LR)),
+        ("throughput (samples/s)", _tags(SAMPLES_PER_S)),
+        ("throughput (tokens/s)", _tags(TOKENS_PER_S)),
+    )),
+    ("msbridge: more", True, (
+        ("step time (ms)", _tags(STEP_TIME)),
+        ("loss scale", _tags(LOSS_SCALE)),
+        ("loss of each rank", _tags(LOSS_MIN, LOSS_MAX) + (rf"^{re.escape(rank_loss(0)[:-1])}\d+$",)),
+    )),
+)
 
 
 def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -125,6 +173,10 @@ class _EventFile:
     def summary(self, summary: Any, step: int, wall_time: float) -> None:
         self._file.write(self._tbx.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
 
+    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
+        """A ``Summary`` already encoded (``_eventwire``)."""
+        self._file.write(summary_event(step, wall_time, summary))
+
     def text(self, tag: str, text: str, step: int) -> None:
         summary = self._tbx.summary.text(tag, text)
         summary.value[0].tag = tag  # tensorboardX appends "/text_summary"
@@ -154,6 +206,9 @@ class _SharedFile(_EventFile):
 
     def summary(self, summary: Any, step: int, wall_time: float) -> None:
         self._writer._get_file_writer().add_summary(summary, step, wall_time)
+
+    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
+        self.summary(self._tbx.Summary.FromString(summary), step, wall_time)
 
     def flush(self) -> None:
         self._writer.flush()
@@ -237,6 +292,7 @@ class TensorBoardSink(Sink):
             self._local = _EventFile(self._tbx, os.path.join(run_dir, f"rank_{run.rank}"))
         if run.is_global:
             self._global = self._local if self._shared is not None else _EventFile(self._tbx, run_dir)
+            self._global.encoded(custom_scalars_summary(LAYOUT), run.resumed_from_step, run.start_time or time.time())
             if run.readme:
                 self._global.text("run/README", run.readme, run.resumed_from_step)
         self.flush()
@@ -347,12 +403,16 @@ class TensorBoardSink(Sink):
         _, start, end = tbx.summary.hparams(hparams, metrics)
         plugin = end.value[0].metadata.plugin_data
         data = tbx.HParamsPluginData.FromString(plugin.content)
+        started, ended = self.start_time or time.time(), self.end_time or time.time()
         data.session_end_info.status = tbx.Status.Value(_STATUS.get(status, "STATUS_UNKNOWN"))
-        data.session_end_info.end_time_secs = time.time()
+        data.session_end_info.end_time_secs = ended
         plugin.content = data.SerializeToString()
-        now = time.time()
-        self._global.summary(start, self.last_step, now)
+        start_plugin = start.value[0].metadata.plugin_data
+        start_data = tbx.HParamsPluginData.FromString(start_plugin.content)
+        start_data.session_start_info.start_time_secs = started
+        start_plugin.content = start_data.SerializeToString()
+        self._global.summary(start, self.last_step, started)
         if metrics:
             values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
-            self._global.summary(tbx.Summary(value=values), self.last_step, now)
-        self._global.summary(end, self.last_step, now)
+            self._global.summary(tbx.Summary(value=values), self.last_step, ended)
+        self._global.summary(end, self.last_step, ended)

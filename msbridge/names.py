@@ -93,3 +93,7 @@ STEP_SCALARS = (LOSS, GRAD_NORM, LR, LOSS_SCALE, OVERFLOW)
 MINDFORMERS_OUTPUT = (LOSS, OVERFLOW, LOSS_SCALE, LR, GRAD_NORM)
 #: MindSpore's ``nn.TrainOneStepWithLossScaleCell``: ``(loss, overflow, loss_scale)``.
 LOSS_SCALE_OUTPUT = (LOSS, OVERFLOW, LOSS_SCALE)
+
+#: What a tracker shows first, in this order: the loss (local, global), grad norm, lr, throughput.
+#: TensorBoard's custom-scalars layout and MindInsight's tag order follow it.
+HEADLINE = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, TOKENS_PER_S)

@@ -10,7 +10,7 @@ checks that nothing of it is left.
 
 Example:
     >>> with serve(summary_base_dir, workspace) as mi:
-    ...     mi.wait_for_points("./r1_rank_0", "train/loss/scalar", 12)
+    ...     mi.wait_for_points("./r1_rank_0", "1_train/loss/scalar", 12)
 """
 from __future__ import annotations
 

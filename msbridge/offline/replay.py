@@ -131,7 +131,8 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
             continue
         run = RunInfo(run_id=meta.get("run_id") or run_log.header["run_id"], run_name=meta.get("run_name", ""),
                       experiment=config.get("experiment", "default"), rank=rank, world_size=world_size,
-                      is_global=rank == 0, run_dir=run_dir, config=config, metadata=meta, readme=readme)
+                      is_global=rank == 0, run_dir=run_dir, config=config, metadata=meta, readme=readme,
+                      start_time=float(rank_log.header.get("time") or 0.0))  # else the first record's time
         sink = sink_cls(**sink_options)
         sink.open(run)
         try:

@@ -105,6 +105,8 @@ class RunInfo:
         metadata: run metadata (versions, host, git, command line ...), secret-masked.
         readme: the run README text.
         resumed_from_step: the last step already recorded when a run is resumed, else 0.
+        start_time: when training started (``time.time()``); 0.0 when unknown (then a sink takes
+            the time of the first record it is handed).
     """
 
     run_id: str
@@ -118,6 +120,7 @@ class RunInfo:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     readme: str = ""
     resumed_from_step: int = 0
+    start_time: float = 0.0
 
     @property
     def experiment_dir(self) -> str:
@@ -149,6 +152,15 @@ class Sink:
     jsonl log on a full disk) appends a ``GAP`` event to ``raised``; the
     dispatcher hands it to every other sink.
 
+    ``start_time`` and ``end_time`` are the training's start and end for a tracker that
+    records them: the run's start time (else the first record's time) and the latest time
+    of a record or event handed over. A replay hands over the same records, so a replayed
+    run gets the same times as the live one.
+
+    ``on_training_thread``: a sink whose ``write`` costs microseconds and does no I/O beyond
+    a line to stdout (the console) is called in ``Dispatcher.submit``, on the training
+    thread, so what it shows is never behind a slow sink. Every other sink leaves it False.
+
     Example:
         >>> class PrintSink(Sink):
         ...     name = "print"
@@ -167,6 +179,8 @@ class Sink:
     extra = ""
     #: Import names the sink needs; a missing one is reported at config time, with the extra.
     requires: Tuple[str, ...] = ()
+    #: True only for a sink as cheap as a print (see above): ``submit`` calls it on the training thread.
+    on_training_thread = False
 
     def __init__(self, **options: Any) -> None:
         problems = check_options(self.options, options)
@@ -179,19 +193,25 @@ class Sink:
         self.held_events: Set[Tuple[str, int]] = set()
         #: Events this sink raised itself, for the dispatcher to hand to every other sink (it empties the list).
         self.raised: List[Event] = []
+        self.start_time = self.end_time = 0.0
 
     def open(self, run: RunInfo) -> None:
         self.run = run
         self.last_step = run.resumed_from_step
+        self.start_time = self.end_time = run.start_time
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event
-        not in ``held_events``."""
+        not in ``held_events``; ``end_time`` (and an unknown ``start_time``) follow the times handed over."""
         fresh = []
         for rec in records:
             if rec.step > self.last_step:
                 fresh.append(rec)
                 self.last_step = rec.step
+        times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
+        if times:
+            self.start_time = self.start_time or min(times)
+            self.end_time = max(self.end_time, *times)
         if self.held_events:
             events = [ev for ev in events if (ev.kind, ev.step) not in self.held_events]
         self.emit(fresh, events)

@@ -1,13 +1,17 @@
-"""Progress lines on the global rank, printed from the dispatcher thread (never the training thread).
+"""Progress lines on the global rank, printed at the flush of the step they report.
 
 Every ``print_interval`` steps: step/total, loss, samples/s and the ETA. Events
-(anomalies, actions) are printed as they arrive.
+(anomalies, actions) are printed as they arrive, one readable line each. The sink
+is ``on_training_thread``: the dispatcher calls it in ``submit``, so a line is
+never behind a slow tracker; it does nothing but format and print a line.
 
 Example output:
     [msbridge] step  120/300 | loss 2.3411 | 812.3 samples/s | ETA 0:00:21
+    [msbridge] step 137: anomaly loss_spike, action log: loss 9.02, median 2.31, sigma 0.1093, threshold 2.85
 """
 from __future__ import annotations
 
+import json
 import sys
 from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
@@ -21,6 +25,35 @@ def format_eta(seconds: float) -> str:
     return str(timedelta(seconds=int(max(seconds, 0))))
 
 
+def _value(value: Any) -> str:
+    """A detail value as a reader wants it: floats to 4 significant digits, lists in brackets."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value, default=str, separators=(", ", ": "))
+    return str(value)
+
+
+def describe_event(ev: Event, with_rank: bool = False) -> str:
+    """One line for an event: ``step 137: anomaly loss_spike, action log: loss 9.02, median 2.31``.
+
+    A health check's name and action lead; every other detail follows as ``key value``.
+
+    Example:
+        >>> describe_event(Event("anomaly", 7, 0, 0.0, {"check": "loss_spike", "action": "log", "loss": 9.0}))
+        'step 7: anomaly loss_spike, action log: loss 9'
+    """
+    detail = dict(ev.detail)
+    head = ev.kind + (f" {detail.pop('check')}" if "check" in detail else "")
+    if "action" in detail:
+        head += f", action {detail.pop('action')}"
+    where = f"step {ev.step}" + (f" rank {ev.rank}" if with_rank else "")
+    rest = ", ".join(f"{key} {_value(value)}" for key, value in detail.items())
+    return f"{where}: {head}" + (f": {rest}" if rest else "")
+
+
 class ConsoleSink(Sink):
     """Prints a progress line every ``print_interval`` steps.
 
@@ -30,6 +63,7 @@ class ConsoleSink(Sink):
 
     name = "console"
     options = {"print_interval": Option(int, 20, "a progress line every N steps", 1)}
+    on_training_thread = True
 
     def __init__(self, stream: Optional[IO[str]] = None, **options: Any) -> None:
         super().__init__(**options)
@@ -37,23 +71,27 @@ class ConsoleSink(Sink):
         self.stream = stream
         self.total: Optional[int] = None
         self._step_ms: Optional[float] = None  # smoothed, for a steady ETA
+        self._with_rank = False
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self.total = run.metadata.get("expected_steps")
+        self._with_rank = run.world_size > 1
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         """Every record, a resumed run's steps trained again too: progress, not a store (no resume skip)."""
         out = self.stream or sys.stdout
+        lines = []
         for rec in records:
             ms = rec.values.get(STEP_TIME)
             if ms is not None:
                 self._step_ms = ms if self._step_ms is None else 0.9 * self._step_ms + 0.1 * ms
             if rec.step % self.print_interval == 0 or rec.step == self.total:
-                out.write(self.line(rec) + "\n")
-        for ev in events:
-            out.write(f"[msbridge] step {ev.step} rank {ev.rank}: {ev.kind} {dict(ev.detail)}\n")
-        out.flush()
+                lines.append(self.line(rec))
+        lines += ["[msbridge] " + describe_event(ev, self._with_rank) for ev in events]
+        if lines:
+            out.write("\n".join(lines) + "\n")
+            out.flush()
 
     def line(self, rec: Record) -> str:
         values = rec.values

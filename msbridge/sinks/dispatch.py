@@ -7,6 +7,10 @@ logged once with its name, counted, and the others carry on. An event a sink
 raises itself (``Sink.raised``: a ``gap`` in the jsonl log) is handed to every
 other open sink right after, like any event, and kept in ``raised``.
 
+A sink marked ``on_training_thread`` (the console's progress line) is written
+in ``submit`` itself, before the batch is queued: a progress line is printed
+at the flush of the step it reports, never behind a slow sink or a full queue.
+
 The thread starts by flushing every sink once, so a tracker's first contact
 (MLflow creating a store and a run: seconds) happens while the graph compiles,
 not at the first window in the middle of training.
@@ -38,22 +42,22 @@ class Dispatcher:
         sinks: opened here, in order; put jsonl first, it is the write-ahead log.
         run: what every sink is opened with.
         max_batches: queue bound; a full queue makes ``submit`` wait (nothing is dropped).
+
+    ``sinks`` holds the sinks the thread writes; ``inline`` the ``on_training_thread`` ones.
     """
 
     def __init__(self, sinks: Sequence[Sink], run: RunInfo, max_batches: int = 64) -> None:
-        self.sinks: List[Sink] = list(sinks)
-        self.run = run
         self.errors: Dict[str, int] = {}
         self.failures: Dict[str, str] = {}  # sink name -> its first failure, "open(): TypeError: ..."
         #: Every event the sinks raised themselves (a ``gap``), in order: the run's outcome lists them.
         self.raised: List[Event] = []
-        self._open: List[Sink] = []
+        self.run = run
         self._queue: "queue.Queue[object]" = queue.Queue(maxsize=max_batches)
         self._closed = False
         self._warned_full = False
-        for sink in list(self.sinks):
-            if not self._call(sink, "open", run):
-                self.sinks.remove(sink)
+        opened = [sink for sink in sinks if self._call(sink, "open", run)]
+        self.sinks: List[Sink] = [sink for sink in opened if not sink.on_training_thread]
+        self.inline: List[Sink] = [sink for sink in opened if sink.on_training_thread]
         self._open = list(self.sinks)
         self._thread = threading.Thread(target=self._loop, name="msbridge-dispatch", daemon=True)
         self._thread.start()
@@ -61,10 +65,13 @@ class Dispatcher:
 
     # -- training thread -------------------------------------------------
     def submit(self, records: Sequence[Record], events: Sequence[Event] = ()) -> None:
-        """Queue one batch. Returns at once unless the queue is full."""
+        """Write the inline sinks (the progress line), then queue the batch for the others.
+        Returns at once unless the queue is full."""
         if self._closed or (not records and not events):
             return
         item = ("write", list(records), list(events))
+        for sink in self.inline:
+            self._call(sink, "write", item[1], item[2])
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -77,6 +84,8 @@ class Dispatcher:
         """Wait until every sink has written and flushed what was submitted so far."""
         if self._closed:
             return True
+        for sink in self.inline:
+            self._call(sink, "flush")
         done = threading.Event()
         self._queue.put(("flush", done))
         return done.wait(timeout)
@@ -85,6 +94,8 @@ class Dispatcher:
         """Drain the queue, then close every sink with ``status``."""
         if not self._closed:
             self._closed = True
+            for sink in self.inline:
+                self._call(sink, "close", status)
             self._queue.put(("close", status))
             self._queue.put(_STOP)
             atexit.unregister(self._atexit)

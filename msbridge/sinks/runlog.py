@@ -5,7 +5,7 @@ lines; the MLflow sink's ``events.jsonl`` and the health dumps' ``window.jsonl``
 use the same encoders; tests, replay, plot and diagnose read them back.
 
 Line format (one JSON object a line, no spaces; ``"type"`` first):
-    {"type":"header","schema_version":1,"run_id":...,"run_name":...,"experiment":...,"rank":0,"world_size":1}
+    {"type":"header","schema_version":1,"run_id":...,"run_name":...,"experiment":...,"rank":0,"world_size":1,"time":...}
     {"type":"metrics","step":3,"rank":0,"time":...,"values":{"train/loss":null},"nonfinite":["train/loss"]}
     {"type":"event","kind":"anomaly","step":3,"rank":0,"time":...,"detail":{...}}
 
@@ -49,10 +49,12 @@ def _line(obj: Dict[str, Any]) -> str:
 
 
 def encode_header(run: RunInfo) -> str:
-    """The first line of a rank's log."""
-    return _line({"type": "header", "schema_version": SCHEMA_VERSION, "run_id": run.run_id,
-                  "run_name": run.run_name, "experiment": run.experiment, "rank": run.rank,
-                  "world_size": run.world_size})
+    """The first line of a rank's log; ``time`` is the training's start, when known."""
+    header = {"type": "header", "schema_version": SCHEMA_VERSION, "run_id": run.run_id, "run_name": run.run_name,
+              "experiment": run.experiment, "rank": run.rank, "world_size": run.world_size}
+    if run.start_time:
+        header["time"] = run.start_time
+    return _line(header)
 
 
 def encode_record(rec: Record) -> str:

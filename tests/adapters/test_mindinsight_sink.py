@@ -16,17 +16,19 @@ from mindspore.train.lineage_pb2 import LineageEvent
 from mindspore.train.summary_pb2 import Event as SummaryEvent
 from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.mindinsight_sink import MindInsightSink
+from msbridge.adapters.mindinsight_sink import MindInsightSink, mindinsight_tag
 from training import train_regression
 from wire_cases import SCALAR_EVENTS
 
 from msbridge import BridgeMonitor
+from msbridge.names import HEADLINE
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event
 from msbridge.sinks.registry import resolve
 from msbridge.sinks.runlog import read_run
 
 pytestmark = pytest.mark.compat  # also run against the oldest and newest supported MindSpore (.ci/run)
 
+HEADLINE_TAGS = [f"{mindinsight_tag(name)}/scalar" for name in HEADLINE]
 PARAMS = {"lr": 0.01, "optimizer": {"type": "AdamW", "betas": [0.9, 0.95]}, "epochs": 3, "model": {"hidden": 4}}
 
 
@@ -165,10 +167,10 @@ def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
     rank_dir = os.path.join(base, "r1_rank_0")
     got = scalars(one(os.path.join(rank_dir, "*_MS")))
     log = read_run(run.run_dir).ranks[0]
-    assert set(got) == set(log.metric_names()) | {"events/anomaly", "events/checkpoint"}
+    assert set(got) == {mindinsight_tag(n) for n in log.metric_names()} | {"events/anomaly", "events/checkpoint"}
     for name in log.metric_names():
-        same(got[name], log.series(name))
-    assert math.isnan(dict(got["train/loss"])[3]) and dict(got["dist/loss_std"])[3] == math.inf
+        same(got[mindinsight_tag(name)], log.series(name))
+    assert math.isnan(dict(got["1_train/loss"])[3]) and dict(got["dist/loss_std"])[3] == math.inf
     assert got["events/anomaly"] == [(3, 2.0)] and got["events/checkpoint"] == [(4, 1.0)]
 
     [train, *_] = [LineageEvent.FromString(b) for b in read_framed(one(os.path.join(rank_dir, "*_lineage")))]
@@ -192,7 +194,7 @@ def test_batches_reach_the_file_flush_fsyncs_resume_adds_a_file_and_an_open_sink
     sink.open(mi_run(tmp_path))
     sink.write(make_records(range(1, 6)), [])
     first = one(str(tmp_path / "s" / "r1_rank_0" / "*_MS"))
-    assert [s for s, _ in scalars(first)["train/loss"]] == [1, 2, 3, 4, 5]  # each batch reaches the file
+    assert [s for s, _ in scalars(first)["1_train/loss"]] == [1, 2, 3, 4, 5]  # each batch reaches the file
     cpu = time.process_time()
     time.sleep(1.0)
     idle = time.process_time() - cpu
@@ -211,8 +213,8 @@ def test_batches_reach_the_file_flush_fsyncs_resume_adds_a_file_and_an_open_sink
     resumed.close(FINISHED)
     files = sorted(glob.glob(str(tmp_path / "s" / "r1_rank_0" / "*_MS")))
     assert len(files) == 2 and files[0] == first
-    assert [s for s, _ in scalars(first)["train/loss"]] == [1, 2, 3, 4, 5]  # the old file is untouched
-    assert [s for s, _ in scalars(files[1])["train/loss"]] == [6, 7]
+    assert [s for s, _ in scalars(first)["1_train/loss"]] == [1, 2, 3, 4, 5]  # the old file is untouched
+    assert [s for s, _ in scalars(files[1])["1_train/loss"]] == [6, 7]
     assert user_info(files[0].replace("_MS", "_lineage"))["msbridge.status"] == KILLED
 
 
@@ -262,7 +264,7 @@ def test_mindinsight_serves_the_jsonl_series(served):
         assert "train/loss" in names
         for name in names:
             want = log.series(name)
-            points = client.wait_for_points(train_id, f"{name}/scalar", len(want))
+            points = client.wait_for_points(train_id, f"{mindinsight_tag(name)}/scalar", len(want))
             same([(p["step"], p["value"]) for p in points], want)
     trained = read_run(written["./trained_rank_0"][0]).ranks[0]
     assert [s for s, _ in trained.series("train/loss")] == list(range(1, 25))
@@ -270,10 +272,22 @@ def test_mindinsight_serves_the_jsonl_series(served):
 
 def test_mindinsight_shows_nan_as_null_and_events_as_markers(served):
     client, _ = served
-    points = {p["step"]: p["value"] for p in client.wait_for_points("./r1_rank_1", "train/loss/scalar", 20)}
+    points = {p["step"]: p["value"] for p in client.wait_for_points("./r1_rank_1", "1_train/loss/scalar", 20)}
     assert points[5] is None and points[6] is not None
     markers = client.wait_for_points("./r1_rank_1", "events/anomaly/scalar", 1)
     assert [(p["step"], p["value"]) for p in markers] == [(5, 1.0)]
+
+
+def test_mindinsight_lists_the_loss_first(served):
+    """The dashboard plots the first two tags of ``single-job?plugin_name=scalar`` (MindInsight sorts them)."""
+    client, written = served
+    for train_id in written:
+        client.wait_for_points(train_id, "1_train/loss/scalar", 20)
+        [job] = client.get("/datavisual/single-job", train_id=train_id, plugin_name="scalar")["train_jobs"]
+        tags = job["tags"]
+        lead = [tag for tag in tags if tag in HEADLINE_TAGS]  # the headline metrics this job has, in their order
+        assert tags[:len(lead)] == lead and lead == sorted(lead, key=HEADLINE_TAGS.index), (train_id, tags)
+        assert lead[0] == "1_train/loss/scalar" and len(lead) >= 2, (train_id, tags)
 
 
 def test_mindinsight_lineage_shows_the_hyperparameters(served):

@@ -23,9 +23,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
 from mlflow_server import MlflowServer, free_port
+from msbridge.adapters._mlflow_fields import MAX_KEY_LENGTH, clean_key
 from msbridge.adapters._mlflow_process import NICE, ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
+from msbridge.adapters.mlflow_sink import MlflowSink
 
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
@@ -138,6 +139,8 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     assert tags["msbridge.host"] == "node-7" and tags["msbridge.world_size"] == "1"
     assert tags["mlflow.source.git.commit"] == "0123abcd" and tags["msbridge.sweep_id"] == "sweep-7"
     assert tags["team"] == "nlp" and tags["api_token"] == "***"
+    assert tags["mlflow.note.content"] == README  # the run page's description
+    assert client.get_experiment(mlrun.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     assert tags["msbridge.event.anomaly.last"].startswith("step 7: ") and tags["msbridge.event.checkpoint.last"] == \
         'step 300: {"path": "ckpt/step_300.ckpt", "epoch": "3"}'
     # artifacts

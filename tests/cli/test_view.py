@@ -20,6 +20,7 @@ import pytest
 from mindinsight_server import MindInsight, require_mindinsight
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
+from msbridge.adapters.mindinsight_sink import mindinsight_tag
 from processes import alive, listening
 from training import train_regression
 from view_process import ViewProcess, base, get
@@ -28,6 +29,7 @@ from msbridge import BridgeMonitor
 from msbridge.cli import viewers
 from msbridge.cli.main import main
 from msbridge.cli.view import find_target
+from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run
 
 MSBRIDGE = str(Path(sys.executable).parent / "msbridge")
@@ -73,7 +75,7 @@ def check_mindinsight(url, run_dir, want):
     assert train_id == f"./{Path(run_dir).name}_rank_0"
     client = MindInsight(urllib.parse.urlsplit(url).port)
     assert train_id in client.train_jobs()  # GET /v1/mindinsight/datavisual/train-jobs
-    points = poll(lambda: client.scalars(train_id, "train/loss/scalar"), len(want), "mindinsight")
+    points = poll(lambda: client.scalars(train_id, f"{mindinsight_tag(LOSS)}/scalar"), len(want), "mindinsight")
     same_series("mindinsight", [(p["step"], p["value"]) for p in points], want)
 
 

@@ -144,7 +144,7 @@ def test_tensorboard_and_mlflow_hold_the_same_series(example):
 def test_mindinsight_serves_the_series(example, tmp_path):
     work, run_dir, mf = example
     with serve(str(work / "msbridge_runs" / "tiny-llama" / "summary"), str(tmp_path / "ws")) as client:
-        points = client.wait_for_points(f"./{Path(run_dir).name}_rank_0", "train/loss/scalar", 30)
+        points = client.wait_for_points(f"./{Path(run_dir).name}_rank_0", "1_train/loss/scalar", 30)
     close([(p["step"], p["value"]) for p in points], mf, "train/loss")
 
 

@@ -1,14 +1,34 @@
-"""The progress line: every ``print_interval`` steps and the last one, loss, samples/s and ETA; events as they come."""
+"""The progress line: every ``print_interval`` steps and the last one, loss, samples/s and ETA; events as
+one readable line each; printed at the flush of the step it reports, never behind a slow sink."""
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from helpers.runs import make_records, make_run
+from mindspore.train import Callback
+from training import train_regression
 
+from msbridge import BridgeMonitor
 from msbridge.errors import ConfigError
-from msbridge.sinks.base import Event
-from msbridge.sinks.console import ConsoleSink
+from msbridge.sinks.base import Event, Sink
+from msbridge.sinks.console import ConsoleSink, describe_event
+from msbridge.sinks.dispatch import Dispatcher
+
+
+class SlowSink(Sink):
+    """A tracker that takes ``delay`` seconds per batch (sleeps in emit), noting when each batch is done."""
+
+    name = "slow"
+
+    def __init__(self, delay):
+        super().__init__()
+        self.delay, self.done = delay, []
+
+    def emit(self, records, events):
+        time.sleep(self.delay)
+        self.done.append(max((r.step for r in records), default=0))
 
 
 def test_a_line_every_interval_and_at_the_last_step(tmp_path):
@@ -16,17 +36,70 @@ def test_a_line_every_interval_and_at_the_last_step(tmp_path):
     sink = ConsoleSink(print_interval=4, stream=out)
     sink.open(make_run(tmp_path, metadata={"expected_steps": 10}, resumed_from_step=6))
     records = make_records(range(1, 11))
-    sink.write(records, [Event("anomaly", 7, 0, 0.0, {"check": "loss_spike"})])
+    sink.write(records, [Event("anomaly", 7, 0, 0.0, {"check": "loss_spike", "action": "log", "loss": 9.01234})])
     lines = out.getvalue().splitlines()
     assert [line.split("|")[0].strip() for line in lines[:3]] == \
         ["[msbridge] step  4/10", "[msbridge] step  8/10", "[msbridge] step 10/10"], \
         "progress, not a store: a resumed run's steps are shown again"
     loss, speed = records[7].values["train/loss"], records[7].values["perf/samples_per_s"]
     assert f"loss {loss:.4f}" in lines[1] and f"{speed:.1f} samples/s" in lines[1] and "ETA 0:00:00" in lines[1]
-    assert lines[3] == "[msbridge] step 7 rank 0: anomaly {'check': 'loss_spike'}"
+    assert lines[3] == "[msbridge] step 7: anomaly loss_spike, action log: loss 9.012"
+
+
+def test_a_finding_is_one_readable_line_never_a_dict():
+    detail = {"check": "nonfinite", "action": "dump", "loss": float("nan"),
+              "nonfinite": ["train/loss", "train/grad_norm"], "dump": "/r/dumps/3700"}
+    nonfinite = Event("anomaly", 3700, 1, 0.0, detail)
+    assert describe_event(nonfinite, with_rank=True) == ("step 3700 rank 1: anomaly nonfinite, action dump: loss nan, "
+                                                         "nonfinite [train/loss, train/grad_norm], dump /r/dumps/3700")
+    resume = Event("resume", 1200, 0, 0.0, {"last_recorded_step": 1200, "run_id": "ab12"})
+    assert describe_event(resume) == "step 1200: resume: last_recorded_step 1200, run_id ab12"
+    assert describe_event(Event("checkpoint", 12, 0)) == "step 12: checkpoint"
+    for line in map(describe_event, (nonfinite, resume)):
+        assert "{" not in line and "'" not in line and "\n" not in line
 
 
 def test_print_interval_is_declared_and_checked():
     assert ConsoleSink().print_interval == 20
     with pytest.raises(ConfigError, match="sinks.console.print_interval: expected an integer >= 1, got 0"):
         ConsoleSink(print_interval=0)
+
+
+def test_progress_is_printed_before_a_slow_sink_finishes_the_batch(tmp_path):
+    out, slow = io.StringIO(), SlowSink(delay=1.0)
+    console = ConsoleSink(print_interval=10, stream=out)
+    d = Dispatcher([slow, console], make_run(tmp_path, metadata={"expected_steps": 40}))
+    assert d.sinks == [slow] and d.inline == [console]
+    for first in (1, 11, 21):  # three flushes: the slow sink is still on the first when the third is printed
+        d.submit(make_records(range(first, first + 10)))
+    printed = out.getvalue().splitlines()
+    assert [line.split("|")[0] for line in printed] == \
+        ["[msbridge] step 10/40 ", "[msbridge] step 20/40 ", "[msbridge] step 30/40 "]
+    assert slow.done == [], "every line was printed before the slow sink finished its first batch"
+    d.close()
+    assert slow.done == [10, 20, 30]
+
+
+def test_training_prints_each_line_within_one_flush_behind_a_slow_tracker(tmp_path, capsys):
+    """Real training with a tracker that takes 0.5 s per batch: the line for step N is on stdout by the time
+    the flush after the one holding N is done (MindSpore's step N + flush_steps ends)."""
+
+    class Watch(Callback):  # after msbridge's callback: what stdout holds when each step has ended
+        def __init__(self):
+            self.lines, self.printed_by, self.slow_done_by = [], {}, {}
+
+        def on_train_step_end(self, run_context):
+            step = run_context.original_args().cur_step_num
+            self.lines += capsys.readouterr().out.splitlines()
+            self.printed_by[step] = [int(line.split()[2].split("/")[0]) for line in self.lines if " | loss " in line]
+            self.slow_done_by[step] = len(slow.done)
+
+    slow, watch = SlowSink(delay=0.5), Watch()
+    monitor = BridgeMonitor({"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "r"), "flush_steps": 5,
+                             "flush_seconds": 600, "overhead_budget": 0.99, "print_interval": 5, "sinks": ["jsonl"]},
+                            sinks=[slow])
+    train_regression([monitor, watch], steps=30)
+    for step in range(5, 31, 5):
+        assert watch.printed_by[step][-1] == step, f"the line for step {step} is printed at its own flush"
+    assert watch.slow_done_by[30] < 6, "the slow tracker was still behind when the last line was printed"
+    assert slow.done[-1] == 30  # and it got every batch by the end
