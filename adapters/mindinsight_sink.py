@@ -141,6 +141,7 @@ class MindInsightSink(Sink):
         self._writers = (SummaryWriter, LineageWriter)
         self._closed = False
         self.dir = rank_dir(self.base_dir(run), run.run_name, run.rank)
+        os.makedirs(self.dir, exist_ok=True)  # a directory it cannot make fails here, before training
         self._read_held()
 
     def _read_held(self) -> None:
