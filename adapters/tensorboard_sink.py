@@ -58,12 +58,9 @@ import logging
 import math
 import os
 import re
-import socket
 import time
-from types import SimpleNamespace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import MissingDependencyError
 from ..names import (
     GLOBAL_LOSS,
     GRAD_NORM,
@@ -81,16 +78,8 @@ from ..names import (
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import (
-    TENSORBOARD_VALUE,
-    Layout,
-    RecordFile,
-    custom_scalars_summary,
-    held_values,
-    scalar_event,
-    summary_event,
-    version_event,
-)
+from ._eventwire import Layout, custom_scalars_summary, held_values
+from ._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 
 log = logging.getLogger("msbridge")
 
@@ -139,84 +128,6 @@ def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
             for k, v in flatten(tree, prefix).items() if v is not None}
 
 
-def _import_tensorboardx() -> SimpleNamespace:
-    try:
-        from tensorboardX import summary
-        from tensorboardX.proto import event_pb2, summary_pb2
-        from tensorboardX.proto.api_pb2 import Status
-        from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
-    except ImportError:
-        raise MissingDependencyError("sink 'tensorboard'", "tensorboardX", "tensorboard") from None
-    return SimpleNamespace(summary=summary, Event=event_pb2.Event,
-                           Summary=summary_pb2.Summary, Status=Status, HParamsPluginData=HParamsPluginData)
-
-
-class _EventFile:
-    """One event file in one directory, written synchronously (``flush`` is a real barrier)."""
-
-    def __init__(self, tbx: SimpleNamespace, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
-        self.path = path
-        self.tags: Dict[str, str] = {}  # tag -> the metric name written under it
-        self._tbx = tbx
-        self._prefixes: Dict[str, bytes] = {}
-        # tensorboardX's file name (by the second) plus the nanoseconds, so a reopen within the
-        # same second neither truncates the earlier file nor sorts before it.
-        now = time.time_ns()
-        name = f"events.out.tfevents.{now // 10**9}.{socket.gethostname()}.{now % 10**9:09d}"
-        self._file = RecordFile(os.path.join(path, name))
-        self._file.write(version_event(now / 1e9, "brain.Event:2"))
-
-    def scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
-        self._file.write(scalar_event(step, wall_time, values, TENSORBOARD_VALUE, self._prefixes))
-
-    def summary(self, summary: Any, step: int, wall_time: float) -> None:
-        self._file.write(self._tbx.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
-
-    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
-        """A ``Summary`` already encoded (``_eventwire``)."""
-        self._file.write(summary_event(step, wall_time, summary))
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        summary = self._tbx.summary.text(tag, text)
-        summary.value[0].tag = tag  # tensorboardX appends "/text_summary"
-        self.summary(summary, step, time.time())
-
-    def flush(self) -> None:
-        self._file.flush()  # file flush + fsync
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class _SharedFile(_EventFile):
-    """Another library's tensorboardX ``SummaryWriter`` (mindformers'), written through instead of a file
-    of our own: one event file per directory. Its queue thread writes; ``flush`` hands over, and the
-    owner closes it."""
-
-    def __init__(self, tbx: SimpleNamespace, writer: Any) -> None:  # pylint: disable=super-init-not-called
-        self.path = writer.logdir
-        self.tags = {}
-        self._tbx = tbx
-        self._writer = writer
-
-    def scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
-        summary = self._tbx.Summary(value=[self._tbx.Summary.Value(tag=t, simple_value=v) for t, v in values.items()])
-        self.summary(summary, step, wall_time)
-
-    def summary(self, summary: Any, step: int, wall_time: float) -> None:
-        self._writer._get_file_writer().add_summary(summary, step, wall_time)
-
-    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
-        self.summary(self._tbx.Summary.FromString(summary), step, wall_time)
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.flush()
-
-
 class TensorBoardSink(Sink):
     """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
 
@@ -235,11 +146,11 @@ class TensorBoardSink(Sink):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self._tbx = _import_tensorboardx()
+        self._tbx = import_tensorboardx()
         self.logdir: Optional[str] = self.settings["logdir"]
-        self._local: Optional[_EventFile] = None
-        self._global: Optional[_EventFile] = None
-        self._routes: Dict[str, Tuple[str, _EventFile]] = {}
+        self._local: Optional[EventFile] = None
+        self._global: Optional[EventFile] = None
+        self._routes: Dict[str, Tuple[str, EventFile]] = {}
         self._shared: Any = None
         self._final: Dict[str, float] = {}
         self._best: Dict[str, float] = {}
@@ -287,11 +198,11 @@ class TensorBoardSink(Sink):
         assert self.run is not None, "TensorBoardSink.write before open"
         run, run_dir = self.run, self.run_dir(self.run)
         if self._shared is not None:
-            self._local = _SharedFile(self._tbx, self._shared)
+            self._local = SharedFile(self._tbx, self._shared)
         else:
-            self._local = _EventFile(self._tbx, os.path.join(run_dir, f"rank_{run.rank}"))
+            self._local = EventFile(self._tbx, os.path.join(run_dir, f"rank_{run.rank}"))
         if run.is_global:
-            self._global = self._local if self._shared is not None else _EventFile(self._tbx, run_dir)
+            self._global = self._local if self._shared is not None else EventFile(self._tbx, run_dir)
             self._global.encoded(custom_scalars_summary(LAYOUT), run.resumed_from_step, run.start_time or time.time())
             if run.readme:
                 self._global.text("run/README", run.readme, run.resumed_from_step)
@@ -305,7 +216,7 @@ class TensorBoardSink(Sink):
         assert self._local is not None
         renamed: Dict[str, str] = {}
         for rec in records:
-            step_values: Dict[_EventFile, Dict[str, float]] = {}  # one event per directory and step
+            step_values: Dict[EventFile, Dict[str, float]] = {}  # one event per directory and step
             for name, value in rec.values.items():
                 tag, target = self._routes.get(name) or self._route(name, renamed)
                 values = step_values.get(target)
@@ -361,10 +272,10 @@ class TensorBoardSink(Sink):
         return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
 
     # -- internals ----------------------------------------------------------------
-    def _files(self) -> List[_EventFile]:
+    def _files(self) -> List[EventFile]:
         return list(dict.fromkeys(f for f in (self._global, self._local) if f is not None))
 
-    def _route(self, name: str, renamed: Dict[str, str]) -> Tuple[str, _EventFile]:
+    def _route(self, name: str, renamed: Dict[str, str]) -> Tuple[str, EventFile]:
         """The tag and directory of a metric, decided once per name."""
         assert self._local is not None
         target = self._global if self._global is not None and is_global_metric(name) else self._local

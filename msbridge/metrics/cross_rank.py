@@ -1,4 +1,4 @@
-"""Cross-rank metrics: one AllGather per flush (guarded by ``run.rank_sync.Watchdog``).
+"""Cross-rank metrics: one AllGather per flush (guarded by ``capture.collective.Watchdog``).
 
 At every flush each rank sends one float32 vector (``payload``: the window's
 steps, its health stop and first finding, its host timing, its losses padded to
@@ -36,13 +36,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
+from ..capture.collective import DEFAULT_TIMEOUT_S, Watchdog, all_gather, communication_ready, gather_op
 from ..capture.window import Window
 from ..config.fields import straggler_settings
 from ..errors import ConfigError
 from ..health.runner import Stop, Verdict
 from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
-from ..run.rank_sync import DEFAULT_TIMEOUT_S, Watchdog, all_gather, gather_op
-from ..run.ranks import communication_ready
 from ..sinks.base import Event, Record, RunInfo
 from .payload import BATCH, FIRST, HEADER, LAST, TIMING, WINDOW_SLOTS, N, Slots, pack, unpack_step
 from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event

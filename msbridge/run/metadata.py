@@ -93,11 +93,11 @@ VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
 
 def msbridge_command() -> str:
     """This msbridge as a command any shell runs as it is: the ``msbridge`` script of this Python's
-    environment (absolute, so no venv needs activating), else ``python -m msbridge``."""
+    environment (absolute, so no venv needs activating), else ``python -m msbridge.cli.main``."""
     script = os.path.join(os.path.dirname(sys.executable), "msbridge")
     if os.access(script, os.X_OK):
         return shlex.quote(script)
-    return f"{shlex.quote(sys.executable)} -m msbridge"
+    return f"{shlex.quote(sys.executable)} -m msbridge.cli.main"
 
 
 def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[str]:

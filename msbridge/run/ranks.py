@@ -26,6 +26,7 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
+from ..capture.collective import communication_ready
 from ..errors import ConfigError
 
 try:
@@ -52,15 +53,6 @@ class Ranks:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def communication_ready() -> bool:
-    """True when ``mindspore.communication.init()`` has run in this process."""
-    try:
-        from mindspore.communication import GlobalComm
-    except ImportError:  # pragma: no cover - mindspore is a hard dependency
-        return False
-    return bool(getattr(GlobalComm, "INITED", False))
 
 
 def _from_communication() -> Optional[Ranks]:

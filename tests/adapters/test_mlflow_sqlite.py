@@ -7,7 +7,6 @@ import uuid
 
 from mlflow.tracking import MlflowClient
 
-
 # Metric rows a sqlite store gets from sqlite itself (_mlflow_sqlite), with MLflow's own store as the oracle.
 EDGE_BATCHES = [
     [("a", 1.0, 1000, 1), ("a", 2.0, 1000, 2), ("b", math.nan, 1000, 1), ("b", math.inf, 1001, 2),

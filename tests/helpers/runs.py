@@ -13,8 +13,22 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from msbridge.names import (EPOCH, GLOBAL_LOSS, GRAD_NORM, LOSS, LOSS_EMA, LOSS_SCALE, LOSS_STD, LR, MONITOR_OVERHEAD,
-                            OVERFLOW, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, rank_loss)
+from msbridge.names import (
+    EPOCH,
+    GLOBAL_LOSS,
+    GRAD_NORM,
+    LOSS,
+    LOSS_EMA,
+    LOSS_SCALE,
+    LOSS_STD,
+    LR,
+    MONITOR_OVERHEAD,
+    OVERFLOW,
+    SAMPLES_PER_S,
+    STEP_TIME,
+    TOKENS_PER_S,
+    rank_loss,
+)
 from msbridge.sinks.base import Record, RunInfo, Sink
 
 

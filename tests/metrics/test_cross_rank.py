@@ -15,9 +15,10 @@ import pytest
 from msrun_job import Job
 
 from msbridge import BridgeMonitor, ConfigError
+from msbridge.capture.collective import Watchdog
 from msbridge.metrics.cross_rank import cross_rank_metrics, make_reducer
-from msbridge.run.rank_sync import Watchdog, agree_timestamp
 from msbridge.names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, is_global_metric, rank_loss
+from msbridge.run.rank_sync import agree_timestamp
 from msbridge.run.ranks import Ranks, detect_ranks, release_rank_file
 from msbridge.sinks.base import RunInfo
 from msbridge.sinks.runlog import RankLog

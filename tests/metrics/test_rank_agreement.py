@@ -10,14 +10,32 @@ import pytest
 
 from msbridge import ConfigError, load_config
 from msbridge.health.runner import Stop
-from msbridge.metrics.rank_health import Blame, JobStop, agree_stop, health_stop, stop_code
 from msbridge.metrics.payload import (
-    ANOMALY_STEP, CHECKS, FIRST, HEADER, LAST, STOP_FAILED, STOP_FINISHED, STOP_STEP, Slots, check_index, check_name,
-    pack, unpack_step,
+    ANOMALY_STEP,
+    CHECKS,
+    FIRST,
+    HEADER,
+    LAST,
+    STOP_FAILED,
+    STOP_FINISHED,
+    STOP_STEP,
+    Slots,
+    check_index,
+    check_name,
+    pack,
+    unpack_step,
 )
+from msbridge.metrics.rank_health import Blame, JobStop, agree_stop, health_stop, stop_code
 from msbridge.metrics.rank_timing import (
-    DATA_WAIT_MAX, SLOWEST_RANK, STEP_TIME_MAX, STEP_TIME_MEDIAN, STEP_TIME_MIN, StepTimer, StragglerWatch,
-    own_step_times, rank_step_time,
+    DATA_WAIT_MAX,
+    SLOWEST_RANK,
+    STEP_TIME_MAX,
+    STEP_TIME_MEDIAN,
+    STEP_TIME_MIN,
+    StepTimer,
+    StragglerWatch,
+    own_step_times,
+    rank_step_time,
 )
 from msbridge.sinks.base import FAILED, FINISHED
 

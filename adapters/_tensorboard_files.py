@@ -1,0 +1,100 @@
+"""How the TensorBoard sink's events reach disk: an event file of its own, or another library's writer.
+
+``EventFile`` writes synchronously (``flush`` is a real barrier: file flush and
+fsync); ``SharedFile`` writes through a tensorboardX ``SummaryWriter`` that
+another library (mindformers) already holds for the rank's directory.
+
+Example:
+    >>> events = EventFile(import_tensorboardx(), "/tmp/tb/run-1/rank_0")
+    >>> events.scalars(1, time.time(), {"train/loss": 2.3})
+    >>> events.flush()
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, Mapping
+
+from ..errors import MissingDependencyError
+from ._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, summary_event, version_event
+
+
+def import_tensorboardx() -> SimpleNamespace:
+    """tensorboardX's summary builders and protos (an install hint when it is missing)."""
+    try:
+        from tensorboardX import summary
+        from tensorboardX.proto import event_pb2, summary_pb2
+        from tensorboardX.proto.api_pb2 import Status
+        from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+    except ImportError:
+        raise MissingDependencyError("sink 'tensorboard'", "tensorboardX", "tensorboard") from None
+    return SimpleNamespace(summary=summary, Event=event_pb2.Event,
+                           Summary=summary_pb2.Summary, Status=Status, HParamsPluginData=HParamsPluginData)
+
+
+class EventFile:
+    """One event file in one directory, written synchronously (``flush`` is a real barrier)."""
+
+    def __init__(self, tbx: SimpleNamespace, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.tags: Dict[str, str] = {}  # tag -> the metric name written under it
+        self._tbx = tbx
+        self._prefixes: Dict[str, bytes] = {}
+        # tensorboardX's file name (by the second) plus the nanoseconds, so a reopen within the
+        # same second neither truncates the earlier file nor sorts before it.
+        now = time.time_ns()
+        name = f"events.out.tfevents.{now // 10**9}.{socket.gethostname()}.{now % 10**9:09d}"
+        self._file = RecordFile(os.path.join(path, name))
+        self._file.write(version_event(now / 1e9, "brain.Event:2"))
+
+    def scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
+        self._file.write(scalar_event(step, wall_time, values, TENSORBOARD_VALUE, self._prefixes))
+
+    def summary(self, summary: Any, step: int, wall_time: float) -> None:
+        self._file.write(self._tbx.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
+
+    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
+        """A ``Summary`` already encoded (``_eventwire``)."""
+        self._file.write(summary_event(step, wall_time, summary))
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        summary = self._tbx.summary.text(tag, text)
+        summary.value[0].tag = tag  # tensorboardX appends "/text_summary"
+        self.summary(summary, step, time.time())
+
+    def flush(self) -> None:
+        self._file.flush()  # file flush + fsync
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class SharedFile(EventFile):
+    """Another library's tensorboardX ``SummaryWriter`` (mindformers'), written through instead of a file
+    of our own: one event file per directory. Its queue thread writes; ``flush`` hands over, and the
+    owner closes it."""
+
+    def __init__(self, tbx: SimpleNamespace, writer: Any) -> None:  # pylint: disable=super-init-not-called
+        self.path = writer.logdir
+        self.tags = {}
+        self._tbx = tbx
+        self._writer = writer
+
+    def scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
+        summary = self._tbx.Summary(value=[self._tbx.Summary.Value(tag=t, simple_value=v) for t, v in values.items()])
+        self.summary(summary, step, wall_time)
+
+    def summary(self, summary: Any, step: int, wall_time: float) -> None:
+        self._writer._get_file_writer().add_summary(summary, step, wall_time)
+
+    def encoded(self, summary: bytes, step: int, wall_time: float) -> None:
+        self.summary(self._tbx.Summary.FromString(summary), step, wall_time)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.flush()
