@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
-from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT
+from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import LOSS
 from ..paths import recorded_experiment_dir, with_store_defaults
 from ..run.metadata import README, RUN_JSON, write_outcome
@@ -58,8 +58,12 @@ def _run_json(run_dir: str) -> Dict[str, Any]:
 
 
 def ended_as(run: RunLog) -> str:
-    """The status the events of a run without an outcome point to; KILLED when they say nothing."""
-    events = [e for rank_log in run.ranks.values() for e in rank_log.events]
+    """The status the events of a run without an outcome point to (those after its last resume: an earlier
+    session's end is not this one's); KILLED when they say nothing."""
+    events: List[Event] = []
+    for rank_log in run.ranks.values():
+        starts = [i for i, e in enumerate(rank_log.events) if e.kind == RESUME]
+        events += rank_log.events[starts[-1] + 1 if starts else 0:]
     if any(e.kind in (EXCEPTION, "collective_timeout")
            or e.kind == ACTION and e.detail.get("action") in STOP_ACTIONS for e in events):
         return FAILED

@@ -132,6 +132,7 @@ def test_a_run_killed_with_sigkill_gets_its_outcome_from_replay(tmp_path):
     ([Event("action", 8, 0, 1.0, {"check": "nonfinite", "action": "stop"})], "FAILED"),
     ([Event("early_stop", 8, 0, 1.0, {"check": "plateau"})], "FINISHED"),
     ([Event("job_stop", 8, 0, 1.0, {"check": "plateau", "status": "FINISHED"})], "FINISHED"),
+    ([Event("exception", 4, 0, 1.0, {"type": "RuntimeError"}), Event("resume", 4, 0, 2.0, {})], "KILLED"),
 ])
 def test_a_run_without_an_outcome_gets_the_status_its_log_ends_with(tmp_path, events, status):
     run = make_run(tmp_path, name="cut", experiment="idem", config={"experiment": "idem"})
