@@ -34,7 +34,9 @@ core even when idle. An open sink costs nothing between calls.
   beyond float32's range becomes +-inf.
 - NaN and +-inf are written as they are. MindInsight reads them and its REST API
   returns the point with ``"value": null``.
-- An ``Event`` becomes a scalar ``events/<kind>`` at its step whose value is the
+- A ``histogram`` event (``histograms``) is a histogram summary under its tag,
+  which MindInsight shows as ``weights/<param>/histogram``.
+- Any other ``Event`` becomes a scalar ``events/<kind>`` at its step whose value is the
   number of such events at that step (MindInsight has no text plugin; the
   details are in the jsonl log).
 - Lineage: a ``TrainLineage`` (device_num, batch_size, and learning_rate,
@@ -65,11 +67,12 @@ import time
 from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from ..names import HEADLINE
+from ..names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from ..paths import safe_component
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import MINDSPORE_VALUE, fsync, held_values, read_records, scalar_event
+from ._eventwire import MINDSPORE_VALUE, fsync, held_values, histogram_summary, read_records, scalar_event, \
+    summary_event
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -149,6 +152,8 @@ class MindInsightSink(Sink):
         for step, tag, scalar, _ in held_values(sorted(glob.glob(os.path.join(self.dir, "*_MS")))):
             if tag.startswith("events/"):
                 self.held_events.add((tag[len("events/"):], step))
+            elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
+                self.held_events.add((HISTOGRAM, step))
             elif scalar:
                 self.last_step = max(self.last_step, step)
         for path in sorted(glob.glob(os.path.join(self.dir, "*_lineage"))):
@@ -186,7 +191,11 @@ class MindInsightSink(Sink):
             if not rec.values:
                 continue
             self._scalars(rec.step, rec.time, {mindinsight_tag(k): v for k, v in rec.values.items()})
-        counts = Counter((ev.step, ev.kind) for ev in events)
+        for ev in events:
+            if ev.kind == HISTOGRAM:
+                self._summary.write("summary", summary_event(ev.step, ev.time, histogram_summary(
+                    ev.detail["tag"], ev.detail, mindspore=True)))
+        counts = Counter((ev.step, ev.kind) for ev in events if ev.kind != HISTOGRAM)
         wall = max((ev.time for ev in events), default=0.0) or time.time()
         for step, kind in sorted(counts):  # in step order: MindInsight drops later points on a step going back
             self._scalars(step, wall, {f"events/{kind}": counts[step, kind]})

@@ -37,6 +37,7 @@ import yaml
 
 from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
+from ..names import HISTOGRAM
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
@@ -126,7 +127,7 @@ class MlflowSink(Sink):
         self._keys: Dict[str, str] = {}
         self._next_try = 0.0
         self._delay = float(self.settings["backoff_initial"])
-        self._down = self._warned_full = False
+        self._down = self._warned_full = self._said_histograms = False
 
     def open(self, run: RunInfo) -> None:
         """No I/O: points MLflow's client process at the run's tracking URI, with MLflow's HTTP limits
@@ -139,6 +140,15 @@ class MlflowSink(Sink):
             if value is not None or variable not in os.environ:
                 env[variable] = str(int(default if value is None else value))
         self._client.connect(self.uri, env)
+        if run.config.get("histograms"):
+            self._skip_histograms()
+
+    def _skip_histograms(self) -> None:
+        """Say once that MLflow gets no histograms."""
+        if not self._said_histograms:
+            self._said_histograms = True
+            log.info("msbridge: mlflow: MLflow cannot show histograms; the histogram events are not logged "
+                     "to it (TensorBoard, MindInsight and the jsonl log keep them)")
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
@@ -345,6 +355,9 @@ class MlflowSink(Sink):
     def _add_events(self, events: Sequence[Event]) -> None:
         """Each event sets its kind's ``.last`` tag and is one line of events.jsonl (bounded)."""
         for ev in events:
+            if ev.kind == HISTOGRAM:
+                self._skip_histograms()
+                continue
             detail = mask_secrets(json_safe(dict(ev.detail)))
             text = json.dumps(detail, default=str)
             self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]

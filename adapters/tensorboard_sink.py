@@ -22,6 +22,8 @@ writer; tensorboardX builds the rare events (text, hparams).
   warning per batch lists the mapping.
 - NaN and +-inf are written as they are. TensorBoard stores them and draws a
   marker at a non-finite point; the curve is not cut and nothing raises.
+- A ``histogram`` event (``histograms``) is a histogram summary under its tag
+  (``weights/<param>``) in the rank's directory, shown in the HISTOGRAMS tab.
 - TensorBoard stores scalars as float32; a value beyond float32's range is stored as +-inf.
 - The global rank's directory holds a Custom Scalars layout (``LAYOUT``): the loss and
   global loss, grad norm, lr and throughput charts first, open; step time, loss scale and the
@@ -64,6 +66,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..names import (
     GLOBAL_LOSS,
     GRAD_NORM,
+    HISTOGRAM,
     LOSS,
     LOSS_MAX,
     LOSS_MIN,
@@ -72,13 +75,14 @@ from ..names import (
     SAMPLES_PER_S,
     STEP_TIME,
     TOKENS_PER_S,
+    WEIGHTS_HISTOGRAM_PREFIX,
     is_global_metric,
     rank_loss,
 )
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import Layout, custom_scalars_summary, held_values
+from ._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
 from ._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 
 log = logging.getLogger("msbridge")
@@ -190,6 +194,8 @@ class TensorBoardSink(Sink):
                 self.last_step = max(self.last_step, step)
             elif tag.startswith("events/"):
                 self.held_events.add((tag[len("events/"):], step))
+            elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
+                self.held_events.add((HISTOGRAM, step))
             elif tag == "run/status" and text is not None:
                 self._status_held = text.decode("utf-8", "replace")
 
@@ -227,6 +233,9 @@ class TensorBoardSink(Sink):
                 target.scalars(rec.step, rec.time, values)
             self._track(rec)
         for ev in events:
+            if ev.kind == HISTOGRAM:  # the HISTOGRAMS tab, on this rank's directory
+                self._local.encoded(histogram_summary(clean_tag(ev.detail["tag"]), ev.detail), ev.step, ev.time)
+                continue
             detail = json.dumps(dict(ev.detail), default=str, sort_keys=True)
             self._local.text(clean_tag(f"events/{ev.kind}"), f"rank {ev.rank}, step {ev.step}: `{detail}`", ev.step)
         if renamed:

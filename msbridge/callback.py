@@ -86,7 +86,7 @@ class BridgeMonitor(Callback):
         self._every = self.config.step_interval
         self._stream: Optional[Stream] = None
         self._lr: Optional[LrReader] = None
-        self._internals: Optional[Internals] = None  # layer_norms, memory, system
+        self._internals: Optional[Internals] = None  # layer_norms, histograms, memory, system
         self._reducer: Optional[Any] = None
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
@@ -155,8 +155,8 @@ class BridgeMonitor(Callback):
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
-                                    int(ms.get_context("device_id"))).start(param(cb, "train_network"),
-                                                                            optimizer, ring_cell)
+                                    int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval,
+                                    self.run.rank).start(param(cb, "train_network"), optimizer, ring_cell, first_step)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
@@ -277,6 +277,7 @@ class BridgeMonitor(Callback):
             return
         if self._internals is not None:
             self._internals.fill(window, at_flush=dispatch)
+            self._pending_events.extend(window.events)  # histograms: to the sinks, not into the outcome
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]

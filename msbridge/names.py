@@ -45,6 +45,10 @@ OPTIMIZER_PREFIX = "optimizer/"
 #: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
 ADAM_STATES = ("adam_m", "adam_v")
 
+# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefix.
+HISTOGRAM = "histogram"
+WEIGHTS_HISTOGRAM_PREFIX = "weights/"
+
 # Memory (``memory: true``), per flush.
 DEVICE_ALLOCATED_MB = "memory/device_allocated_mb"
 DEVICE_PEAK_MB = "memory/device_peak_mb"

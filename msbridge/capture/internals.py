@@ -8,7 +8,9 @@ every flushed ``Window``:
   ``local_norm=True``); without them one warning says what to use instead;
 - ``weight_norm/<param>`` and ``optimizer/adam_m_norm/<param>``,
   ``optimizer/adam_v_norm/<param>`` (Adam-family optimizers), read at each flush;
-- ``memory/*`` at each flush; ``system/npu_*`` from the background sampler.
+- ``memory/*`` at each flush; ``system/npu_*`` from the background sampler;
+- ``histogram`` events of the weights matching ``histograms``, at a flush at least
+  ``histogram_interval`` steps after the last ones (``WeightHistograms``).
 
 Nothing here runs on a step that does not flush.
 
@@ -24,6 +26,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from ..names import grad_norm_name, optimizer_norm_name, weight_norm_name
 from .memory import MemoryReader
+from .histograms import WeightHistograms
 from .param_norms import StateNorms, optimizer_states
 from .param_select import ParamSelector, Selection
 from .system_sampler import NpuSampler
@@ -41,13 +44,17 @@ class Internals:
         memory: record ``memory/*`` at each flush.
         system_interval_s: seconds between ``npu-smi`` samples (None: off).
         device_id: this rank's MindSpore device id (its own NPU chip).
+        histograms: regex over parameter names for weight histograms (None: none).
+        histogram_interval: the fewest steps between two histograms (None: every flush).
+        rank: this process's rank, on the histogram events.
 
     Example:
         >>> Internals(layer_norms="attention", memory=True).start(net, opt, None).fill(window, at_flush=True)
     """
 
     def __init__(self, layer_norms: Optional[str] = None, layer_norms_group: Optional[str] = None,
-                 memory: bool = False, system_interval_s: Optional[float] = None, device_id: int = 0) -> None:
+                 memory: bool = False, system_interval_s: Optional[float] = None, device_id: int = 0,
+                 histograms: Optional[str] = None, histogram_interval: Optional[int] = None, rank: int = 0) -> None:
         self.selector = ParamSelector(layer_norms, layer_norms_group) if layer_norms else None
         self.memory_on = memory
         self.system_interval_s = system_interval_s
@@ -57,8 +64,9 @@ class Internals:
         self.state_selection: Optional[Selection] = None
         self.memory: Optional[MemoryReader] = None
         self.sampler: Optional[NpuSampler] = None
+        self.histograms = WeightHistograms(histograms, histogram_interval, rank) if histograms else None
 
-    def start(self, train_network: Any, optimizer: Any, ring_cell: Any) -> "Internals":
+    def start(self, train_network: Any, optimizer: Any, ring_cell: Any, first_step: int = 0) -> "Internals":
         """Select the parameters, say once what cannot be recorded, start the sampler."""
         import mindspore as ms
 
@@ -68,6 +76,8 @@ class Internals:
             self.memory = MemoryReader(str(ms.get_context("device_target")))
         if self.system_interval_s:
             self.sampler = NpuSampler.start(self.system_interval_s, self.device_id)
+        if self.histograms is not None:
+            self.histograms.start(train_network, optimizer, first_step)
         return self
 
     def _bind_norms(self, train_network: Any, optimizer: Any, ring_cell: Any) -> None:
@@ -105,6 +115,8 @@ class Internals:
             window.timed.extend(self.sampler.drain())
         if not at_flush:
             return
+        if self.histograms is not None and len(window):
+            window.events.extend(self.histograms.take(int(window.steps[-1])))
         selection = self.state_selection
         for state, reader in self.states.items():
             name = weight_norm_name if state == "weight" else lambda p, s=state: optimizer_norm_name(s, p)

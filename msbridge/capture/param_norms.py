@@ -64,15 +64,21 @@ def _compiled_norms(tensors: Sequence[Any]) -> Any:
     return Norms()
 
 
-def _host_norm(tensor: Any) -> float:
-    """The norm of a tensor in host memory (float16/float32 read in place; bfloat16 cast first)."""
+def host_values(tensor: Any) -> np.ndarray:
+    """A tensor's values on the host, flat (float16/float32 read in place on the CPU backend, copied
+    from a device; bfloat16 cast to float32 first)."""
     try:
         values = tensor.asnumpy()
     except TypeError:  # a dtype numpy has not got (bfloat16)
         import mindspore as ms
 
         values = tensor.astype(ms.float32).asnumpy()
-    return float(np.linalg.norm(values.reshape(-1).astype(np.float32, copy=False)))
+    return values.reshape(-1)
+
+
+def _host_norm(tensor: Any) -> float:
+    """The norm of a tensor in host memory."""
+    return float(np.linalg.norm(host_values(tensor).astype(np.float32, copy=False)))
 
 
 class StateNorms:

@@ -97,9 +97,9 @@ class ParamSelector:
             indices.append(i)
         return Selection(tuple(indices), tuple(labels), tuple(tuple(m) for m in labels.values()))
 
-    def no_match(self, names: Sequence[str], what: str = "parameter") -> str:
+    def no_match(self, names: Sequence[str], what: str = "parameter", setting: str = "layer_norms") -> str:
         """The warning for a regex that matches none of ``names``, naming the closest ones."""
         close = difflib.get_close_matches(self.pattern, list(names), n=3, cutoff=0.0)
         shown = ", ".join(map(repr, close)) if close else "(the model has none)"
-        return (f"msbridge: layer_norms {self.pattern!r} matches no {what} name (re.search); "
+        return (f"msbridge: {setting} {self.pattern!r} matches no {what} name (re.search); "
                 f"the closest of the {len(names)} names: {shown}")

@@ -154,7 +154,9 @@ FIELDS: Dict[str, Field] = {
     "layer_norms": Field("regex or null", _regex, "per-parameter norms for names matching (re.search); off if null"),
     "layer_norms_group": Field("regex with one group, or null", _group_regex,
                                "report layer_norms per layer: the group names the layer (norm of its parameters)"),
-    "histograms": Field("regex or null", _regex, "histograms for parameter names matching (re.search); off if null"),
+    "histograms": Field("regex or null", _regex, "weight histograms for parameter names matching (re.search); off if null"),
+    "histogram_interval": Field("int in [1, 1e7] or null", _int(1, MAX_STEPS, optional=True),
+                                "steps at least between two histograms (taken at a flush); null: every flush"),
     "system": Field("bool, null or {interval_s: float > 0}", _system,
                     f"NPU utilisation, HBM, temperature, power from npu-smi (every {SYSTEM_INTERVAL_S:g} s for true)"),
     "seq_length": Field("int in [1, 1e8] or null", _int(1, MAX_ROWS, optional=True), "tokens per sample, for tokens/s"),
@@ -266,4 +268,6 @@ def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
             problems.append(((name,), message))
     if values.get("layer_norms_group") and not values.get("layer_norms"):
         problems.append((("layer_norms_group",), "has no effect without layer_norms (the regex of parameters)"))
+    if values.get("histogram_interval") and not values.get("histograms"):
+        problems.append((("histogram_interval",), "has no effect without histograms (the regex of parameters)"))
     return problems

@@ -105,6 +105,7 @@ class Config:
     layer_norms: Optional[str] = None
     layer_norms_group: Optional[str] = None
     histograms: Optional[str] = None
+    histogram_interval: Optional[int] = None
     system: Union[None, bool, Mapping[str, Any]] = None
     seq_length: Optional[int] = None
     sinks: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"jsonl": {}})

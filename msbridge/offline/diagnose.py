@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ..names import EPOCH, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
+from ..names import EPOCH, GRAD_NORM, HISTOGRAM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.runlog import RunLog
 from .diagnose_dist import check_first_anomaly, check_stragglers
 from .layer_norms import explain
@@ -306,7 +306,7 @@ def diagnose(run: RunLog) -> Report:
     report = Report(run.run_dir, str(log.header.get("run_name", "")), list(run.ranks),
                     (min(all_steps, default=0), max(all_steps, default=0)), notes=run_notes(run),
                     events=[{"kind": e.kind, "step": e.step, "rank": e.rank, "detail": dict(e.detail)}
-                            for lg in run.ranks.values() for e in lg.events])
+                            for lg in run.ranks.values() for e in lg.events if e.kind != HISTOGRAM])
     if not all_steps:
         report.skipped["all"] = "no metrics lines in the run (it stopped before its first flush?)"
         return report

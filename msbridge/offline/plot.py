@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import MsbridgeError
-from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LOSS_EMA, LR, SAMPLES_PER_S, TOKENS_PER_S
+from ..names import GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, LOSS, LOSS_EMA, LR, SAMPLES_PER_S, TOKENS_PER_S
 from ..sinks.runlog import RunLog
 from .layer_norms import layer_grad_norms, top_layers
 from .report import Report
@@ -225,7 +225,7 @@ def _draw_throughput(ax: Any, run: RunLog) -> List[int]:
 
 def _draw_events(axes: Sequence[Any], run: RunLog, nonfinite: Sequence[int]) -> int:
     """Red dashed lines at events, faint red lines at non-finite steps, on every panel."""
-    events = sorted((e for log in run.ranks.values() for e in log.events), key=lambda e: e.step)
+    events = sorted((e for log in run.ranks.values() for e in log.events if e.kind != HISTOGRAM), key=lambda e: e.step)
     for i, ax in enumerate(axes):
         for j, event in enumerate(events):
             ax.axvline(event.step, color=RED, ls="--", lw=1, alpha=0.8,

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
 from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
-from ..names import LOSS
+from ..names import HISTOGRAM, LOSS
 from ..paths import recorded_experiment_dir, with_store_defaults
 from ..run.metadata import README, RUN_JSON, write_outcome
 from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, RunInfo
@@ -81,7 +81,7 @@ def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
     records = main.records
     losses = [r.values[LOSS] for r in records if LOSS in r.values]
     finite = [v for v in losses if math.isfinite(v)]
-    anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events]
+    anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events if e.kind != HISTOGRAM]
     return {
         "status": status,
         "steps recorded": len(records),

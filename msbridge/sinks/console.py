@@ -16,7 +16,7 @@ import sys
 from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
 
-from ..names import LOSS, SAMPLES_PER_S, STEP_TIME
+from ..names import HISTOGRAM, LOSS, SAMPLES_PER_S, STEP_TIME
 from .base import Event, Record, RunInfo, Sink
 from .options import Option
 
@@ -88,7 +88,7 @@ class ConsoleSink(Sink):
                 self._step_ms = ms if self._step_ms is None else 0.9 * self._step_ms + 0.1 * ms
             if rec.step % self.print_interval == 0 or rec.step == self.total:
                 lines.append(self.line(rec))
-        lines += ["[msbridge] " + describe_event(ev, self._with_rank) for ev in events]
+        lines += ["[msbridge] " + describe_event(ev, self._with_rank) for ev in events if ev.kind != HISTOGRAM]
         if lines:
             out.write("\n".join(lines) + "\n")
             out.flush()

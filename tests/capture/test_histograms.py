@@ -1,0 +1,115 @@
+"""``histograms`` and ``histogram_interval`` on real MindSpore training (CPU): weight histograms at the
+flushes ``histogram_interval`` allows, in the jsonl log, TensorBoard's HISTOGRAMS and MindInsight's summary,
+skipped by MLflow (said once) and by the console.
+
+The oracle: the histogram at the last step is numpy's of the parameter read back after training
+(min, max, num, sum, sum of squares, bucket counts). Step coverage is checked first.
+"""
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+from mindspore import nn
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from training import train_regression
+
+from msbridge import BridgeMonitor
+from msbridge.capture.histograms import BUCKETS, histogram_detail
+from msbridge.sinks.console import ConsoleSink
+from msbridge.sinks.runlog import read_run
+
+STEPS = 30
+
+
+def mlp():
+    return nn.SequentialCell(nn.Dense(16, 8), nn.ReLU(), nn.Dense(8, 1))
+
+
+def monitor(tmp_path, sinks, extra=(), **overrides):
+    cfg = {"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
+           "flush_steps": 5, "sinks": sinks, "histograms": ".*", "histogram_interval": 10,
+           "overhead_budget": 0.99}  # flush every 5 steps here, never widened
+    cfg.update(overrides)
+    return BridgeMonitor(cfg, sinks=list(extra), progress=False)
+
+
+def numpy_histogram(values):
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    counts, edges = np.histogram(values, bins=BUCKETS, range=(values.min(), values.max()))
+    return values, counts, edges
+
+
+def test_histograms_every_interval_in_jsonl_tensorboard_not_mlflow_nor_console(tmp_path, caplog):
+    import mlflow
+
+    net = mlp()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    console = io.StringIO()
+    mon = monitor(tmp_path, {"jsonl": {}, "tensorboard": {}, "mlflow": {"tracking_uri": uri}},
+                  extra=[ConsoleSink(stream=console)])
+    with caplog.at_level(logging.INFO, logger="msbridge"):
+        train_regression([mon], steps=STEPS, net=net)
+    params = {p.name: p.asnumpy() for p in net.trainable_params()}
+    tags = {f"weights/{name}" for name in params}
+
+    # jsonl: one event per parameter at steps 10, 20, 30 (flushes every 5 steps, interval 10)
+    events = [e for e in read_run(mon.run_dir).ranks[0].events if e.kind == "histogram"]
+    for tag in tags:
+        assert [e.step for e in events if e.detail["tag"] == tag] == [10, 20, 30], tag
+    assert {e.detail["tag"] for e in events} == tags
+    last = {e.detail["tag"]: e.detail for e in events if e.step == STEPS}
+    for name, weights in params.items():
+        values, counts, edges = numpy_histogram(weights)
+        got = last[f"weights/{name}"]
+        assert got["num"] == values.size and got["counts"] == counts.tolist()
+        np.testing.assert_allclose([got["min"], got["max"], got["sum"], got["sum_squares"]],
+                                   [values.min(), values.max(), values.sum(), values @ values], rtol=1e-6)
+        np.testing.assert_allclose(got["bucket_limits"], edges[1:], rtol=1e-12)
+
+    # TensorBoard, through its own reader
+    ea = EventAccumulator(str(tmp_path / "t" / "tensorboard" / "r" / "rank_0"), size_guidance={"histograms": 0})
+    ea.Reload()
+    assert set(ea.Tags()["histograms"]) == tags
+    for name, weights in params.items():
+        series = ea.Histograms(f"weights/{name}")
+        assert [h.step for h in series] == [10, 20, 30]
+        values, counts, edges = numpy_histogram(weights)
+        h = series[-1].histogram_value
+        assert h.num == values.size and list(h.bucket) == counts.tolist()
+        np.testing.assert_allclose([h.min, h.max, h.sum, h.sum_squares],
+                                   [values.min(), values.max(), values.sum(), values @ values], rtol=1e-6)
+        np.testing.assert_allclose(list(h.bucket_limit), edges[1:], rtol=1e-12)
+
+    # MLflow: said once, no histogram event logged; the console printed none
+    said = [r for r in caplog.records if "MLflow cannot show histograms" in r.getMessage()]
+    assert len(said) == 1
+    client = mlflow.tracking.MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("t").experiment_id])[0]
+    assert run.data.metrics and not any("histogram" in key for key in run.data.tags)
+    printed = console.getvalue()
+    assert printed and "histogram" not in printed
+
+
+def test_every_flush_without_interval_and_a_regex_matching_nothing_warns_once(tmp_path, caplog):
+    mon = monitor(tmp_path, ["jsonl"], histogram_interval=None, histograms="^2\\.")
+    train_regression([mon], steps=STEPS, net=mlp())
+    events = [e for e in read_run(mon.run_dir).ranks[0].events if e.kind == "histogram"]
+    assert sorted({e.step for e in events}) == [5, 10, 15, 20, 25, 30]  # every flush
+    assert {e.detail["tag"] for e in events} == {"weights/2.weight", "weights/2.bias"}
+
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        mon = monitor(tmp_path / "none", ["jsonl"], histograms="attention")
+        train_regression([mon], steps=10, net=mlp())
+    warned = [r.getMessage() for r in caplog.records if "histograms 'attention' matches no" in r.getMessage()]
+    assert len(warned) == 1 and "0.weight" in warned[0]
+    assert not [e for e in read_run(mon.run_dir).ranks[0].events if e.kind == "histogram"]
+
+
+def test_histogram_detail_keeps_nonfinite_out_and_handles_a_constant():
+    detail = histogram_detail("weights/w", np.array([1.0, np.nan, 3.0, np.inf]), buckets=2)
+    assert (detail["num"], detail["nonfinite"], detail["counts"], detail["bucket_limits"]) == (2.0, 2, [1.0, 1.0],
+                                                                                               [2.0, 3.0])
+    constant = histogram_detail("weights/b", np.zeros(4), buckets=2)
+    assert constant["min"] == constant["max"] == 0.0 and sum(constant["counts"]) == 4
