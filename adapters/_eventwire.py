@@ -102,7 +102,8 @@ def histogram_summary(tag: str, detail: Mapping[str, Any], mindspore: bool = Fal
     """
     low, high, limits, counts = float(detail["min"]), float(detail["max"]), detail["bucket_limits"], detail["counts"]
     if mindspore:
-        body, left = b"", low
+        body = b""  # equal-width buckets: the first's left edge is one width below its limit
+        left = 2 * float(limits[0]) - float(limits[1]) if len(limits) > 1 else low
         for limit, count in zip(limits, counts):
             bucket = b"\x09" + struct.pack("<d", left) + b"\x11" + struct.pack("<d", float(limit) - left) \
                 + b"\x18" + varint(int(count))

@@ -7,8 +7,11 @@ The oracle: the histogram at the last step is numpy's of the parameter read back
 """
 from __future__ import annotations
 
+import glob
 import io
 import logging
+import os
+import time
 
 import numpy as np
 from mindspore import nn
@@ -113,3 +116,56 @@ def test_histogram_detail_keeps_nonfinite_out_and_handles_a_constant():
                                                                                                [2.0, 3.0])
     constant = histogram_detail("weights/b", np.zeros(4), buckets=2)
     assert constant["min"] == constant["max"] == 0.0 and sum(constant["counts"]) == 4
+
+
+def summary_histograms(summary_dir):
+    """``{tag: {step: Summary.Histogram}}`` of the MindInsight sink's files, parsed with MindSpore's classes."""
+    from mindspore.train.summary_pb2 import Event as SummaryEvent
+    from msbridge.adapters._eventwire import read_records
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(summary_dir, "*_MS"))):
+        for body in read_records(path):
+            for value in SummaryEvent.FromString(body).summary.value:
+                if value.HasField("histogram"):
+                    found.setdefault(value.tag, {})[SummaryEvent.FromString(body).step] = value.histogram
+    return found
+
+
+def wait_for_histograms(client, train_id, tag, count, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    got = []
+    while time.monotonic() < deadline:
+        got = client.get("/datavisual/histograms", train_id=train_id, tag=tag).get("histograms", [])
+        if len(got) >= count:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"MindInsight served {len(got)} of {count} histograms of {tag} in {train_id}")
+
+
+def test_mindinsight_histograms_in_the_summary_and_over_its_rest_api(tmp_path):
+    from mindinsight_server import serve
+
+    net = mlp()
+    mon = monitor(tmp_path, ["jsonl", "mindinsight"])
+    train_regression([mon], steps=STEPS, net=net)
+    params = {p.name: p.asnumpy() for p in net.trainable_params()}
+    summary_dir = tmp_path / "t" / "summary" / "r_rank_0"
+    found = summary_histograms(str(summary_dir))
+    assert set(found) == {f"weights/{name}" for name in params}
+    for name, weights in params.items():
+        series = found[f"weights/{name}"]
+        assert sorted(series) == [10, 20, 30]
+        values, counts, edges = numpy_histogram(weights)
+        h = series[STEPS]
+        assert h.count == values.size and [b.count for b in h.buckets] == counts.tolist()
+        np.testing.assert_allclose([b.left for b in h.buckets], edges[:-1], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose([h.min, h.max, h.sum], [values.min(), values.max(), values.sum()], rtol=1e-6)
+
+    with serve(str(tmp_path / "t" / "summary"), str(tmp_path / "workspace")) as client:
+        for name, weights in params.items():
+            served = wait_for_histograms(client, "./r_rank_0", f"weights/{name}/histogram", 3)
+            assert [h["step"] for h in served] == [10, 20, 30]
+            buckets = served[-1]["buckets"]  # [left, width, count], re-binned by MindInsight over all steps
+            assert buckets[0][0] <= weights.min() and buckets[-1][0] + buckets[-1][1] >= weights.max()
+            assert weights.size <= sum(b[2] for b in buckets) <= weights.size + len(buckets)  # it rounds up
