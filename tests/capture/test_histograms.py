@@ -169,3 +169,20 @@ def test_mindinsight_histograms_in_the_summary_and_over_its_rest_api(tmp_path):
             buckets = served[-1]["buckets"]  # [left, width, count], re-binned by MindInsight over all steps
             assert buckets[0][0] <= weights.min() and buckets[-1][0] + buckets[-1][1] >= weights.max()
             assert weights.size <= sum(b[2] for b in buckets) <= weights.size + len(buckets)  # it rounds up
+
+
+def test_replay_carries_the_histograms_into_tensorboard_once(tmp_path):
+    from msbridge.offline.replay import replay
+
+    net = mlp()
+    mon = monitor(tmp_path, ["jsonl"], histograms="^2\\.weight")
+    train_regression([mon], steps=STEPS, net=net)
+    logdir = tmp_path / "tb"
+    for _ in range(2):  # the second replay finds the histograms held and adds none
+        replay(mon.run_dir, "tensorboard", {"logdir": str(logdir)}, progress=False)
+    ea = EventAccumulator(str(logdir / "r" / "rank_0"), size_guidance={"histograms": 0})
+    ea.Reload()
+    series = ea.Histograms("weights/2.weight")
+    assert [h.step for h in series] == [10, 20, 30]
+    values, counts, _ = numpy_histogram({p.name: p for p in net.trainable_params()}["2.weight"].asnumpy())
+    assert list(series[-1].histogram_value.bucket) == counts.tolist() and series[-1].histogram_value.num == values.size
