@@ -114,7 +114,8 @@ def histogram_summary(tag: str, detail: Mapping[str, Any], mindspore: bool = Fal
     body = b"".join(bytes([n << 3 | 1]) + struct.pack("<d", float(detail[k])) for n, k in
                     ((1, "min"), (2, "max"), (3, "num"), (4, "sum"), (5, "sum_squares")))
     if limits:
-        body += _field(6, struct.pack(f"<{len(limits)}d", *limits)) + _field(7, struct.pack(f"<{len(counts)}d", *counts))
+        body += _field(6, struct.pack(f"<{len(limits)}d", *limits)) \
+            + _field(7, struct.pack(f"<{len(counts)}d", *counts))
     return _field(1, _field(1, tag.encode()) + _field(5, body))
 
 
