@@ -227,3 +227,12 @@ def test_importing_the_config_imports_no_framework():
             "print(sorted(m for m in ('mindspore', 'mlflow', 'tensorboardX', 'mindformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]" and out.stderr == ""
+
+
+def test_histogram_interval_is_an_int_and_needs_histograms(tmp_path):
+    assert load_config({"histograms": "dense", "histogram_interval": 100}).histogram_interval == 100
+    assert load_config({"histograms": "dense"}).histogram_interval is None  # every flush
+    bad = problems_of(write(tmp_path, "histograms: dense\nhistogram_interval: 0\n"))
+    assert len(bad) == 1 and "histogram_interval" in bad[0] and "integer >= 1" in bad[0]
+    alone = problems_of(write(tmp_path, "histogram_interval: 100\n", name="alone.yaml"))
+    assert len(alone) == 1 and "has no effect without histograms" in alone[0]
