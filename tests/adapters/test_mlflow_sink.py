@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
-from mlflow_server import MlflowServer, free_port
 from msbridge.adapters._mlflow_process import NICE, ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MAX_KEY_LENGTH, MlflowSink, clean_key
+from msbridge.cli.servers import MlflowServer, free_port
 
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
