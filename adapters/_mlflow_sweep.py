@@ -26,12 +26,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ._mlflow_process import ACTIVE_ONLY
+
 log = logging.getLogger("msbridge")
 
 PARENT_TAG = "msbridge.sweep_parent"
 SWEEP_TAG = "msbridge.sweep_id"
 PARENT_RUN_TAG = "mlflow.parentRunId"
-_ACTIVE_ONLY = 1  # mlflow.entities.ViewType.ACTIVE_ONLY (the parent process does not import MLflow for it)
 _CANDIDATES = 100
 
 
@@ -51,7 +52,7 @@ def _quoted(value: str) -> str:
 def elect(client: Any, experiment_id: str, sweep_id: str) -> Optional[str]:
     """The run id of the sweep's oldest active parent (start time, then run id), or None."""
     runs = client.search_runs([experiment_id], f"tags.`{PARENT_TAG}` = {_quoted(sweep_id)}",
-                              run_view_type=_ACTIVE_ONLY, max_results=_CANDIDATES,
+                              run_view_type=ACTIVE_ONLY, max_results=_CANDIDATES,
                               order_by=["attributes.start_time ASC"])
     if not runs:
         return None
@@ -85,6 +86,6 @@ def settle(client: Any, experiment_id: str, sweep_id: str, parent: Parent, child
             client.delete_run(parent.created)
         parent.run_id, parent.created = winner, None
     running = client.search_runs([experiment_id], f"tags.`{PARENT_RUN_TAG}` = '{winner}' and "
-                                 "attributes.status = 'RUNNING'", run_view_type=_ACTIVE_ONLY, max_results=1)
+                                 "attributes.status = 'RUNNING'", run_view_type=ACTIVE_ONLY, max_results=1)
     if not running:
         client.set_terminated(winner, "FINISHED")

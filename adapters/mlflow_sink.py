@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from ..masking import mask_secrets, mask_text
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
-from ._mlflow_process import ClientProcess
+from ._mlflow_process import ALL_RUNS, ClientProcess
 from ._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 
 log = logging.getLogger("msbridge")
@@ -148,10 +149,8 @@ class MlflowSink(Sink):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            import mlflow.tracking  # noqa: F401  (only here: importing msbridge never imports mlflow)
-        except ImportError:
-            raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow") from None
+        if importlib.util.find_spec("mlflow") is None:  # only its child process imports MLflow
+            raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow")
         self.uri = ""
         self.run_id: Optional[str] = None  # the MLflow run, once reached
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
@@ -312,13 +311,12 @@ class MlflowSink(Sink):
 
     def _connect(self) -> None:
         """Find or create the job's run, then log params, tags, artifacts; a failed attempt is redone."""
-        from mlflow.entities import ViewType
         run, client = self.run, self._client
         experiment_id = self._experiment = self._experiment_id(client, self.settings["experiment"] or run.experiment)
         if run.config.get("sweep_id") and self._parent is None:  # a sweep's runs are children of one parent run
             self._parent = parent_for(client, experiment_id, str(run.config["sweep_id"]))
         found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
-                                   run_view_type=ViewType.ALL, max_results=1)
+                                   run_view_type=ALL_RUNS, max_results=1)
         logged: Mapping[str, str] = {}
         if found:
             run_id, logged = found[0].info.run_id, found[0].data.params

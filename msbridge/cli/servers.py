@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 from ..errors import MsbridgeError
 
@@ -93,13 +93,14 @@ class PostgresCluster:
         ...     print(pg.uri)            # postgresql+psycopg://postgres@127.0.0.1:40123/mlflow
     """
 
-    def __init__(self, port: Optional[int] = None, database: str = "mlflow") -> None:
+    def __init__(self, port: Optional[int] = None, database: str = "mlflow", nice: int = 0) -> None:
         self.bindir = postgres_bindir()
         if self.bindir is None:
             raise MsbridgeError("PostgreSQL is not installed (initdb/pg_ctl not found); "
                                 "on Debian: bash .ci/postgres.sh (apt-get install postgresql)")
         self.port = port or free_port()
         self.database = database
+        self.nice = nice
         self.root = ""
         self._as_user: List[str] = []
         if os.geteuid() == 0:  # postgres will not run as root
@@ -132,7 +133,7 @@ class PostgresCluster:
             self._run(["initdb", "-D", self.data_dir, "-U", "postgres", "--auth=trust", "-E", "UTF8",
                        "--locale=C", "--no-sync"])
             self._run(["pg_ctl", "-D", self.data_dir, "-l", self.log_path, "-o", options, "-w", "-t", "60",
-                       "start"])
+                       "start"], nice=self.nice)
             self.create_database(self.database)
         except subprocess.CalledProcessError as exc:
             detail = f"{exc.stdout or ''}{exc.stderr or ''}\n{_tail(self.log_path)}"
@@ -156,8 +157,9 @@ class PostgresCluster:
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = ""
 
-    def _run(self, cmd: List[str]) -> None:
-        subprocess.run([*self._as_user, os.path.join(self.bindir, cmd[0]), *cmd[1:]], check=True,
+    def _run(self, cmd: List[str], nice: int = 0) -> None:
+        niced = ["nice", "-n", str(nice)] if nice else []
+        subprocess.run([*niced, *self._as_user, os.path.join(self.bindir, cmd[0]), *cmd[1:]], check=True,
                        capture_output=True, text=True, cwd="/")
 
     def __enter__(self) -> "PostgresCluster":
@@ -253,3 +255,23 @@ class MlflowServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def tracking_servers(backends: Iterable[str], root: str, nice: int = 0) -> Iterator[Dict[str, str]]:
+    """One ``mlflow server`` per backend (``sqlite``: a file under ``root``; ``postgresql``: a fresh
+    ``PostgresCluster``), all at nice ``nice``; yields ``{backend: tracking URI}``, stops them after.
+
+    Example:
+        >>> with tracking_servers(["sqlite", "postgresql"], "./bench_results/servers") as uris:
+        ...     uris["postgresql"]        # http://127.0.0.1:40123
+    """
+    with contextlib.ExitStack() as stack:
+        uris: Dict[str, str] = {}
+        for backend in dict.fromkeys(backends):
+            if backend not in ("sqlite", "postgresql"):
+                raise MsbridgeError(f"unknown tracking server backend {backend!r} (sqlite, postgresql)")
+            store = stack.enter_context(PostgresCluster(nice=nice)).uri if backend == "postgresql" else None
+            server = stack.enter_context(MlflowServer(os.path.join(root, backend), backend_uri=store, nice=nice))
+            uris[backend] = server.uri
+        yield uris
