@@ -77,7 +77,9 @@ def parent_for(client: Any, experiment_id: str, sweep_id: str) -> Parent:
 def settle(client: Any, experiment_id: str, sweep_id: str, parent: Parent, child_run_id: str) -> None:
     """After the child's final status: move it under the elected parent if that changed, delete this
     run's losing candidate, and end the parent if no child of it still runs."""
-    winner = elect(client, experiment_id, sweep_id) or parent.run_id
+    winner = elect(client, experiment_id, sweep_id)
+    if winner is None:  # someone deleted the sweep's parent: nothing to end
+        return
     if winner != parent.run_id:
         log.info("msbridge: sweep %s has an older parent run %s; run %s moves under it", sweep_id, winner,
                  child_run_id)

@@ -6,8 +6,9 @@ interleaved (a b c ... a b c ...), with the order rotated each repeat, and each
 setup's throughput is reported as the median over repeats of its ratio to the
 no-monitoring run of the same repeat, so slow drifts of the machine's load
 cancel out. Also reported: host CPU time, peak RSS, CPU burnt while training is
-idle (a 2 s stall inside training), msbridge's own host time per step, and, with
-``--long-steps``, RSS across a long run with every sink on.
+idle (a 2 s stall inside training), msbridge's own host time per step, the fixed costs
+per run (``bench_costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
+Setups ``e_srv`` and ``e_pg`` log to a real ``mlflow server`` (``servers``) started for the whole bench.
 
 Example:
     $ msbridge bench --steps 300 --repeats 3 --out ./bench_results
