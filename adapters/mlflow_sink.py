@@ -9,7 +9,8 @@ NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN 
 Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``;
 a value over 6000 characters is logged as ``sha256:<hex>`` (``config/resolved.yaml`` has it).
 Everything is masked. Resume reattaches to the run tagged with the job's ``run_id`` and
-skips steps up to its ``msbridge.last_step``. An unreachable tracker never stops training:
+skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one
+parent run per sweep (``_mlflow_sweep``). An unreachable tracker never stops training:
 one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``.
 
 The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however
@@ -24,6 +25,7 @@ Example:
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -54,7 +56,8 @@ from ._mlflow_fields import (
     run_params,
     run_tags,
 )
-from ._mlflow_process import ClientProcess
+from ._mlflow_process import ALL_RUNS, ClientProcess
+from ._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 
 log = logging.getLogger("msbridge")
 
@@ -111,10 +114,8 @@ class MlflowSink(Sink):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        try:
-            import mlflow.tracking  # noqa: F401  (only here: importing msbridge never imports mlflow)
-        except ImportError:
-            raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow") from None
+        if importlib.util.find_spec("mlflow") is None:  # only its child process imports MLflow
+            raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow")
         self.uri = ""
         self.run_id: Optional[str] = None  # the MLflow run, once reached
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
@@ -128,6 +129,8 @@ class MlflowSink(Sink):
         self._next_try = 0.0
         self._delay = float(self.settings["backoff_initial"])
         self._down = self._warned_full = self._said_histograms = False
+        self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
+        self._experiment = ""  # its MLflow experiment id, once reached
 
     def open(self, run: RunInfo) -> None:
         """No I/O: points MLflow's client process at the run's tracking URI, with MLflow's HTTP limits
@@ -213,6 +216,8 @@ class MlflowSink(Sink):
                 self._events_dirty = False
             if status is not None:
                 self._client.set_terminated(self.run_id, status, end_time=_ms(self.end_time))
+                if self._parent is not None:
+                    settle(self._client, self._experiment, str(self.run.config["sweep_id"]), self._parent, self.run_id)
         except Exception as exc:  # whatever the tracker does, training goes on: retry later
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
@@ -278,11 +283,12 @@ class MlflowSink(Sink):
 
     def _connect(self) -> None:
         """Find or create the job's run, then log params, tags, artifacts; a failed attempt is redone."""
-        from mlflow.entities import ViewType
         run, client = self.run, self._client
-        experiment_id = self._experiment_id(client, self.settings["experiment"] or run.experiment)
+        experiment_id = self._experiment = self._experiment_id(client, self.settings["experiment"] or run.experiment)
+        if run.config.get("sweep_id") and self._parent is None:  # a sweep's runs are children of one parent run
+            self._parent = parent_for(client, experiment_id, str(run.config["sweep_id"]))
         found = client.search_runs([experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
-                                   run_view_type=ViewType.ALL, max_results=1)
+                                   run_view_type=ALL_RUNS, max_results=1)
         logged: Mapping[str, str] = {}
         if found:
             run_id, logged = found[0].info.run_id, found[0].data.params
@@ -292,7 +298,8 @@ class MlflowSink(Sink):
             self._logged_step = max(self._logged_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
             log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
-            run_id = client.create_run(experiment_id, start_time=_ms(self.start_time), tags={RUN_ID_TAG: run.run_id},
+            parent = {PARENT_RUN_TAG: self._parent.run_id} if self._parent else {}
+            run_id = client.create_run(experiment_id, start_time=_ms(self.start_time), tags={RUN_ID_TAG: run.run_id, **parent},
                                        run_name=self.settings["run_name"] or run.run_name).info.run_id
         if found or run.resumed_from_step:
             self._catch_up(run)

@@ -1,44 +1,18 @@
-"""Helpers for tests that start real servers and launchers: free ports, process groups, listening sockets."""
+"""Helpers for tests that start real servers and launchers: free ports, process groups, listening sockets.
+
+``free_port``, ``group_alive`` and ``stop_group`` live in ``msbridge.cli.servers`` (``msbridge bench`` starts
+servers too); tests import them from here.
+"""
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import time
-from typing import Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Set, Tuple
 
+from msbridge.cli.servers import free_port, group_alive, stop_group
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (a zombie waiting for its reaper does not count)."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def stop_group(pgid: int, signals: Sequence[int] = (signal.SIGTERM, signal.SIGKILL), wait_s: float = 15.0) -> None:
-    """Send each signal in turn to the group until none of it is left, waiting up to ``wait_s`` after each."""
-    for sig in signals:
-        if not group_alive(pgid):
-            return
-        with contextlib.suppress(ProcessLookupError):  # the group ended in between
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+__all__ = ["free_port", "group_alive", "stop_group", "listening", "family", "alive"]
 
 
 def _stats() -> Dict[int, Tuple[str, int, int]]:

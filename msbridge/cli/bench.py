@@ -6,8 +6,9 @@ interleaved (a b c ... a b c ...), with the order rotated each repeat, and each
 setup's throughput is reported as the median over repeats of its ratio to the
 no-monitoring run of the same repeat, so slow drifts of the machine's load
 cancel out. Also reported: host CPU time, peak RSS, CPU burnt while training is
-idle (a 2 s stall inside training), msbridge's own host time per step, and, with
-``--long-steps``, RSS across a long run with every sink on.
+idle (a 2 s stall inside training), msbridge's own host time per step, the fixed costs
+per run (``bench_costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
+Setups ``e_srv`` and ``e_pg`` log to a real ``mlflow server`` (``servers``) started for the whole bench.
 
 Example:
     $ msbridge bench --steps 300 --repeats 3 --out ./bench_results
@@ -27,6 +28,8 @@ from statistics import median
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import MsbridgeError
+from .bench_costs import fixed_cost_row, fixed_costs_markdown
+from .servers import tracking_servers
 
 #: setup key -> what runs. ``a`` is the reference every ratio is taken against.
 SETUPS: Dict[str, str] = {
@@ -43,20 +46,24 @@ SETUPS: Dict[str, str] = {
     "ln": "msbridge, jsonl, TrainStep ring, layer_norms '.*' (grad, weight, Adam-moment norms)",
     "mem": "msbridge, jsonl, memory: true",
     "sys": "msbridge, jsonl, system: {interval_s: 1} with a fake npu-smi (8 chips) on PATH",
+    "e_srv": "msbridge, all sinks, every step, MLflow through `mlflow server` (sqlite)",
+    "e_pg": "msbridge, all sinks, every step, MLflow through `mlflow server` (PostgreSQL)",
     "long": "msbridge, all sinks, tiny model, long run",
     "long_a": "no monitoring, tiny model, long run",
 }
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
 BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts"}
+#: setups whose MLflow sink logs over HTTP to an ``mlflow server`` the bench starts, with this backend.
+SERVER_BACKEND = {"e_srv": "sqlite", "e_pg": "postgresql"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
 DEFAULT_HIDDEN = 32
-TARGETS = {"ratio_e": 0.99, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02,
-           "ratio_ln": 0.97, "ratio_mem": 0.99, "ratio_sys": 0.99}
+TARGETS = {"ratio_e": 0.99, "ratio_e_pg": 0.97, "monitor_us_median": 50.0, "rss_growth_mb": 50.0,
+           "idle_cpu_above_a": 0.02, "ratio_ln": 0.97, "ratio_mem": 0.99, "ratio_sys": 0.99}
 
 
 def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
-            timeout: float = 1800.0, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
+            timeout: float = 1800.0, hidden: int = DEFAULT_HIDDEN, tracking_uri: str = "") -> Dict[str, Any]:
     """One setup in a fresh Python process; returns its JSON result (with ``error`` if it failed)."""
     work = os.path.join(out, "work", f"{setup}-{tag}")
     shutil.rmtree(work, ignore_errors=True)
@@ -65,7 +72,7 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "msbridge.cli.bench_worker", "--setup", setup, "--steps", str(steps),
            "--seed", str(seed), "--stall-s", str(stall_s), "--hidden", str(hidden), "--work", work,
-           "--result", result_path]
+           "--result", result_path, "--tracking-uri", tracking_uri]
     with open(os.path.join(out, "logs", f"{setup}-{tag}.log"), "w") as log:
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout)
@@ -84,28 +91,33 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
 
 def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats: int = 3, seed: int = 7,
               out: str = "./bench_results", long_steps: int = 0, stall_s: float = 2.0, keep: bool = False,
-              echo: Any = print, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
-    """Run every setup ``repeats`` times, interleaved; write ``bench.json`` and ``bench.md`` to ``out``."""
+              echo: Any = print, hidden: int = DEFAULT_HIDDEN, server_nice: int = 0) -> Dict[str, Any]:
+    """Run every setup ``repeats`` times, interleaved; write ``bench.json`` and ``bench.md`` to ``out``.
+    The mlflow servers of ``SERVER_BACKEND`` setups run throughout, at nice ``server_nice``."""
     out = os.path.abspath(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     setups = list(dict.fromkeys(["a", *[s for s in setups if not s.startswith("long")], *_baselines(setups)]))
     runs: Dict[str, List[Dict[str, Any]]] = {s: [] for s in setups}
     load = [os.getloadavg()[0]]
     started = time.time()
-    for rep in range(repeats):
-        order = setups[rep % len(setups):] + setups[:rep % len(setups)]
-        for setup in order:
-            if runs[setup] and "error" in runs[setup][0]:
-                continue  # a setup that cannot run here fails the same way every time
-            result = run_one(setup, steps, seed, out, f"r{rep}", stall_s, keep, hidden=hidden)
-            result["repeat"] = rep
-            runs[setup].append(result)
-            echo(f"[bench] repeat {rep + 1}/{repeats} {setup:<5} " + _one_line(result))
-        load.append(os.getloadavg()[0])
+    backends = [SERVER_BACKEND[s] for s in setups if s in SERVER_BACKEND]
+    with tracking_servers(backends, os.path.join(out, "servers"), nice=server_nice) as uris:
+        for rep in range(repeats):
+            order = setups[rep % len(setups):] + setups[:rep % len(setups)]
+            for setup in order:
+                if runs[setup] and "error" in runs[setup][0]:
+                    continue  # a setup that cannot run here fails the same way every time
+                result = run_one(setup, steps, seed, out, f"r{rep}", stall_s, keep, hidden=hidden,
+                                 tracking_uri=uris.get(SERVER_BACKEND.get(setup, ""), ""))
+                result["repeat"] = rep
+                runs[setup].append(result)
+                echo(f"[bench] repeat {rep + 1}/{repeats} {setup:<5} " + _one_line(result))
+            load.append(os.getloadavg()[0])
     report: Dict[str, Any] = {
         "steps": steps, "repeats": repeats, "seed": seed, "hidden": hidden, "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "load_avg_1min": load,
         "minutes": (time.time() - started) / 60, "rows": [summarise(s, runs) for s in setups], "runs": runs,
+        "server_nice": server_nice, "fixed_costs": [fixed_cost_row(s, runs, BASELINE.get(s, "a")) for s in setups],
     }
     if long_steps:
         echo(f"[bench] long run: {long_steps} steps, every sink on")
@@ -189,6 +201,8 @@ def check_targets(report: Dict[str, Any]) -> Dict[str, Any]:
     if rows.get("sys", {}).get("ok") and rows["sys"].get("idle_cpu_per_s") is not None:
         out["idle_cpu_sys_above_a"] = {"target": f"< {TARGETS['idle_cpu_above_a']} s/s",
                                        "measured": rows["sys"]["idle_cpu_per_s"] - idle_a}
+    if "e_pg" in rows:  # issue 19: every sink, MLflow through a PostgreSQL-backed server
+        out["ratio_e_pg"] = {"target": f">= {TARGETS['ratio_e_pg']}", "measured": rows["e_pg"].get("ratio")}
     long = report.get("long")
     if long and "error" not in long and long.get("rss_samples"):
         samples = long["rss_samples"]
@@ -243,6 +257,7 @@ def markdown(report: Dict[str, Any]) -> str:
             f"({_fmt(row['ratio_median_step'], '.3f')}) | {_fmt(row['cpu_ms_per_step'], '.2f')} | "
             f"{row['peak_rss_mb']:.0f}{_children(row)} | {_fmt(row['idle_cpu_per_s'], '.3f')} | {msb} | "
             f"{_fmt(row.get('sink_thread_ms_per_step'), '.2f')} | {_fmt(row.get('flush_steps_final'), '')} |")
+    lines += fixed_costs_markdown(report.get("fixed_costs", []))
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for name, item in report["targets"].items():
         measured = _fmt(item["measured"], ".3f") if isinstance(item["measured"], float) else item["measured"]
@@ -265,6 +280,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-s", type=float, default=2.0,
                         help="training stalls mid-run (1 s to settle + this long, measured) to measure idle CPU")
     parser.add_argument("--keep", action="store_true", help="keep each run's outputs under OUT/work")
+    parser.add_argument("--server-nice", type=int, default=0,
+                        help="nice value of the mlflow servers (and PostgreSQL) of setups e_srv, e_pg; "
+                             "19 stands for a server on another machine")
     parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN,
                         help=f"the model's hidden size (default {DEFAULT_HIDDEN}: a ~12 ms step here; 256: ~10x that)")
 
@@ -275,7 +293,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if unknown:
         raise MsbridgeError(f"bench: unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
     run_bench(setups, args.steps, args.repeats, args.seed, args.out, args.long_steps, args.stall_s, args.keep,
-              hidden=args.hidden)
+              hidden=args.hidden, server_nice=args.server_nice)
     return 0
 
 

@@ -77,6 +77,19 @@ def rss_mb(children: bool = False) -> float:
     return total / 2**20
 
 
+def mlflow_child_rss_mb() -> Any:
+    """RSS of the MLflow sink's client process (``_mlflow_process``), None if there is none."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any("_mlflow_process" in part for part in child.cmdline()):
+                return child.memory_info().rss / 2**20
+        except psutil.Error:
+            pass
+    return None
+
+
 class _Timer(Callback):
     """Step-end timestamps; optionally stalls once (training idle) and measures CPU over the stall."""
 
@@ -93,16 +106,21 @@ class _Timer(Callback):
         self.stalled_s = 0.0
         self.rss_every = rss_every
         self.rss: List[Tuple[int, float]] = []
+        self.cpu_first_step = self.cpu_last_step = self.wall_last_step = None
+        self.mlflow_child_rss_mb = None
 
     def on_train_step_end(self, run_context: Any) -> None:
         step = int(run_context.original_args().cur_step_num)
         self.times.append((step, time.perf_counter()))
+        if self.cpu_first_step is None:  # start-up: imports, graph compile, sinks opened, one step
+            self.cpu_first_step = process_cpu_s()
         if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
             self.cpu.append(process_cpu_s())
             self.sink_thread_cpu.append(thread_cpu_s("msbridge-dispatch"))
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
         if step >= self.cpu_at[1]:
+            self.cpu_last_step, self.wall_last_step = process_cpu_s(), time.perf_counter()
             run_context.request_stop()  # the last epoch may run past the steps asked for
         if self.stall_at and step >= self.stall_at and not self.stalled_s:
             start = time.perf_counter()
@@ -111,6 +129,7 @@ class _Timer(Callback):
             time.sleep(self.stall_s)
             self.idle_cpu_per_s = (process_cpu_s() - cpu0) / (time.perf_counter() - t0)
             self.children_rss_mb = rss_mb(children=True)
+            self.mlflow_child_rss_mb = mlflow_child_rss_mb()
             self.stalled_s = time.perf_counter() - start
 
 
@@ -140,14 +159,16 @@ class _MlflowPerStep(Callback):
         mlflow.end_run()
 
 
-def _msbridge(work: str, sinks: Any, **settings: Any) -> Any:
-    """msbridge with its default settings (flush every 100 steps or 10 s) plus ``settings``;
-    ``sinks=None``: every installed sink."""
+def _msbridge(work: str, sinks: Any, tracking_uri: str = "", **settings: Any) -> Any:
+    """msbridge with its default settings (flush every 100 steps or 10 s) plus ``settings``; ``sinks=None``:
+    every installed sink; ``tracking_uri``: the MLflow sink logs there (a server) instead of its sqlite file."""
     from ..callback import BridgeMonitor
     from .demo import demo_config
 
     if sinks is None:
         sinks = demo_config(work)["sinks"]
+    if tracking_uri:
+        sinks = {name: {"tracking_uri": tracking_uri} if name == "mlflow" else {} for name in sinks}
     return BridgeMonitor({"experiment": "bench", "run_name": "run", "sinks": sinks, "seq_length": 32,
                           "output_dir": os.path.join(work, "runs", "{experiment}", "{run_name}"), **settings})
 
@@ -234,7 +255,7 @@ def _with_fake_npu_smi(work: str) -> Any:
     return _msbridge(work, ["jsonl"], system={"interval_s": 1})
 
 
-def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
+def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
     from mindspore.train import LossMonitor
 
     builders: Dict[str, Callable[[], List[Any]]] = {
@@ -253,7 +274,8 @@ def callbacks_for(setup: str, work: str, steps: int, lr: Any) -> List[Any]:
     return builders[setup]()
 
 
-def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN) -> Dict[str, Any]:
+def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN,
+        tracking_uri: str = "") -> Dict[str, Any]:
     import mindspore as ms
     import mindspore.dataset as ds
     import numpy as np
@@ -279,7 +301,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     dataset = ds.NumpySlicesDataset(data, shuffle=False).batch(BATCH, drop_remainder=True)
     lr = nn.WarmUpLR(0.003, 20)
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
-    callbacks = callbacks_for(setup, work, steps, lr)
+    callbacks = callbacks_for(setup, work, steps, lr, tracking_uri)
     if setup in ("a_ts", "g", "ln"):
         config = callbacks[0].config if callbacks else None
         size = ring_size_for(config, SINK_SIZE) if config else 256
@@ -300,8 +322,19 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     Model(train_cell).train(epochs, dataset, callbacks=[timer, *callbacks], dataset_sink_mode=sink,
                             sink_size=SINK_SIZE if sink else -1)
     wall = time.perf_counter() - wall0
-    cpu = process_cpu_s() - cpu0
-    return _summarise(setup, timer, callbacks, wall, cpu, steps)
+    cpu_end = process_cpu_s()
+    out = _summarise(setup, timer, callbacks, wall, cpu_end - cpu0, steps)
+    out.update(_fixed_costs(timer, cpu_end))
+    return out
+
+
+def _fixed_costs(timer: _Timer, cpu_end: float) -> Dict[str, Any]:
+    """CPU seconds (this process and its children) to the first step's end, from the last step's end to
+    the end (sinks closed), and for the whole run; the close's wall time; the MLflow child's RSS."""
+    closed = timer.cpu_last_step is not None
+    return {"cpu_start_s": timer.cpu_first_step, "cpu_close_s": cpu_end - timer.cpu_last_step if closed else None,
+            "close_s": time.perf_counter() - timer.wall_last_step if closed else None, "cpu_total_s": cpu_end,
+            "mlflow_child_rss_mb": timer.mlflow_child_rss_mb}
 
 
 def warmup_steps(steps: int) -> int:
@@ -358,13 +391,14 @@ def main(argv: Any = None) -> int:
     parser.add_argument("--stall-s", type=float, default=2.0,
                         help="idle seconds measured inside training, after 1 s to settle (0: no stall)")
     parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN, help="the model's hidden size")
+    parser.add_argument("--tracking-uri", default="", help="setups e_srv, e_pg: the mlflow server's URI")
     parser.add_argument("--work", required=True, help="scratch dir for this run's outputs")
     parser.add_argument("--result", required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
     os.chdir(args.work)  # mindformers writes ./output/log on import
     try:
-        result = run(args.setup, args.steps, args.seed, args.work, args.stall_s, args.hidden)
+        result = run(args.setup, args.steps, args.seed, args.work, args.stall_s, args.hidden, args.tracking_uri)
     except Exception as exc:  # reported as the row's reason, e.g. a tool that does not run on CPU
         result = {"setup": args.setup, "error": exception_text(exc),
                   "traceback": traceback.format_exc()[-2000:]}

@@ -1,6 +1,6 @@
 """``msbridge compare``: a sweep's runs side by side, read back from MLflow.
 
-Shows only the params that differ between runs, then final and best loss,
+Shows only the params that differ between runs (a sweep's parent run is not a row), then final and best loss,
 median throughput and status, best final loss first.
 
 Example:
@@ -18,6 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..adapters._mlflow_sweep import PARENT_TAG
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
 from ..names import LOSS, SAMPLES_PER_S
@@ -61,6 +62,8 @@ def compare(experiment: str, tracking_uri: str) -> Tuple[List[RunRow], List[str]
         raise MsbridgeError(f"no MLflow experiment {experiment!r} at {mask_text(tracking_uri)}; it has: {names}")
     rows = []
     for run in client.search_runs([exp.experiment_id], max_results=5000):
+        if PARENT_TAG in run.data.tags:  # a sweep's parent run: its children are the rows
+            continue
         losses = _history(client, run.info.run_id, LOSS)
         finite = [v for v in losses if math.isfinite(v)]
         speed = [v for v in _history(client, run.info.run_id, SAMPLES_PER_S) if math.isfinite(v)]

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
-from mlflow_server import MlflowServer, free_port
 from msbridge.adapters._mlflow_fields import MAX_KEY_LENGTH, clean_key
-from msbridge.adapters._mlflow_process import NICE, ClientProcess
+from msbridge.adapters._mlflow_process import NICE, ClientProcess, TrackerError
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
+from msbridge.cli.servers import MlflowServer, free_port
 
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
@@ -359,7 +359,7 @@ def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
         MlflowSink(http_timeout="fast")
     sink = MlflowSink(tracking_uri=str(tmp_path / "mlruns"))  # MLflow 3 refuses its file store
     sink.open(mlflow_run(tmp_path))
-    with pytest.raises(MlflowException, match="MLFLOW_ALLOW_FILE_STORE"):
+    with pytest.raises(TrackerError, match="MLFLOW_ALLOW_FILE_STORE"):
         sink.write(make_records(range(1, 3)), [])
     # A fake for a fault we cannot cause for real here: mlflow is installed in this venv.
     monkeypatch.setitem(sys.modules, "mlflow", None)

@@ -12,6 +12,7 @@ from typing import Any, List, Sequence, Tuple
 
 from mlflow.entities import ViewType
 
+from msbridge.adapters._mlflow_sweep import PARENT_TAG
 from msbridge.sinks.runlog import read_run
 
 
@@ -40,7 +41,9 @@ def assert_same_series(client: Any, run_id: str, run_dir: str) -> None:
 
 
 def only_run(client: Any, experiment: str) -> Any:
+    """The experiment's one run of a job (a sweep's parent run, which holds no job, is not counted)."""
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], run_view_type=ViewType.ALL)
+    runs = [r for r in runs if PARENT_TAG not in r.data.tags]
     assert len(runs) == 1, f"expected exactly one MLflow run, found {len(runs)}"
     return runs[0]
 

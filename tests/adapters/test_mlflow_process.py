@@ -1,0 +1,29 @@
+"""MLflow's client process imports less: MLflow without pandas/pyarrow/scipy, and all of it where it must."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+from msbridge.adapters import _mlflow_process as mp
+mp.SKIPPED = mp.SKIPPED + tuple(sys.argv[1:])
+client = mp.import_client()("sqlite:///" + {db!r})
+exp = client.create_experiment("x")
+run = client.create_run(exp).info.run_id
+client.set_terminated(run, "FINISHED")
+print(sorted(m for m in ("pandas", "pyarrow", "scipy", "requests") if m in sys.modules), sum(isinstance(f, mp._Skip) for f in sys.meta_path))
+"""
+
+
+@pytest.mark.parametrize("also_skip, imported", [((), "['requests']"),
+                                                  # an MLflow that cannot do without a skipped package:
+                                                  # it is imported again with everything
+                                                  (("requests",), "['pandas', 'pyarrow', 'requests', 'scipy']")])
+def test_mlflow_is_imported_without_what_tracking_does_not_need(tmp_path, also_skip, imported):
+    out = subprocess.run([sys.executable, "-c", PROBE.format(db=str(tmp_path / "m.db")), *also_skip],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"{imported} 0"  # what was imported; the finder is gone afterwards
