@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,32 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .servers import free_port, group_alive
+
 #: The only interface a viewer binds.
 HOST = "127.0.0.1"
 #: Where the project's MindInsight venv lives: at the root of the msbridge checkout.
 CHECKOUT = Path(__file__).resolve().parents[2]
 MINDINSIGHT_VENV = CHECKOUT / ".venv-mindinsight"
 MINDINSIGHT_BUILD = CHECKOUT / ".ci" / "mindinsight_venv.sh"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
-
-
-def group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (a zombie waiting for its reaper does not count)."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 def _env(scratch: str, extra: Dict[str, str]) -> Dict[str, str]:
