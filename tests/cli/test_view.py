@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mindinsight_server import MindInsight, require_mindinsight
 from mlflow.tracking import MlflowClient
-from mlflow_server import MlflowServer
+from msbridge.cli.servers import MlflowServer
 from msbridge.adapters.mindinsight_sink import mindinsight_tag
 from processes import alive, listening
 from training import train_regression

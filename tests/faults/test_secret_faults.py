@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import yaml
-from mlflow_server import MlflowServer
+from msbridge.cli.servers import MlflowServer
 from training import train_regression
 
 from msbridge import BridgeMonitor
