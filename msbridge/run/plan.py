@@ -90,7 +90,7 @@ class RunPlan:
 
     @property
     def outputs(self) -> Dict[str, Dict[str, str]]:
-        """Where each sink that opened writes, and the command to look at it (``Sink.describe``)."""
+        """Where each sink that opened writes (``Sink.describe``)."""
         return dict(getattr(self, "_where", {}))
 
     @property
