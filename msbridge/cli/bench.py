@@ -55,7 +55,8 @@ BASELINE = {"d_mf": "a_mf", "g": "a_ts"}
 SERVER_BACKEND = {"e_srv": "sqlite", "e_pg": "postgresql"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
 DEFAULT_HIDDEN = 32
-TARGETS = {"ratio_e": 0.99, "ratio_e_pg": 0.97, "monitor_us_median": 50.0, "rss_growth_mb": 50.0, "idle_cpu_above_a": 0.02}
+TARGETS = {"ratio_e": 0.99, "ratio_e_pg": 0.97, "monitor_us_median": 50.0, "rss_growth_mb": 50.0,
+           "idle_cpu_above_a": 0.02}
 
 
 def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
