@@ -13,10 +13,11 @@ its command line.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
 raises what MLflow raised there as a ``TrackerError``, ``error_code`` included. What a call returns
-comes back as plain data (MLflow's entities as ``SimpleNamespace`` with the same attribute names), so
-the training process never imports MLflow (~1.2 CPU-s and ~160 MB on this project's VM). A child that
-died is started again on the next call; a child whose parent died ends at the end of its input, and
-ends at once (``os._exit``: MLflow's modules are not torn down, which took seconds at SCHED_IDLE).
+comes back as plain data (MLflow's entities as ``SimpleNamespace`` with the same attribute names),
+so the training process never imports MLflow (~1.2 CPU-s and ~120 MB of its RSS on this project's
+VM). A child that died is started again on the next call; a child whose parent died ends at the end
+of its input, and ends at once (``os._exit``: MLflow's modules are not torn down, which took seconds
+at SCHED_IDLE).
 
 Example:
     >>> client = ClientProcess()                      # MLflow is imported in the child meanwhile

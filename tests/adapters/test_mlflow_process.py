@@ -14,7 +14,8 @@ client = mp.import_client()("sqlite:///" + {db!r})
 exp = client.create_experiment("x")
 run = client.create_run(exp).info.run_id
 client.set_terminated(run, "FINISHED")
-print(sorted(m for m in ("pandas", "pyarrow", "scipy", "requests") if m in sys.modules), sum(isinstance(f, mp._Skip) for f in sys.meta_path))
+names = ("pandas", "pyarrow", "scipy", "requests")
+print(sorted(m for m in names if m in sys.modules), sum(isinstance(f, mp._Skip) for f in sys.meta_path))
 """
 
 

@@ -38,5 +38,6 @@ def postgres():
 @pytest.fixture(scope="module")
 def pg_mlflow(postgres, tmp_path_factory):
     """``mlflow server --backend-store-uri postgresql+psycopg://...`` on a database of this module's."""
-    with MlflowServer(str(tmp_path_factory.mktemp("mlflow-pg")), backend_uri=postgres.create_database(f"mlflow_{next(_databases)}")) as server:
+    database = postgres.create_database(f"mlflow_{next(_databases)}")
+    with MlflowServer(str(tmp_path_factory.mktemp("mlflow-pg")), backend_uri=database) as server:
         yield server
