@@ -163,8 +163,7 @@ class MindInsightSink(Sink):
                 except Exception:  # an event cut by a killed writer (protobuf's DecodeError)
                     continue
                 for item in event.user_defined_info.user_info:
-                    self._status_held = next((e.value for e in item.map_str if e.key == "msbridge.status"),
-                                             self._status_held)
+                    self._status_held = _get(item.map_str, "msbridge.status") or self._status_held
 
     def _open_files(self) -> None:
         """This session's summary and lineage files, at its first write."""
@@ -303,3 +302,10 @@ def _put(field: Any, key: str, value: Any) -> None:
         field.add(key=key, value=value)
     else:
         field[key] = value
+
+
+def _get(field: Any, key: str) -> Any:
+    """The value of ``key`` in a lineage map field of either shape (see ``_put``), or None."""
+    if hasattr(field, "add"):
+        return next((entry.value for entry in field if entry.key == key), None)
+    return field.get(key)
