@@ -41,7 +41,7 @@ from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .masking import mask_text
 from .metrics.stream import Stream
-from .names import GLOBAL_LOSS, LOSS
+from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.outcome import RunOutcome, run_summary
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
@@ -277,7 +277,8 @@ class BridgeMonitor(Callback):
             return
         if self._internals is not None:
             self._internals.fill(window, at_flush=dispatch)
-            self._pending_events.extend(window.events)  # histograms: to the sinks, not into the outcome
+            self._pending_events.extend(Event(HISTOGRAM, int(window.steps[-1]), self.run.rank, time.time(), d)
+                                        for d in window.histograms)  # to the sinks, not into the outcome
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]

@@ -18,13 +18,11 @@ Example:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..names import HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
-from ..sinks.base import Event
+from ..names import WEIGHTS_HISTOGRAM_PREFIX
 from .param_norms import host_values
 from .param_select import ParamSelector
 
@@ -100,14 +98,13 @@ class WeightHistograms:
             return False
         return self.interval is None or self.last_step is None or step - self.last_step >= self.interval
 
-    def take(self, step: int) -> List[Event]:
-        """At a flush ending at ``step``: one ``histogram`` event per matched parameter when due, else []."""
+    def take(self, step: int) -> List[Dict[str, Any]]:
+        """At a flush ending at ``step``: one histogram detail per matched parameter when due, else [].
+        The callback hands each to the sinks as a ``histogram`` event at ``step``."""
         if not self.due(step):
             return []
         self.last_step = step
-        now = time.time()
-        return [Event(HISTOGRAM, step, self.rank, now,
-                      histogram_detail(WEIGHTS_HISTOGRAM_PREFIX + p.name, host_values(p))) for p in self.params]
+        return [histogram_detail(WEIGHTS_HISTOGRAM_PREFIX + p.name, host_values(p)) for p in self.params]
 
 
 def _weights(train_network: Any, optimizer: Any) -> Sequence[Any]:

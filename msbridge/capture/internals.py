@@ -25,8 +25,8 @@ import logging
 from typing import Any, Dict, Optional, Sequence
 
 from ..names import grad_norm_name, optimizer_norm_name, weight_norm_name
-from .memory import MemoryReader
 from .histograms import WeightHistograms
+from .memory import MemoryReader
 from .param_norms import StateNorms, optimizer_states
 from .param_select import ParamSelector, Selection
 from .system_sampler import NpuSampler
@@ -116,7 +116,7 @@ class Internals:
         if not at_flush:
             return
         if self.histograms is not None and len(window):
-            window.events.extend(self.histograms.take(int(window.steps[-1])))
+            window.histograms.extend(self.histograms.take(int(window.steps[-1])))
         selection = self.state_selection
         for state, reader in self.states.items():
             name = weight_norm_name if state == "weight" else lambda p, s=state: optimizer_norm_name(s, p)

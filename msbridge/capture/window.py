@@ -28,8 +28,8 @@ class Window:
     ring with per-parameter columns held; ``series`` are further per-step
     series recorded under their own names (the selected ``grad_norm/<param>``);
     ``timed`` are samples taken at wall-clock times (the NPU sampler), each
-    recorded on the last step that ended at or before it. ``events`` are events capture made at
-    the flush (``histogram``), handed to the sinks with the window's records.
+    recorded on the last step that ended at or before it. ``histograms`` are the weight histograms taken
+    at the flush (plain dicts), handed to the sinks as ``histogram`` events.
     """
 
     steps: np.ndarray
@@ -44,7 +44,7 @@ class Window:
     param_names: Tuple[str, ...] = ()
     series: Dict[str, np.ndarray] = field(default_factory=dict)
     timed: List[Tuple[float, Dict[str, float]]] = field(default_factory=list)
-    events: List[Any] = field(default_factory=list)
+    histograms: List[Dict[str, Any]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.steps)
