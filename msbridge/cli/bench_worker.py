@@ -207,6 +207,7 @@ def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str 
         "e": lambda: [_msbridge(work, None)], "g": lambda: [_msbridge(work, None)],
         "long": lambda: [_msbridge(work, None)], "long_a": lambda: [],
         "f": lambda: [_msbridge(work, ["jsonl"])],
+        "e_srv": lambda: [_msbridge(work, None, tracking_uri)], "e_pg": lambda: [_msbridge(work, None, tracking_uri)],
         "ln": lambda: [_msbridge(work, ["jsonl"], layer_norms=".*")],
         "mem": lambda: [_msbridge(work, ["jsonl"], memory=True)],
         "sys": lambda: [_with_fake_npu_smi(work)],
