@@ -169,7 +169,8 @@ class MlflowSink(Sink):
             self._deliver()
 
     def close(self, status: str = FINISHED) -> None:
-        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds."""
+        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds; what is
+        left then is ``undelivered`` (the run's outcome names it, with the replay that fills it)."""
         if self.run is None:
             return
         deadline = time.monotonic() + self.settings["close_timeout"]
@@ -178,6 +179,8 @@ class MlflowSink(Sink):
                 log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
                             "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
                             status, shlex.quote(self.run.run_dir))
+                self.undelivered = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
+                                    f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
         self._client.close()

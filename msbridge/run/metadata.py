@@ -147,7 +147,7 @@ def write_outcome(run_dir: str, meta: Mapping[str, Any], outcome: Mapping[str, A
     """run.json and README.md of ``meta`` (a run.json's content) with ``outcome`` added; returns the new run.json."""
     meta = dict(meta, outcome=dict(outcome))
     readme = render_readme(meta.get("run_name", ""), meta.get("run_id", ""), meta, meta.get("sinks") or {},
-                           run_dir, outcome=outcome)
+                           run_dir, outcome=outcome, failed=meta.get("failed_sinks"))
     write_run_files(run_dir, meta, readme)
     return meta
 
