@@ -40,6 +40,7 @@ import yaml
 from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
 from ..names import HISTOGRAM
+from ..paths import free_space
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
@@ -57,6 +58,7 @@ from ._mlflow_fields import (
     run_tags,
 )
 from ._mlflow_process import ALL_RUNS, ClientProcess
+from ._mlflow_sqlite import full_disk_store
 from ._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 
 log = logging.getLogger("msbridge")
@@ -226,7 +228,12 @@ class MlflowSink(Sink):
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
             if self.run_id is None and getattr(exc, "error_code", None) in _PERMANENT:
                 raise  # a misconfiguration (file store, bad credentials ...): say so, retrying cannot help
-            if not self._down:
+            store = full_disk_store(self.uri, exc)
+            if not self._down and store:
+                log.warning("msbridge: MLflow's store at %s is on a full disk (%s free); training goes on, %d records "
+                            "are held in memory and retried with backoff (jsonl holds every record)",
+                            store, free_space(os.path.dirname(os.path.abspath(store))), len(self._pending))
+            elif not self._down:
                 log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
                             "in memory and are retried with backoff (jsonl holds every record)",
                             mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending))

@@ -20,7 +20,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from importlib import metadata as importlib_metadata
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..masking import mask_command, mask_secrets, mask_text
+from ..paths import free_space
 
 log = logging.getLogger("msbridge")
 
@@ -201,15 +201,3 @@ def _tell_once(run_dir: str, path: str, exc: OSError) -> None:
     else:
         log.error("msbridge: cannot write %s: %s; run.json and README.md keep their last complete version",
                   path, exc.strerror or exc)
-
-
-def free_space(path: str) -> str:
-    """The space left on ``path``'s file system, as ``"1.5 MB"`` (``"unknown"`` if it cannot be read)."""
-    try:
-        free = float(shutil.disk_usage(path).free)
-    except OSError:
-        return "unknown"
-    units, i = ("bytes", "kB", "MB", "GB", "TB"), 0
-    while free >= 1000 and i < len(units) - 1:
-        free, i = free / 1000, i + 1
-    return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"
