@@ -37,6 +37,17 @@ RUN_JSON = "run.json"
 README = "README.md"
 
 
+def stored_run_name(run_dir: str) -> Optional[str]:
+    """The ``run_name`` in ``run_dir``'s run.json; None when there is none (or it cannot be read)."""
+    try:
+        with open(os.path.join(run_dir, RUN_JSON), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    name = meta.get("run_name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def run_id_for(run_dir: str) -> str:
     """Stable run id: every rank and every resume of one run dir agree on it without talking."""
     return uuid.uuid5(uuid.NAMESPACE_URL, "msbridge:" + os.path.abspath(run_dir)).hex
