@@ -27,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -255,6 +256,9 @@ def main() -> None:
     # Only MindSpore needs protobuf's pure-Python runtime; MLflow (REST) is faster on the default one.
     if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
+    # MLflow logs every failed SQL call as an ERROR with its traceback (a full disk: one per retry); the error
+    # goes back to the parent, which says it once.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
     sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"

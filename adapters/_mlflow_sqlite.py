@@ -44,6 +44,9 @@ _LATEST = ("INSERT INTO latest_metrics (key, value, timestamp, run_uuid, step, i
 _TAG = ("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?) "
         "ON CONFLICT (key, run_uuid) DO UPDATE SET value = excluded.value")
 
+#: How a full disk under a sqlite store reads, in sqlite's words (SQLITE_FULL, SQLITE_IOERR) and the OS's (ENOSPC).
+FULL_DISK = ("database or disk is full", "disk i/o error", "no space left on device", "[errno 28]")
+
 Metric = Tuple[str, float, int, int]  # (key, value, timestamp_ms, step), as ClientProcess sends them
 Tag = Tuple[str, str]
 
@@ -87,7 +90,8 @@ class MetricRows:
             self._db.executemany(_TAG, [(key, value, run_id) for key, value in tags])
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # sqlite rolled back itself on some errors (a full disk): keep that error
+                self._db.execute("ROLLBACK")
             raise
         return True
 
@@ -106,6 +110,14 @@ def rows_for(uri: str) -> Optional[MetricRows]:
         rows.close()
     except sqlite3.Error:
         pass
+    return None
+
+
+def full_disk_store(uri: str, error: BaseException) -> Optional[str]:
+    """The store's file when ``uri`` is a ``sqlite:///`` store and ``error`` says its disk is full, else None."""
+    text = str(error).lower()
+    if uri.startswith("sqlite:///") and any(marker in text for marker in FULL_DISK):
+        return uri[len("sqlite:///"):].partition("?")[0]
     return None
 
 

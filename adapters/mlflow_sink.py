@@ -40,6 +40,7 @@ import yaml
 from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
 from ..names import HISTOGRAM
+from ..paths import free_space
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
@@ -57,6 +58,7 @@ from ._mlflow_fields import (
     run_tags,
 )
 from ._mlflow_process import ALL_RUNS, ClientProcess
+from ._mlflow_sqlite import full_disk_store
 from ._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 
 log = logging.getLogger("msbridge")
@@ -169,7 +171,8 @@ class MlflowSink(Sink):
             self._deliver()
 
     def close(self, status: str = FINISHED) -> None:
-        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds."""
+        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds; what is
+        left then is ``undelivered`` (the run's outcome names it, with the replay that fills it)."""
         if self.run is None:
             return
         deadline = time.monotonic() + self.settings["close_timeout"]
@@ -178,6 +181,8 @@ class MlflowSink(Sink):
                 log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
                             "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
                             status, shlex.quote(self.run.run_dir))
+                self.undelivered = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
+                                    f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
         self._client.close()
@@ -223,7 +228,12 @@ class MlflowSink(Sink):
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
             if self.run_id is None and getattr(exc, "error_code", None) in _PERMANENT:
                 raise  # a misconfiguration (file store, bad credentials ...): say so, retrying cannot help
-            if not self._down:
+            store = full_disk_store(self.uri, exc)
+            if not self._down and store:
+                log.warning("msbridge: MLflow's store at %s is on a full disk (%s free); training goes on, %d records "
+                            "are held in memory and retried with backoff (jsonl holds every record)",
+                            store, free_space(os.path.dirname(os.path.abspath(store))), len(self._pending))
+            elif not self._down:
                 log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
                             "in memory and are retried with backoff (jsonl holds every record)",
                             mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending))

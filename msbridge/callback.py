@@ -99,7 +99,7 @@ class BridgeMonitor(Callback):
         self.events: List[Event] = []
         self._signals = SignalGuard()
         self._status: Optional[str] = None  # set when the run is closed
-        self._sink_errors: Dict[str, int] = {}
+        self._undelivered: Dict[str, str] = {}
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
 
@@ -336,19 +336,19 @@ class BridgeMonitor(Callback):
             dispatcher.close(status)
             self.events.extend(dispatcher.raised)  # what a sink finally lost (a jsonl gap): in the outcome
             late = self._signals.interrupt_detail() if interrupted is None else None
-            self._finish(status, dispatcher.errors, late)
+            self._finish(status, dispatcher.undelivered, late)
             self._signals.restore()
 
-    def _finish(self, status: str, sink_errors: Mapping[str, int], late: Optional[Mapping[str, Any]] = None) -> None:
+    def _finish(self, status: str, undelivered: Mapping[str, str], late: Optional[Mapping[str, Any]] = None) -> None:
         """The outcome into run.json and README (never raising: this runs inside MindSpore's hooks)."""
-        self._status, self._sink_errors = status, dict(sink_errors)
+        self._status, self._undelivered = status, dict(undelivered)
         if self.plan is None:
             return
         try:
             counts = {"steps recorded": self.steps_recorded, "last step": self._last_step,
                       "wall time": f"{time.perf_counter() - self._started:.1f} s", "final loss": self.final_loss,
                       "best loss": self.best_loss, **self.health.summary()}
-            summary = run_summary(status, counts, self.events, sink_errors, self.run_dir or "RUN_DIR")
+            summary = run_summary(status, counts, self.events, undelivered, self.run_dir or "RUN_DIR")
             if late:
                 summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
             self.plan.finish(summary)
@@ -370,7 +370,7 @@ class BridgeMonitor(Callback):
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
         self.events.extend(dispatcher.raised)
-        self._finish(FAILED, dispatcher.errors)
+        self._finish(FAILED, dispatcher.undelivered)
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
@@ -388,7 +388,7 @@ class BridgeMonitor(Callback):
             >>> model.train(1, ds, callbacks=[monitor])
             >>> sys.exit(monitor.outcome.exit_code)
         """
-        return RunOutcome(self._status, dict(self._sink_errors))
+        return RunOutcome(self._status, dict(self._undelivered))
 
     def _track_loss(self, loss: Optional[np.ndarray]) -> None:
         if loss is None:

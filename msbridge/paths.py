@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import time
 import unicodedata
 from typing import Any, Dict, Mapping, Optional
@@ -180,3 +181,15 @@ def recorded_experiment_dir(meta: Mapping[str, Any], run_dir: str) -> str:
     if was and (was.rstrip("/") + "/").startswith(recorded.rstrip("/") + "/"):
         return os.path.normpath(os.path.join(run_dir, os.path.relpath(recorded, was)))
     return recorded
+
+
+def free_space(path: str) -> str:
+    """The space left on ``path``'s file system, as ``"1.5 MB"`` (``"unknown"`` if it cannot be read)."""
+    try:
+        free = float(shutil.disk_usage(path).free)
+    except OSError:
+        return "unknown"
+    units, i = ("bytes", "kB", "MB", "GB", "TB"), 0
+    while free >= 1000 and i < len(units) - 1:
+        free, i = free / 1000, i + 1
+    return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"

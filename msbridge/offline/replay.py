@@ -9,6 +9,9 @@ Replay is idempotent: sinks reattach to the run id kept in ``run.json`` (or read
 back what they hold) and skip the steps and events they already have, so
 replaying twice gives the same run.
 
+A replay that delivered everything takes the sink off the outcome's "not delivered" list (run.json and
+README.md); one that could not (the tracker still unreachable) is an error, and the list stays.
+
 A run that never recorded its outcome (SIGKILL, a crashed rank's peers killed by
 msrun) gets one here, in run.json and README.md: the status the log's end says
 (an exception, a collective timeout or a stop action: FAILED; an interrupt or
@@ -140,6 +143,9 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
             sink.close(FAILED)
             raise
         sink.close(status)
+        if sink.undelivered:
+            raise MsbridgeError(f"{to}: {sink.undelivered}; the jsonl log still holds everything: replay again "
+                                "once it is reachable")
         counts["records"] += len(rank_log.records)
         counts["events"] += len(rank_log.events)
         counts["truncated"] += rank_log.truncated
@@ -147,7 +153,17 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         counts["ranks"] += 1
     if not counts["ranks"]:
         raise MsbridgeError(f"{run_dir}: no rank log to replay to {to!r}")
+    _delivered(run_dir, meta, to)
     return counts
+
+
+def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
+    """``to`` holds the whole log now: off the outcome's "not delivered" list in run.json and README.md."""
+    outcome = meta["outcome"]
+    missed = outcome.get("not delivered")
+    if isinstance(missed, Mapping) and to in missed:
+        rest = {name: what for name, what in missed.items() if name != to}
+        write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
 
 
 def _write_all(sink: Any, rank: int, records: List[Any], events: List[Event], progress: bool) -> None:

@@ -20,7 +20,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,11 +29,23 @@ from importlib import metadata as importlib_metadata
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..masking import mask_command, mask_secrets, mask_text
+from ..paths import free_space
 
 log = logging.getLogger("msbridge")
 
 RUN_JSON = "run.json"
 README = "README.md"
+
+
+def stored_run_name(run_dir: str) -> Optional[str]:
+    """The ``run_name`` in ``run_dir``'s run.json; None when there is none (or it cannot be read)."""
+    try:
+        with open(os.path.join(run_dir, RUN_JSON), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    name = meta.get("run_name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def run_id_for(run_dir: str) -> str:
@@ -147,7 +158,7 @@ def write_outcome(run_dir: str, meta: Mapping[str, Any], outcome: Mapping[str, A
     """run.json and README.md of ``meta`` (a run.json's content) with ``outcome`` added; returns the new run.json."""
     meta = dict(meta, outcome=dict(outcome))
     readme = render_readme(meta.get("run_name", ""), meta.get("run_id", ""), meta, meta.get("sinks") or {},
-                           run_dir, outcome=outcome)
+                           run_dir, outcome=outcome, failed=meta.get("failed_sinks"))
     write_run_files(run_dir, meta, readme)
     return meta
 
@@ -201,15 +212,3 @@ def _tell_once(run_dir: str, path: str, exc: OSError) -> None:
     else:
         log.error("msbridge: cannot write %s: %s; run.json and README.md keep their last complete version",
                   path, exc.strerror or exc)
-
-
-def free_space(path: str) -> str:
-    """The space left on ``path``'s file system, as ``"1.5 MB"`` (``"unknown"`` if it cannot be read)."""
-    try:
-        free = float(shutil.disk_usage(path).free)
-    except OSError:
-        return "unknown"
-    units, i = ("bytes", "kB", "MB", "GB", "TB"), 0
-    while free >= 1000 and i < len(units) - 1:
-        free, i = free / 1000, i + 1
-    return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"

@@ -18,9 +18,9 @@
 found problems, and any other msbridge error.
 
 Example:
-    >>> RunOutcome(FINISHED, {"mlflow": 2}).exit_code
+    >>> RunOutcome(FINISHED, {"mlflow": "2 failed call(s)"}).exit_code
     3
-    >>> RunOutcome(FINISHED, {"mlflow": 2}).not_delivered("/runs/a")
+    >>> RunOutcome(FINISHED, {"mlflow": "2 failed call(s)"}).not_delivered("/runs/a")
     {'mlflow': '2 failed call(s); fill it: msbridge replay /runs/a --to mlflow'}
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ WAL_SINK = "jsonl"
 @dataclass(frozen=True)
 class RunOutcome:
     """``status``: FINISHED, FAILED or KILLED; None while the run has not ended (or never started).
-    ``undelivered``: sink name -> calls to it that failed (a sink that failed may lack records).
+    ``undelivered``: sink name -> what it may lack: its failed calls ("2 failed call(s)"), what it gave
+    up delivering when it closed ("30 records and status FINISHED not delivered ...").
 
     Example:
         >>> monitor.outcome
@@ -51,7 +52,7 @@ class RunOutcome:
     """
 
     status: Optional[str] = None
-    undelivered: Mapping[str, int] = field(default_factory=dict)
+    undelivered: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -63,17 +64,17 @@ class RunOutcome:
     def not_delivered(self, run_dir: str) -> Dict[str, str]:
         """For run.json and README: each sink that may lack records, and how to fill it."""
         out = {}
-        for name, failures in sorted(self.undelivered.items()):
+        for name, what in sorted(self.undelivered.items()):
             fix = ("the write-ahead log itself: the records it lost are gone" if name == WAL_SINK
                    else f"fill it: msbridge replay {shlex.quote(run_dir)} --to {name}")
-            out[name] = f"{failures} failed call(s); {fix}"
+            out[name] = f"{what}; {fix}"
         return out
 
 
-def run_summary(status: str, counts: Mapping[str, Any], events: Sequence[Any], sink_errors: Mapping[str, int],
+def run_summary(status: str, counts: Mapping[str, Any], events: Sequence[Any], undelivered: Mapping[str, str],
                 run_dir: str) -> Dict[str, Any]:
     """How the run went, for run.json and README: status, ``counts`` (steps, wall time, losses, health
     counters), the anomalies, and what each sink did not receive (with the replay that fills it)."""
     anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in events]
     return {"status": status, **counts, "anomalies": "; ".join(anomalies) if anomalies else "none",
-            "not delivered": RunOutcome(status, sink_errors).not_delivered(run_dir) or "none"}
+            "not delivered": RunOutcome(status, undelivered).not_delivered(run_dir) or "none"}

@@ -34,7 +34,7 @@ from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.registry import resolve
 from ..sinks.runlog import last_step, rank_file
-from .metadata import collect_metadata, render_readme, run_id_for, write_run_files
+from .metadata import collect_metadata, render_readme, run_id_for, stored_run_name, write_run_files
 from .rank_sync import agree_timestamp
 from .ranks import Ranks, claim_rank_file, detect_ranks
 
@@ -49,6 +49,15 @@ def check_writable(path: str, what: str = "output_dir") -> None:
             pass
     except OSError as exc:
         raise ConfigError(f"{what}: cannot write to {path!r}: {exc.strerror or exc}") from None
+
+
+def check_same_run(run_dir: str, run_name: str) -> None:
+    """A run dir that holds a run of another name is never resumed into: ConfigError naming both names."""
+    stored = stored_run_name(run_dir)
+    if stored is not None and stored != mask_secrets({"run_name": run_name})["run_name"]:  # stored masked
+        raise ConfigError(f"output_dir {run_dir!r} holds the run {stored!r}, not {run_name!r}: a run resumes only "
+                          f"a run of the same name; to resume it set run_name: {stored!r}, for a new run put "
+                          "{run_name} in output_dir (or choose another one)")
 
 
 @dataclass
@@ -124,6 +133,7 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
     experiment_dir = render_experiment_dir(experiment_dir_template(config.experiment_dir, config.output_dir),
                                            config.experiment)
     run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp, experiment_dir)
+    check_same_run(run_dir, run_name)
     check_writable(run_dir)
     claim_rank_file(run_dir, ranks.rank)
     return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir, run_id=run_id_for(run_dir),

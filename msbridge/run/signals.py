@@ -28,7 +28,9 @@ closed, run.json and README final), then raised.
 From its first graph run on, MindSpore's runtime replaces the process's C-level
 SIGINT handler with its own, which sends the process SIGTERM: a Ctrl-C during
 training therefore reaches Python, and this guard, as SIGTERM (MindSpore 2.9,
-``mindspore::DefaultIntHandler``). ``reassert`` takes SIGINT back when the
+``mindspore::DefaultIntHandler``, installed again at the start of every graph run, with
+no setting to turn it off: taking SIGINT back per step would hold it only between graph
+runs). ``reassert`` takes SIGINT back when the
 monitor's close starts, and ``restore`` leaves Python's own handler in place,
 so a SIGINT during the close, or before MindSpore's first graph run, is
 recorded as SIGINT, and Ctrl-C after training is Python's KeyboardInterrupt again.

@@ -150,7 +150,9 @@ class Sink:
     raises it in its own ``open`` (and fills ``held_events``): replaying a run
     into it again then adds nothing. A sink that finally loses something (the
     jsonl log on a full disk) appends a ``GAP`` event to ``raised``; the
-    dispatcher hands it to every other sink.
+    dispatcher hands it to every other sink. A sink that gives up in ``close``
+    on what it still holds (a tracker still unreachable) says what in
+    ``undelivered``; the run's outcome lists it with the replay that fills it.
 
     ``start_time`` and ``end_time`` are the training's start and end for a tracker that
     records them: the run's start time (else the first record's time) and the latest time
@@ -193,6 +195,8 @@ class Sink:
         self.held_events: Set[Tuple[str, int]] = set()
         #: Events this sink raised itself, for the dispatcher to hand to every other sink (it empties the list).
         self.raised: List[Event] = []
+        #: What ``close`` gave up delivering ("30 records and status FINISHED ..."); "" when nothing.
+        self.undelivered = ""
         self.start_time = self.end_time = 0.0
 
     def open(self, run: RunInfo) -> None:

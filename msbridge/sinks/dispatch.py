@@ -5,7 +5,8 @@ the queue while idle (no polling), writes the write-ahead log (jsonl) first,
 then every other sink, each in its own try/except: a sink that raises is
 logged once with its name, counted, and the others carry on. An event a sink
 raises itself (``Sink.raised``: a ``gap`` in the jsonl log) is handed to every
-other open sink right after, like any event, and kept in ``raised``.
+other open sink right after, like any event, and kept in ``raised``. What a sink
+may lack (its failed calls, what it gave up delivering at close) is ``undelivered``.
 
 A sink marked ``on_training_thread`` (the console's progress line) is written
 in ``submit`` itself, before the batch is queued: a progress line is printed
@@ -104,6 +105,15 @@ class Dispatcher:
             self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("msbridge: sinks did not finish within %.0f s; jsonl holds every record", timeout)
+
+    @property
+    def undelivered(self) -> Dict[str, str]:
+        """Each sink that may lack records: its failed calls, and what it gave up delivering in ``close``."""
+        out = {name: f"{count} failed call(s)" for name, count in self.errors.items()}
+        for sink in (*self.sinks, *self.inline):
+            if getattr(sink, "undelivered", ""):
+                out[sink.name] = "; ".join(part for part in (out.get(sink.name), sink.undelivered) if part)
+        return out
 
     def _atexit(self) -> None:
         # Backstop for a process that exits without train_end: keep what we have.

@@ -230,6 +230,8 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
     assert [m for m in messages if "gave up" in m] == [
         f"msbridge: gave up on MLflow at {uri}: 30 records and status FINISHED not delivered; "
         f"once it is back: msbridge replay {run.run_dir} --to mlflow"]
+    assert sink.undelivered == (f"30 records and status FINISHED not delivered to MLflow at {uri} "
+                                "(unreachable until close_timeout ran out)")  # the run's outcome lists it
 
 
 def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):

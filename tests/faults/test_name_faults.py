@@ -8,6 +8,7 @@ import pytest
 from training import train_regression
 
 from msbridge import BridgeMonitor
+from msbridge.errors import ConfigError
 from msbridge.sinks.runlog import read_run
 
 
@@ -47,3 +48,32 @@ def test_a_hostile_name_stays_inside_the_output_dir(tmp_path, experiment, run_na
     assert os.path.dirname(os.path.dirname(monitor.run_dir)) == str(base)
     assert sorted(os.listdir(tmp_path)) == ["runs"], "nothing was written beside the output dir"
     assert run_json(monitor)["run_name"] == run_name
+
+
+def test_a_dir_holding_a_run_of_another_name_is_refused_before_training(tmp_path):
+    """``output_dir`` without ``{run_name}``: both names map to one dir. The second is refused in the
+    constructor (one line naming the dir and both names); the same name again resumes."""
+    fixed = str(tmp_path / "out")
+
+    def config(run_name):
+        return {"run_name": run_name, "output_dir": fixed, "flush_steps": 5, "sinks": ["jsonl"]}
+
+    def snapshot():
+        return {os.path.join(root, name): open(os.path.join(root, name), "rb").read()
+                for root, _, names in os.walk(fixed) for name in names}
+
+    first = BridgeMonitor(config("run-ü"), progress=False)
+    train_regression([first], steps=6)
+    before = snapshot()
+    with pytest.raises(ConfigError) as refused:
+        BridgeMonitor(config("run-u"), progress=False)
+    assert str(refused.value) == (
+        f"output_dir {fixed!r} holds the run 'run-ü', not 'run-u': a run resumes only a run of the same name; "
+        "to resume it set run_name: 'run-ü', for a new run put {run_name} in output_dir (or choose another one)")
+    assert snapshot() == before, "the refused run wrote nothing"
+    assert run_json(first)["run_name"] == "run-ü"
+    assert [r.step for r in read_run(fixed).ranks[0].records] == list(range(1, 7))
+
+    again = BridgeMonitor(config("run-ü"), progress=False)
+    train_regression([again], steps=6)
+    assert again.run.resumed_from_step == 6 and again.run.run_id == first.run.run_id

@@ -17,10 +17,10 @@ from msbridge.sinks.base import FAILED, FINISHED, KILLED
 def test_exit_codes_by_status_and_delivery():
     assert RunOutcome().exit_code == EXIT_OK == 0
     assert RunOutcome(FINISHED).exit_code == 0
-    assert RunOutcome(FINISHED, {"mlflow": 1}).exit_code == EXIT_UNDELIVERED == 3
-    assert RunOutcome(FAILED, {"mlflow": 1}).exit_code == EXIT_FAILED == 4
+    assert RunOutcome(FINISHED, {"mlflow": "1 failed call(s)"}).exit_code == EXIT_UNDELIVERED == 3
+    assert RunOutcome(FAILED, {"mlflow": "1 failed call(s)"}).exit_code == EXIT_FAILED == 4
     assert RunOutcome(KILLED).exit_code == EXIT_KILLED == 5
-    assert RunOutcome(FINISHED, {"jsonl": 2, "tb": 1}).not_delivered("/r") == {
+    assert RunOutcome(FINISHED, {"jsonl": "2 failed call(s)", "tb": "1 failed call(s)"}).not_delivered("/r") == {
         "jsonl": "2 failed call(s); the write-ahead log itself: the records it lost are gone",
         "tb": "1 failed call(s); fill it: msbridge replay /r --to tb"}
 
@@ -57,6 +57,26 @@ def test_a_sink_that_missed_records_is_named_with_how_to_fill_it(tmp_path):
     missed = run_json(monitor)["not delivered"]
     assert missed["broken"].endswith(f"fill it: msbridge replay {monitor.run_dir} --to broken")
     assert "- not delivered: {'broken': " in open(os.path.join(monitor.run_dir, "README.md"), encoding="utf-8").read()
+
+
+class GivesUp(Sink):
+    """A sink whose tracker is gone at the close: it says what it could not deliver, raising nothing."""
+    name = "gives_up"
+
+    def emit(self, records, events):
+        pass
+
+    def close(self, status="FINISHED"):
+        self.undelivered = f"3 records and status {status} not delivered"
+
+
+def test_what_a_sink_gave_up_on_at_close_is_undelivered_with_exit_code_3(tmp_path):
+    monitor = BridgeMonitor(config(tmp_path), sinks=[GivesUp()], progress=False)
+    train_regression([monitor], steps=12)
+    assert monitor.outcome.undelivered == {"gives_up": "3 records and status FINISHED not delivered"}
+    assert monitor.outcome.exit_code == EXIT_UNDELIVERED
+    assert run_json(monitor)["not delivered"] == {"gives_up": "3 records and status FINISHED not delivered; fill it: "
+                                                              f"msbridge replay {monitor.run_dir} --to gives_up"}
 
 
 def test_a_health_stop_is_failed_with_exit_code_4(tmp_path):

@@ -64,6 +64,25 @@ def test_a_failing_open_removes_only_that_sink():
     d.submit(make_records([1]))
     d.close()
     assert journal == [("ok", [1])] and d.errors == {"bad": 1}
+    assert d.undelivered == {"bad": "1 failed call(s)"}
+
+
+def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
+    class Flaky(Sink):
+        name = "flaky"
+
+        def emit(self, records, events):
+            raise ConnectionError("down")
+
+        def close(self, status="FINISHED"):
+            self.undelivered = "2 records not delivered"
+
+    journal = []
+    d = Dispatcher([Flaky(), Recording("ok", journal)], RUN)
+    d.submit(make_records([1]))
+    d.submit(make_records([2]))
+    d.close()
+    assert d.undelivered == {"flaky": "2 failed call(s); 2 records not delivered"}
 
 
 def test_idle_dispatcher_uses_no_cpu():
