@@ -1,7 +1,8 @@
 """msbridge: one monitor callback for MindSpore training, one metric stream, pluggable sinks.
 
 Importing msbridge imports MindSpore lazily and never imports mlflow,
-tensorboardX or mindformers.
+tensorboardX, mindformers or a sink adapter (``msbridge.adapters.*`` is imported
+when a configured sink's class is looked up).
 
 Example:
     >>> from msbridge import BridgeMonitor

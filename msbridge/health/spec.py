@@ -21,16 +21,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
+from ..sinks.options import Option
 from .detectors import DETECTORS
-from .detectors.base import ACTIONS, BOOL, INT, NUMBER, PROFILES, SKIP, STOP_ACTIONS, STR, Option
+from .detectors.base import ACTIONS, PROFILES, SKIP, STOP_ACTIONS
 
 #: Keys every check section has besides the detector's own options.
 CHECK, ACTION = "check", "action"
 
 
-def _setting(default: Any, types: Tuple[type, ...], doc: str, **allowed: Any) -> Any:
+def _setting(kind: type, default: Any, doc: str, **allowed: Any) -> Any:
     """A ``HealthSpec`` field that declares itself as an ``Option``."""
-    return field(default=default, metadata={"option": Option(default, types, doc, **allowed)})
+    return field(default=default, metadata={"option": Option(kind, default, doc, **allowed)})
 
 
 @dataclass(frozen=True)
@@ -46,19 +47,19 @@ class HealthSpec:
         True
     """
 
-    profile: str = _setting("production", STR, "sets each check's default action", choices=PROFILES)
-    warmup_steps: int = _setting(100, INT, "no check fires at or before this step; baselines still fill", low=0)
-    dump_on_anomaly: bool = _setting(True, BOOL, "write a dump directory for every action other than log")
-    dump_dir: Optional[str] = _setting(None, STR, "where dumps go (default {run_dir}/dumps)")
-    dump_quota_mb: float = _setting(512.0, NUMBER, "most the whole dump dir may hold", low=0)
-    dump_min_free_mb: float = _setting(1024.0, NUMBER, "free disk that must remain after a dump or checkpoint",
+    profile: str = _setting(str, "production", "sets each check's default action", choices=PROFILES)
+    warmup_steps: int = _setting(int, 100, "no check fires at or before this step; baselines still fill", low=0)
+    dump_on_anomaly: bool = _setting(bool, True, "write a dump directory for every action other than log")
+    dump_dir: Optional[str] = _setting(str, None, "where dumps go (default {run_dir}/dumps)")
+    dump_quota_mb: float = _setting(float, 512.0, "most the whole dump dir may hold", low=0)
+    dump_min_free_mb: float = _setting(float, 1024.0, "free disk that must remain after a dump or checkpoint",
                                        low=0)
-    dump_every_steps: int = _setting(100, INT, "at most one dump per check per this many steps", low=1)
-    dump_window: int = _setting(100, INT, "recent records saved in each dump's window.jsonl", low=1)
-    dump_batch: bool = _setting(False, BOOL, "also save the step's input batch as batch.npz")
-    checkpoint_dir: Optional[str] = _setting(None, STR, "where checkpoint_and_stop saves (default "
+    dump_every_steps: int = _setting(int, 100, "at most one dump per check per this many steps", low=1)
+    dump_window: int = _setting(int, 100, "recent records saved in each dump's window.jsonl", low=1)
+    dump_batch: bool = _setting(bool, False, "also save the step's input batch as batch.npz")
+    checkpoint_dir: Optional[str] = _setting(str, None, "where checkpoint_and_stop saves (default "
                                                         "{run_dir}/checkpoints)")
-    snapshot_every: int = _setting(1, INT, "steps between host snapshots of healthy weights", low=1)
+    snapshot_every: int = _setting(int, 1, "steps between host snapshots of healthy weights", low=1)
     checks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod

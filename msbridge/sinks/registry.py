@@ -1,10 +1,12 @@
 """Sink names -> sink classes: the built-ins plus the ``msbridge.sinks`` entry points.
 
-The one list of sink names. A built-in is one line of ``BUILTINS`` (``module:Class``);
-everything else about it (name, options, extra, reader) is declared in its class.
-Adapter modules import their tracker library only when a sink is built, so
-looking a sink up never imports mlflow or tensorboardX; ``check_available`` finds
-a missing optional package at config time and says which ``pip install`` fixes it.
+The one list of sink names. A built-in is one line of ``BUILTINS``, its name and
+``module:Class`` as an entry point has them; everything else about it (options,
+extra, reader) is declared in its class. Naming, listing and checking the names
+imports no adapter module; a sink's module is imported when its class is asked for
+(its options checked, or the sink built), and its tracker library only when the
+sink is built. ``check_available`` finds a missing optional package at config time
+and says which ``pip install`` fixes it.
 
 Example:
     >>> sink_cls = resolve("jsonl")
@@ -23,23 +25,19 @@ from .base import Sink
 
 ENTRY_POINT_GROUP = "msbridge.sinks"
 
-#: The built-in sinks, in the order they are listed.
-BUILTINS: Tuple[str, ...] = (
-    "msbridge.adapters.jsonl_sink:JsonlSink",
-    "msbridge.adapters.tensorboard_sink:TensorBoardSink",
-    "msbridge.adapters.mlflow_sink:MlflowSink",
-    "msbridge.adapters.mindinsight_sink:MindInsightSink",
-)
+#: The built-in sinks, in the order they are listed: name -> ``module:Class`` (whose ``name`` it is).
+BUILTINS: Dict[str, str] = {
+    "jsonl": "msbridge.adapters.jsonl_sink:JsonlSink",
+    "tensorboard": "msbridge.adapters.tensorboard_sink:TensorBoardSink",
+    "mlflow": "msbridge.adapters.mlflow_sink:MlflowSink",
+    "mindinsight": "msbridge.adapters.mindinsight_sink:MindInsightSink",
+}
 
 
 @lru_cache(maxsize=None)
-def _builtins() -> Dict[str, Type[Sink]]:
-    classes = {}
-    for target in BUILTINS:
-        module_name, _, attr = target.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
-        classes[cls.name] = cls
-    return classes
+def _builtin(name: str) -> Type[Sink]:
+    module_name, _, attr = BUILTINS[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def _entry_points() -> Dict[str, object]:
@@ -48,19 +46,19 @@ def _entry_points() -> Dict[str, object]:
 
 def builtin_names() -> Tuple[str, ...]:
     """The built-in sinks' names: ``("jsonl", "tensorboard", "mlflow", "mindinsight")``."""
-    return tuple(_builtins())
+    return tuple(BUILTINS)
 
 
 def available() -> Tuple[str, ...]:
     """Every sink name that can be configured: built-ins first, then plug-ins."""
-    plugins = sorted(n for n in _entry_points() if n not in _builtins())
+    plugins = sorted(n for n in _entry_points() if n not in BUILTINS)
     return builtin_names() + tuple(plugins)
 
 
 def sink_class(name: str) -> Type[Sink]:
     """The class registered under ``name``, its extra installed or not; ``ConfigError`` for an unknown name."""
-    if name in _builtins():
-        return _builtins()[name]
+    if name in BUILTINS:
+        return _builtin(name)
     plugin = _entry_points().get(name)
     if plugin is None:
         raise ConfigError(f"unknown sink {name!r}; registered sinks: {', '.join(available())}")

@@ -26,8 +26,8 @@ from msbridge.adapters._mlflow_fields import MAX_KEY_LENGTH, clean_key
 from msbridge.adapters._mlflow_process import NICE, ClientProcess, TrackerError
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
-from msbridge.cli.servers import MlflowServer, free_port
 
+from msbridge.cli.servers import MlflowServer, free_port
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
@@ -86,11 +86,46 @@ def close(sinks, status=FINISHED):
         sink.close(status)
 
 
-def timed(call, *args, limit=3.0):
-    """``call(*args)``, asserting it returns within ``limit`` seconds."""
-    start = time.monotonic()
-    call(*args)
-    assert time.monotonic() - start < limit, f"{call.__name__} blocked for {time.monotonic() - start:.1f} s"
+class Requests:
+    """When each request of each MlflowSink to MLflow started: its real calls into MLflow's client process,
+    counted (``_connect`` only hands the child the URI). Counts and spacings hold on a loaded machine too,
+    where a wall-clock limit on a sink call would not.
+
+    Example:
+        >>> requests = Requests(monkeypatch)
+        >>> len(requests.during(sink, sink.flush))  # 0 within the backoff, else 1 attempt
+    """
+
+    def __init__(self, monkeypatch):
+        self.started = {}  # ClientProcess -> monotonic start of each request
+        original = ClientProcess._call
+
+        def counted(client, name, args, kwargs):
+            if not name.startswith("_"):
+                self.started.setdefault(client, []).append(time.monotonic())
+            return original(client, name, args, kwargs)
+        monkeypatch.setattr(ClientProcess, "_call", counted)
+
+    def during(self, sink, call, *args):
+        """The start times of the requests ``call(*args)`` sent for ``sink``."""
+        client = sink._client  # close() lets go of it
+        before = len(self.started.get(client, []))
+        call(*args)
+        return self.started.get(client, [])[before:]
+
+
+def backoff(initial, maximum):
+    """The sink's waits after each failed attempt: ``initial``, doubling, at most ``maximum``."""
+    delay = initial
+    while True:
+        yield delay
+        delay = min(2 * delay, maximum)
+
+
+def assert_backs_off(started, initial, maximum):
+    """Each request began at least the backoff after the one before had begun (and failed)."""
+    gaps = np.diff(started)
+    assert all(gap >= delay for gap, delay in zip(gaps, backoff(initial, maximum))), (gaps, initial)
 
 
 def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
@@ -215,6 +250,7 @@ def test_resume_catches_up_from_the_jsonl_log(uri, tmp_path):
 def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeypatch):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every request is refused, for real
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's own setting
+    requests = Requests(monkeypatch)
     sink = MlflowSink(tracking_uri=uri, max_pending=30, close_timeout=1.0, backoff_initial=0.1)
     run = mlflow_run(tmp_path)
     sink.open(run)
@@ -223,7 +259,11 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
     with caplog.at_level(logging.WARNING, logger="msbridge"):
         for start in range(1, 100, 10):
             sink.write(make_records(range(start, start + 10)), [])
-        timed(sink.close, limit=5.0)
+        tries = requests.during(sink, sink.close)
+    # close retries with backoff (waits of at least 0.1, 0.2, 0.4 ... s) while close_timeout=1 s lasts, then makes
+    # a last try at the deadline: 1 s holds three such waits, so five requests at most, however slow the machine
+    assert 1 <= len(tries) <= 5
+    assert_backs_off(tries[:-1], 0.1, 60.0)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in m for m in messages) == 1
     assert sum("dropping the oldest" in m for m in messages) == 1
@@ -234,12 +274,16 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
                                 "(unreachable until close_timeout ran out)")  # the run's outcome lists it
 
 
-def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):
+def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog, monkeypatch):
     """Job A logs, the server is SIGKILLed, job B starts during the outage; both keep writing,
-    the server comes back on the same port, and both runs end complete, each step once."""
+    the server comes back on the same port, and both runs end complete, each step once.
+
+    No write or flush blocks its caller: each sends one request at most (MLflow's own retries are off, so that
+    is one refused connection), and a sink's requests are spaced by its backoff."""
     uri = f"http://user:secret@127.0.0.1:{server.port}"  # fake credentials: they must never be logged
     options = dict(tracking_uri=uri, backoff_initial=0.2, backoff_max=1.0, close_timeout=30)
     caplog.set_level(logging.INFO)
+    requests = Requests(monkeypatch)
 
     def unreachable_warnings():
         return [r for r in caplog.records if r.levelno == logging.WARNING and "unreachable" in r.getMessage()]
@@ -252,15 +296,22 @@ def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog):
     server.kill()
     try:
         jsonl_b, sink_b = open_pair(run_b, **options)
+        outage = {sink_a: [], sink_b: []}
         for start in (41, 61, 81):
             for jsonl, sink in ((jsonl_a, sink_a), (jsonl_b, sink_b)):
                 jsonl.write(make_records(range(start, start + 20)), [])
-                timed(sink.write, make_records(range(start, start + 20)), [])
-                timed(sink.flush)
-            time.sleep(0.3)  # long enough for the backoff to allow more attempts
+                wrote = requests.during(sink, sink.write, make_records(range(start, start + 20)), [])
+                flushed = requests.during(sink, sink.flush)
+                assert len(wrote) <= 1 and len(flushed) <= 1, "one attempt per call, never a retry loop in it"
+                outage[sink] += wrote + flushed
+            time.sleep(0.3)  # longer than the first backoff: the next round tries again
         assert len(unreachable_warnings()) == 2  # one per sink, not one per failed attempt
     finally:
         server.start()
+    for sink, started in outage.items():
+        assert sink._client._env["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"  # a request is one connection attempt
+        assert len(started) >= 2, "rounds 1 and 2 both tried"
+        assert_backs_off(started, 0.2, 1.0)
     for pair in ((jsonl_a, sink_a), (jsonl_b, sink_b)):
         write(pair, make_records(range(101, 121)))
         close(pair)

@@ -113,11 +113,13 @@ def test_lr_schedule_time_is_its_own_phase_not_the_drains():
 
     start = time.perf_counter()
     values = budget.timed_lr(slow_schedule)(np.arange(3))
-    budget.add("drain", time.perf_counter() - start + 0.001)  # the drain's wall time includes the schedule's
+    drain = time.perf_counter() - start + 0.001  # the drain's wall time includes the schedule's
+    budget.add("drain", drain)
     np.testing.assert_allclose(values, [0.0, 0.1, 0.2])
     costs = budget.costs()
-    assert costs["learning-rate schedule evaluation"] >= 0.02
-    assert 0.0009 < costs["drain (device->host copy)"] < 0.005
+    lr = costs["learning-rate schedule evaluation"]
+    assert 0.02 <= lr <= drain - 0.001  # the schedule's own time, measured inside the drain
+    assert costs["drain (device->host copy)"] == pytest.approx(drain - lr)  # the drain without it
     assert budget.timed_lr(None) is None
 
 

@@ -12,7 +12,7 @@ import pytest
 from msbridge import ConfigError
 from msbridge.capture.window import Window
 from msbridge.health.detectors import DETECTORS, Detector, Finding, Option, StepView
-from msbridge.health.detectors.base import LOG, NUMBER, STOP
+from msbridge.health.detectors.base import LOG, STOP
 from msbridge.health.runner import NAN_STEPS, SKIPPED_STEPS, Health
 from msbridge.health.spec import HealthSpec
 from msbridge.names import LOSS, LR, OVERFLOW
@@ -23,7 +23,7 @@ class LossAbove(Detector):
     """A check the runner has never heard of: the loss above ``limit``, once per episode."""
 
     name = "loss_above"
-    options = {"limit": Option(5.0, NUMBER, "the loss above this is an anomaly", low=0, low_open=True)}
+    options = {"limit": Option(float, 5.0, "the loss above this is an anomaly", low=0, low_open=True)}
     default_action = {"debug": STOP, "production": LOG}
     early_stop = True
 

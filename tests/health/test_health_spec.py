@@ -11,6 +11,7 @@ from msbridge import ConfigError
 from msbridge.health.detectors import DETECTORS
 from msbridge.health.detectors.base import ACTIONS, PROFILES, Option
 from msbridge.health.spec import SETTINGS, HealthSpec, health_problems
+from msbridge.sinks.options import Option as SinkOption
 
 
 def test_profiles_set_the_default_actions_and_an_explicit_action_wins():
@@ -60,6 +61,14 @@ def test_types_choices_and_null_come_from_the_declarations():
         (("health", "dump_dir"), "expected a string or null, got 3"),
         (("health", "plateau", "check"), "expected true or false, got 'no'"),
     ]
+
+
+def test_checks_declare_options_with_the_sinks_option_type_and_rule():
+    """One ``Option`` for sinks and checks: a path may not be empty under ``health`` either."""
+    declared = list(SETTINGS.values()) + [o for d in DETECTORS.values() for o in d.options.values()]
+    assert Option is SinkOption and all(type(o) is SinkOption for o in declared)
+    assert health_problems({"dump_dir": "", "checkpoint_dir": "/ckpt"}) == [
+        (("health", "dump_dir"), "expected a non-empty string or null, got ''")]
 
 
 def test_every_declaration_is_complete_and_its_default_is_valid():

@@ -2,6 +2,7 @@
 ``Sink.write`` drops the steps a sink holds, once for every sink."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,25 @@ def test_a_right_value_passes(option, value):
 def test_only_plain_types_can_be_declared():
     with pytest.raises(TypeError, match="bool, int, float, str"):
         Option(list, [], "a list")
+    with pytest.raises(TypeError, match="only an int or float Option has bounds"):
+        Option(str, "x", "s", low=1)
+
+
+@pytest.mark.parametrize("option, value, whole, rule", [
+    (Option(float, 0.98, "d", low=0, low_open=True, high=1), 1.0, "expected a number > 0 and < 1, got 1.0",
+     "must be < 1, got 1.0"),
+    (Option(float, 0.98, "d", low=0, low_open=True, high=1), 0, "expected a number > 0 and < 1, got 0",
+     "must be > 0, got 0"),
+    (Option(float, 1.0, "f", 0), math.nan, "expected a number >= 0, got nan", "must be >= 0, got nan"),
+    (Option(int, 5, "i", 1), True, "expected an integer >= 1, got True", "expected an int, got True"),
+    (Option(str, "debug", "p", choices=("debug", "production")), "debugg", "expected one of debug, production, "
+     "got 'debugg'", "must be one of debug, production, got 'debugg'; did you mean 'debug'?"),
+    (Option(str, None, "s"), "", "expected null or a non-empty string, got ''",
+     "expected a non-empty string or null, got ''"),
+])
+def test_one_rule_two_wordings(option, value, whole, rule):
+    """One rule for sinks and health checks: ``check`` says the whole expectation, ``problem`` the broken rule."""
+    assert (option.check(value), option.problem(value)) == (whole, rule)
 
 
 def test_unknown_options_suggest_or_list_the_declared_ones():

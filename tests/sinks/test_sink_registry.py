@@ -1,6 +1,7 @@
 """Sink registry: built-ins, third-party entry points, missing extras, lazy imports; what each sink declares."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ def test_builtins_resolve():
 
 @pytest.mark.parametrize("name", registry.builtin_names())
 def test_every_builtin_declares_itself(name):
-    """Name, typed options, extra and reader live in the adapter class; the registry holds only its path."""
+    """Typed options, extra and reader live in the adapter class; the registry holds its name and path."""
     cls = registry.sink_class(name)
     assert cls.name == name and cls.ranks in ("all", "global")
     assert cls.options and all(isinstance(o, Option) and o.doc for o in cls.options.values())
@@ -82,3 +83,16 @@ def test_importing_msbridge_imports_no_tracker():
             "print(sorted(m for m in ('mlflow','tensorboardX','mindformers','mindspore') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_naming_sinks_imports_no_adapter_and_a_lookup_only_its_own():
+    """``import msbridge`` and naming sinks import no adapter; looking a sink's class up imports its own module."""
+    code = ("import json, sys, msbridge, msbridge.config.load; from msbridge.sinks import registry;"
+            "adapters = lambda: sorted(m for m in sys.modules if m.startswith('msbridge.adapters.'));"
+            "seen = [adapters()]; registry.available(); registry.builtin_names(); seen.append(adapters());"
+            "registry.sink_class('mlflow'); seen.append(adapters()); seen.append('mlflow' in sys.modules);"
+            "print(json.dumps(seen))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    imported, named, looked_up, tracker = json.loads(out.stdout)
+    assert imported == named == [] and not tracker
+    assert "msbridge.adapters.mlflow_sink" in looked_up and all("mlflow" in m for m in looked_up), looked_up

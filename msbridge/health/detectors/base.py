@@ -1,17 +1,18 @@
 """The health-check protocol: what a detector declares, what it sees each step, what it reports.
 
 A detector is one class: it declares its ``name``, its ``options`` (each an
-``Option``: type, default, allowed range or choices, one-line doc) and its
-``default_action`` per profile, and has one method, ``observe(view)``, called
-once per recorded step, in step order, with that step's ``StepView``. It keeps
-its own state across flush windows and returns a ``Finding`` on the *first*
-step of an episode (a run of anomalous steps), else None. The runner builds it
-as ``cls(warmup_steps=..., **options)`` from the validated ``health`` section.
+``Option``, the type sinks declare theirs with: type, default, one-line doc,
+allowed range or choices) and its ``default_action`` per profile, and has one
+method, ``observe(view)``, called once per recorded step, in step order, with
+that step's ``StepView``. It keeps its own state across flush windows and
+returns a ``Finding`` on the *first* step of an episode (a run of anomalous
+steps), else None. The runner builds it as ``cls(warmup_steps=..., **options)``
+from the validated ``health`` section.
 
 Example:
     >>> class LrZero(Detector):
     ...     name = "lr_zero"
-    ...     options = {"limit": Option(0.0, NUMBER, "lr at or below this is zero", low=0)}
+    ...     options = {"limit": Option(float, 0.0, "lr at or below this is zero", low=0)}
     ...     default_action = {"debug": DUMP, "production": LOG}
     ...     def __init__(self, warmup_steps: int = 0, limit: float = 0.0) -> None:
     ...         super().__init__(warmup_steps)
@@ -27,10 +28,10 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
-from ...errors import did_you_mean
 from ...names import GRAD_NORM, LOSS
+from ...sinks.options import Option
 
 #: Finding kinds; also the kinds of the events they become.
 ANOMALY, RECOVERY = "anomaly", "recovery"
@@ -41,55 +42,8 @@ ACTIONS = (LOG, DUMP, SKIP, STOP, CHECKPOINT_AND_STOP)
 STOP_ACTIONS = (STOP, CHECKPOINT_AND_STOP)
 PROFILES = ("debug", "production")
 
-#: Option types: an int only; any number (an int or a float); true/false; a string.
-INT, NUMBER, BOOL, STR = (int,), (int, float), (bool,), (str,)
 #: A detector that compares against a baseline is armed once it holds this many values.
 MIN_BASELINE = 10
-_TYPE_WORDS = {INT: "an int", NUMBER: "a number", BOOL: "true or false", STR: "a string"}
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of a check (or of the ``health`` section): type, default, allowed values, doc.
-
-    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high``
-    excluded); ``choices`` lists the allowed values; a ``None`` default also allows null.
-
-    Example:
-        >>> Option(0.98, NUMBER, "EMA decay of the loss", low=0, low_open=True, high=1).problem(1.0)
-        'must be < 1, got 1.0'
-    """
-
-    default: Any
-    types: Tuple[type, ...]
-    doc: str
-    low: Optional[float] = None
-    low_open: bool = False
-    high: Optional[float] = None
-    choices: Tuple[Any, ...] = ()
-
-    def problem(self, value: Any) -> Optional[str]:
-        """Why ``value`` is not allowed, or None when it is."""
-        if value is None and self.default is None:
-            return None
-        if not _type_ok(value, self.types):
-            null = " or null" if self.default is None else ""
-            return f"expected {_TYPE_WORDS.get(self.types, ' or '.join(t.__name__ for t in self.types))}{null}, " \
-                   f"got {value!r}"
-        if self.choices and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}" \
-                   f"{did_you_mean(str(value), [str(c) for c in self.choices])}"
-        if self.low is not None and (value < self.low or (value == self.low and self.low_open)):
-            return f"must be {'>' if self.low_open else '>='} {self.low}, got {value!r}"
-        if self.high is not None and value >= self.high:
-            return f"must be < {self.high}, got {value!r}"
-        return None
-
-
-def _type_ok(value: Any, types: Tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
 
 
 @dataclass(frozen=True)

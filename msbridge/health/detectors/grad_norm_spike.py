@@ -15,7 +15,7 @@ from collections import deque
 from statistics import median as _median  # sorts in C: ~10x faster than np.median on these few dozen values
 from typing import Deque, Optional
 
-from .base import DUMP, INT, MIN_BASELINE, NUMBER, Detector, Finding, Option, StepView, finite
+from .base import DUMP, MIN_BASELINE, Detector, Finding, Option, StepView, finite
 
 
 class GradNormSpike(Detector):
@@ -28,11 +28,11 @@ class GradNormSpike(Detector):
 
     name = "grad_norm_spike"
     options = {
-        "factor": Option(4.0, NUMBER, "a spike is above factor x the median of the recent normal grad norms",
+        "factor": Option(float, 4.0, "a spike is above factor x the median of the recent normal grad norms",
                          low=1, low_open=True),
-        "window": Option(100, INT, "how many recent normal grad norms the median is taken over", low=1),
-        "threshold": Option(None, NUMBER, "an absolute limit instead of factor x median", low=0, low_open=True),
-        "count": Option(1, INT, "steps in a row above the limit before it is reported", low=0),
+        "window": Option(int, 100, "how many recent normal grad norms the median is taken over", low=1),
+        "threshold": Option(float, None, "an absolute limit instead of factor x median", low=0, low_open=True),
+        "count": Option(int, 1, "steps in a row above the limit before it is reported", low=0),
     }
     default_action = {"debug": DUMP, "production": DUMP}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from statistics import median as _median
 from typing import Deque, Optional
 
-from .base import DUMP, INT, LOG, MIN_BASELINE, NUMBER, RECOVERY, Detector, Finding, Option, StepView, finite
+from .base import DUMP, LOG, MIN_BASELINE, RECOVERY, Detector, Finding, Option, StepView, finite
 
 #: 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_STD = 1.4826
@@ -42,12 +42,12 @@ class LossSpike(Detector):
 
     name = "loss_spike"
     options = {
-        "window": Option(50, INT, "how many recent normal losses the median and MAD are taken over", low=1),
-        "sigmas": Option(6.0, NUMBER, "a spike is this many robust standard deviations above the median",
+        "window": Option(int, 50, "how many recent normal losses the median and MAD are taken over", low=1),
+        "sigmas": Option(float, 6.0, "a spike is this many robust standard deviations above the median",
                          low=0, low_open=True),
-        "recover_sigmas": Option(2.0, NUMBER, "recovered once back within this many of them",
+        "recover_sigmas": Option(float, 2.0, "recovered once back within this many of them",
                                  low=0, low_open=True),
-        "min_rise": Option(0.1, NUMBER, "and at least this fraction of the median above it", low=0),
+        "min_rise": Option(float, 0.1, "and at least this fraction of the median above it", low=0),
     }
     default_action = {"debug": DUMP, "production": LOG}
 

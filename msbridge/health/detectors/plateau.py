@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .base import INT, LOG, NUMBER, Detector, Finding, Option, StepView, finite
+from .base import LOG, Detector, Finding, Option, StepView, finite
 
 
 class Plateau(Detector):
@@ -24,9 +24,9 @@ class Plateau(Detector):
 
     name = "plateau"
     options = {
-        "patience": Option(500, INT, "steps without improvement before it is reported", low=1),
-        "min_delta": Option(1e-3, NUMBER, "the smoothed loss must fall by more than this to count", low=0),
-        "ema_decay": Option(0.98, NUMBER, "decay of the loss's exponential moving average",
+        "patience": Option(int, 500, "steps without improvement before it is reported", low=1),
+        "min_delta": Option(float, 1e-3, "the smoothed loss must fall by more than this to count", low=0),
+        "ema_decay": Option(float, 0.98, "decay of the loss's exponential moving average",
                             low=0, low_open=True, high=1),
     }
     default_action = {"debug": LOG, "production": LOG}

@@ -16,7 +16,7 @@ from collections import deque
 from statistics import median as _median
 from typing import Deque, List, Optional, Tuple
 
-from .base import INT, LOG, NUMBER, Detector, Finding, Option, StepView, finite
+from .base import LOG, Detector, Finding, Option, StepView, finite
 
 
 def rate_of(view: StepView) -> Tuple[float, str]:
@@ -36,9 +36,9 @@ class ThroughputDrop(Detector):
 
     name = "throughput_drop"
     options = {
-        "baseline_steps": Option(20, INT, "steps after warm-up whose median rate is the baseline", low=1),
-        "window": Option(10, INT, "recent steps whose median rate is compared with it", low=1),
-        "factor": Option(0.5, NUMBER, "a drop is a recent rate below factor x the baseline",
+        "baseline_steps": Option(int, 20, "steps after warm-up whose median rate is the baseline", low=1),
+        "window": Option(int, 10, "recent steps whose median rate is compared with it", low=1),
+        "factor": Option(float, 0.5, "a drop is a recent rate below factor x the baseline",
                          low=0, low_open=True, high=1),
     }
     default_action = {"debug": LOG, "production": LOG}
