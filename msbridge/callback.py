@@ -155,8 +155,8 @@ class BridgeMonitor(Callback):
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
-                                    int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval,
-                                    self.run.rank).start(param(cb, "train_network"), optimizer, ring_cell, first_step)
+                                    int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
+        self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
@@ -276,8 +276,8 @@ class BridgeMonitor(Callback):
                 self._dispatch_pending()
             return
         if self._internals is not None:
-            self._internals.fill(window, at_flush=dispatch)
-            self._pending_events.extend(Event(HISTOGRAM, int(window.steps[-1]), self.run.rank, time.time(), d)
+            self._internals.fill(window, at_flush=dispatch, step=self._last_step)  # histograms: at the last step
+            self._pending_events.extend(Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d)
                                         for d in window.histograms)  # to the sinks, not into the outcome
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one

@@ -6,6 +6,7 @@
     global (rank 0 only): train/global_loss  dist/loss_min  dist/loss_max
     dist/loss_std  dist/outlier_rank  dist/loss/rank_{r}
     model internals: grad_norm/{param}  weight_norm/{param}  optimizer/{state}_norm/{param}
+    histogram event tags: weights/{param}  grads/{param}
     memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb
     system/npu_utilization_pct  system/npu_hbm_used_mb  system/npu_hbm_total_mb
     system/npu_memory_used_mb  system/npu_memory_total_mb  system/npu_temperature_c  system/npu_power_w
@@ -45,9 +46,11 @@ OPTIMIZER_PREFIX = "optimizer/"
 #: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
 ADAM_STATES = ("adam_m", "adam_v")
 
-# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefix.
+# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefixes (a parameter's values, and
+# its gradient where the train cell keeps a copy: ``TrainStep``).
 HISTOGRAM = "histogram"
 WEIGHTS_HISTOGRAM_PREFIX = "weights/"
+GRADS_HISTOGRAM_PREFIX = "grads/"
 
 # Memory (``memory: true``), per flush.
 DEVICE_ALLOCATED_MB = "memory/device_allocated_mb"

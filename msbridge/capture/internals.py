@@ -9,14 +9,15 @@ every flushed ``Window``:
 - ``weight_norm/<param>`` and ``optimizer/adam_m_norm/<param>``,
   ``optimizer/adam_v_norm/<param>`` (Adam-family optimizers), read at each flush;
 - ``memory/*`` at each flush; ``system/npu_*`` from the background sampler;
-- ``histogram`` events of the weights matching ``histograms``, at a flush at least
-  ``histogram_interval`` steps after the last ones (``WeightHistograms``).
+- histograms of the weights matching ``histograms``, and of their gradients with
+  ``TrainStep``, at a flush at least ``histogram_interval`` steps after the last
+  ones (``ParamHistograms``); the callback sends them as ``histogram`` events.
 
 Nothing here runs on a step that does not flush.
 
 Example:
     >>> internals = Internals(layer_norms=".*", memory=True).start(train_network, optimizer, ring_cell)
-    >>> internals.fill(window, at_flush=True)   # in BridgeMonitor.flush
+    >>> internals.fill(window, at_flush=True, step=100)   # in BridgeMonitor.flush
     >>> internals.close()
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import logging
 from typing import Any, Dict, Optional, Sequence
 
 from ..names import grad_norm_name, optimizer_norm_name, weight_norm_name
-from .histograms import WeightHistograms
+from .histograms import ParamHistograms
 from .memory import MemoryReader
 from .param_norms import StateNorms, optimizer_states
 from .param_select import ParamSelector, Selection
@@ -44,17 +45,16 @@ class Internals:
         memory: record ``memory/*`` at each flush.
         system_interval_s: seconds between ``npu-smi`` samples (None: off).
         device_id: this rank's MindSpore device id (its own NPU chip).
-        histograms: regex over parameter names for weight histograms (None: none).
+        histograms: regex over parameter names for weight (and gradient) histograms (None: none).
         histogram_interval: the fewest steps between two histograms (None: every flush).
-        rank: this process's rank, on the histogram events.
 
     Example:
-        >>> Internals(layer_norms="attention", memory=True).start(net, opt, None).fill(window, at_flush=True)
+        >>> Internals(layer_norms="attention", memory=True).start(net, opt, None).fill(window, True, step=10)
     """
 
     def __init__(self, layer_norms: Optional[str] = None, layer_norms_group: Optional[str] = None,
                  memory: bool = False, system_interval_s: Optional[float] = None, device_id: int = 0,
-                 histograms: Optional[str] = None, histogram_interval: Optional[int] = None, rank: int = 0) -> None:
+                 histograms: Optional[str] = None, histogram_interval: Optional[int] = None) -> None:
         self.selector = ParamSelector(layer_norms, layer_norms_group) if layer_norms else None
         self.memory_on = memory
         self.system_interval_s = system_interval_s
@@ -64,7 +64,7 @@ class Internals:
         self.state_selection: Optional[Selection] = None
         self.memory: Optional[MemoryReader] = None
         self.sampler: Optional[NpuSampler] = None
-        self.histograms = WeightHistograms(histograms, histogram_interval, rank) if histograms else None
+        self.histograms = ParamHistograms(histograms, histogram_interval) if histograms else None
 
     def start(self, train_network: Any, optimizer: Any, ring_cell: Any, first_step: int = 0) -> "Internals":
         """Select the parameters, say once what cannot be recorded, start the sampler."""
@@ -77,7 +77,7 @@ class Internals:
         if self.system_interval_s:
             self.sampler = NpuSampler.start(self.system_interval_s, self.device_id)
         if self.histograms is not None:
-            self.histograms.start(train_network, optimizer, first_step)
+            self.histograms.start(train_network, optimizer, ring_cell, first_step)
         return self
 
     def _bind_norms(self, train_network: Any, optimizer: Any, ring_cell: Any) -> None:
@@ -107,8 +107,9 @@ class Internals:
             else f"{len(selection.indices)} parameter(s)"
         log.info("msbridge: layer_norms %r: %s for %s", self.selector.pattern, ", ".join(what), per)
 
-    def fill(self, window: Window, at_flush: bool) -> None:
-        """Add this window's series; ``at_flush``: also read the state sampled once per flush."""
+    def fill(self, window: Window, at_flush: bool, step: int) -> None:
+        """Add this window's series; ``at_flush``: also read the state sampled once per flush, at ``step``
+        (the last step trained: the weights and gradient copies are that step's)."""
         if self.grads is not None and window.param_grad_norms is not None:
             window.series.update(self.grads.named(grad_norm_name, window.param_grad_norms))
         if self.sampler is not None:
@@ -116,7 +117,7 @@ class Internals:
         if not at_flush:
             return
         if self.histograms is not None and len(window):
-            window.histograms.extend(self.histograms.take(int(window.steps[-1])))
+            window.histograms.extend(self.histograms.take(step))
         selection = self.state_selection
         for state, reader in self.states.items():
             name = weight_norm_name if state == "weight" else lambda p, s=state: optimizer_norm_name(s, p)

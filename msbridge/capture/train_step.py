@@ -6,7 +6,9 @@ kernel), optional clipping by global norm, the optimizer update, and one row
 of the ring buffer: loss, grad norm, the lr the optimizer used, loss scale,
 overflow, then every parameter's squared gradient norm (the square sums the
 global norm is made of: no extra reduction, no extra op but one concat). It returns the loss, so every
-ordinary callback still works.
+ordinary callback still works. When the monitor's ``histograms`` asks for them (``keep_grads``, at train
+begin, before the step compiles), the step also copies the matched gradients into device Parameters
+(after unscaling, before clipping: the gradients ``grad_norm/<param>`` measures), read at a histogram flush.
 
 Example:
     >>> from msbridge import BridgeMonitor, TrainStep
@@ -17,15 +19,19 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
 from ..names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from .ring_cell import DEFAULT_RING_SIZE, RingCell
+
+#: Attribute (and Parameter name prefix) of the gradient copies ``keep_grads`` makes, and of their written mark.
+GRADS_NAME = "msbridge_grads"
+GRADS_STEP_NAME = "msbridge_grads_step"
 
 _square_sum = ops.MultitypeFuncGraph("msbridge_square_sum")
 _all_finite = ops.MultitypeFuncGraph("msbridge_all_finite")
@@ -105,7 +111,50 @@ class TrainStep(RingCell):
             self.grad_reducer = nn.DistributedGradReducer(self.weights, _get_gradients_mean(), _get_device_num())
         self.ring_columns = tuple(name for name, on in ((LOSS, True), (GRAD_NORM, True), (LR, self.has_lr),
                                                         (LOSS_SCALE, self.scaled), (OVERFLOW, True)) if on)
+        self.grad_indices: Tuple[int, ...] = ()  # positions in self.weights whose gradients are kept (keep_grads)
         self._get_attr_from_cell(network)
+
+    def keep_grads(self, names: Sequence[str]) -> Tuple[str, ...]:
+        """From the next compile on, copy the gradients of the parameters named in ``names`` into device
+        Parameters at every step (``GRADS_NAME.<param>``, the parameter's shape and dtype; one device copy each,
+        nothing leaves the device). Returns the names kept, in ``optimizer.parameters`` order.
+
+        Call it before the step is first compiled (``BridgeMonitor`` does, at train begin, for ``histograms``):
+        a step compiled earlier does not write the copies, which ``kept_grads`` then reports. The copies are
+        Parameters of this cell, so a checkpoint of it holds them too.
+        """
+        wanted = set(names)
+        indices = tuple(i for i, p in enumerate(self.weights) if p.name in wanted)
+        if indices != self.grad_indices:
+            for old in getattr(self, GRADS_NAME, ()):  # a different selection: the old copies go
+                self._params.pop(old.name, None)
+            if indices:
+                copies = ParameterTuple(self.weights[i] for i in indices).clone(prefix=GRADS_NAME, init="zeros")
+                for copy in copies:
+                    copy.requires_grad = False
+                setattr(self, GRADS_NAME, copies)
+                # -1 until a step writes the copies: how kept_grads tells a step compiled without them
+                setattr(self, GRADS_STEP_NAME, Parameter(Tensor(-1, ms.int32), name=GRADS_STEP_NAME,
+                                                         requires_grad=False))
+            self.grad_indices = indices
+        elif indices:  # the same copies (a second train call): a graph compiled with them marks them again
+            getattr(self, GRADS_STEP_NAME).set_data(Tensor(-1, ms.int32))
+        return tuple(self.weights[i].name for i in indices)
+
+    def kept_grads(self) -> Optional[Dict[str, Any]]:
+        """``{param name: its gradient copy}`` of the latest step, or None when no step has written them since
+        ``keep_grads`` (none kept, or the step was compiled before it: ``Model.build``, an earlier ``train``).
+        Reads one int from the device."""
+        if not self.grad_indices or int(getattr(self, GRADS_STEP_NAME).asnumpy()) < 0:
+            return None
+        return {self.weights[i].name: copy for i, copy in zip(self.grad_indices, getattr(self, GRADS_NAME))}
+
+    def _copy_grads(self, grads: Any) -> Any:
+        """Inside the step: assign each kept gradient to its copy, and the ring counter to the written mark."""
+        written = ops.assign(self.msbridge_grads_step, self.msbridge_ring_step)
+        for k in range(len(self.grad_indices)):
+            written = ops.depend(written, ops.assign(self.msbridge_grads[k], grads[self.grad_indices[k]]))
+        return written
 
     def construct(self, *inputs: Any) -> Any:
         loss = self.network(*inputs)
@@ -117,6 +166,8 @@ class TrainStep(RingCell):
         grads = self.grad_reducer(grads)
         if self.scaled:
             grads = self.hyper_map(ops.partial(_scale, ops.reciprocal(scale)), grads)
+        if self.grad_indices:  # a constant when compiled: without gradient histograms the graph has no copy
+            loss = ops.depend(loss, self._copy_grads(grads))
         squares = ops.stack(self.hyper_map(_square_sum, grads))  # one per parameter
         grad_norm = ops.sqrt(squares.sum())
         finite = ops.logical_and(ops.stack(self.hyper_map(_all_finite, grads)).all(), ops.isfinite(loss).all())

@@ -28,8 +28,8 @@ class Window:
     ring with per-parameter columns held; ``series`` are further per-step
     series recorded under their own names (the selected ``grad_norm/<param>``);
     ``timed`` are samples taken at wall-clock times (the NPU sampler), each
-    recorded on the last step that ended at or before it. ``histograms`` are the weight histograms taken
-    at the flush (plain dicts), handed to the sinks as ``histogram`` events.
+    recorded on the last step that ended at or before it. ``histograms`` are the weight (and
+    gradient) histograms taken at the flush (plain dicts), handed to the sinks as ``histogram`` events.
     """
 
     steps: np.ndarray

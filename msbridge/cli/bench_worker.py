@@ -28,6 +28,9 @@ from .bench_probes import mlflow_child_rss_mb, process_cpu_s, rss_mb, thread_cpu
 MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
 BATCH = 8
 SINK_SIZE = 20
+#: Setups whose train cell is ``TrainStep`` (the device ring); the others train ``nn.TrainOneStepCell``
+#: or mindformers' cell.
+TRAIN_STEP_SETUPS = ("a_ts", "g", "ln", "hist")
 
 
 class _Timer(Callback):
@@ -195,10 +198,11 @@ def _with_fake_npu_smi(work: str) -> Any:
     return _msbridge(work, ["jsonl"], system={"interval_s": 1})
 
 
-def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
+def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str, Callable[[], List[Any]]]:
+    """Setup key -> what builds its callbacks (nothing is built until one is called)."""
     from mindspore.train import LossMonitor
 
-    builders: Dict[str, Callable[[], List[Any]]] = {
+    return {
         "a": lambda: [], "a_ts": lambda: [],
         "b": lambda: [LossMonitor(1), _summary(work, 1), _MlflowPerStep(work)],
         "c": lambda: [LossMonitor(20), _summary(work, 20)],
@@ -211,8 +215,12 @@ def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str 
         "ln": lambda: [_msbridge(work, ["jsonl"], layer_norms=".*")],
         "mem": lambda: [_msbridge(work, ["jsonl"], memory=True)],
         "sys": lambda: [_with_fake_npu_smi(work)],
+        "hist": lambda: [_msbridge(work, ["jsonl", "tensorboard"], histograms=".*", histogram_interval=100)],
     }
-    return builders[setup]()
+
+
+def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
+    return builders(work, steps, lr, tracking_uri)[setup]()
 
 
 def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN,
@@ -243,7 +251,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     lr = nn.WarmUpLR(0.003, 20)
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
     callbacks = callbacks_for(setup, work, steps, lr, tracking_uri)
-    if setup in ("a_ts", "g", "ln"):
+    if setup in TRAIN_STEP_SETUPS:
         config = callbacks[0].config if callbacks else None
         size = ring_size_for(config, SINK_SIZE) if config else 256
         train_cell = TrainStep(loss_net, optimizer, ring_size=size)

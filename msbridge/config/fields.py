@@ -155,7 +155,8 @@ FIELDS: Dict[str, Field] = {
     "layer_norms_group": Field("regex with one group, or null", _group_regex,
                                "report layer_norms per layer: the group names the layer (norm of its parameters)"),
     "histograms": Field("regex or null", _regex,
-                        "weight histograms for parameter names matching (re.search); off if null"),
+                        "weight (and, with TrainStep, gradient) histograms for parameter names matching "
+                        "(re.search); off if null"),
     "histogram_interval": Field("int in [1, 1e7] or null", _int(1, MAX_STEPS, optional=True),
                                 "steps at least between two histograms (taken at a flush); null: every flush"),
     "system": Field("bool, null or {interval_s: float > 0}", _system,

@@ -151,7 +151,8 @@ def test_compiled_and_host_norms_agree():
 
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypatch, mode):
-    """Every way a tensor reaches the host, counted while msbridge's step hook runs."""
+    """Every way a tensor reaches the host, counted while msbridge's step hook runs (layer norms, memory, and
+    the gradient copies of histograms: read at the histogram flush only)."""
     reads = {"on": False, "count": 0}
     for method in ("asnumpy", "item", "tolist", "__float__", "__int__", "numpy"):
         original = getattr(ms.Tensor, method, None)
@@ -162,7 +163,7 @@ def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypa
             reads["count"] += reads["on"]
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(ms.Tensor, method, counted)
-    mon = monitor(tmp_path, memory=True)
+    mon = monitor(tmp_path, memory=True, histograms=".*", histogram_interval=20)  # gradient copies in the step too
     per_step = {}
     original_step_end = mon._step_end
 
@@ -188,3 +189,5 @@ def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypa
                                                                               if s not in flushing}
     assert all(per_step[s][0] > 0 for s in flushing)  # the counter does see the flush's reads
     assert f"grad_norm/{net.trainable_params()[0].name}" in by_step(mon)[STEPS]
+    histograms = [(e.step, e.detail["tag"]) for e in read_run(mon.run_dir).ranks[0].events if e.kind == "histogram"]
+    assert (20, f"grads/{net.trainable_params()[0].name}") in histograms and {s for s, _ in histograms} == {20}

@@ -1,0 +1,74 @@
+"""``msbridge bench``: ratios paired per repeat, the targets, every setup buildable, and (slow) a real bench."""
+from __future__ import annotations
+
+import pytest
+
+from msbridge.cli.bench import BASELINE, SETUPS, TARGETS, check_targets, markdown, summarise
+from msbridge.cli.bench_worker import TRAIN_STEP_SETUPS, builders
+
+
+def _result(repeat, steps_per_s, **extra):
+    values = {"repeat": repeat, "steps_per_s": steps_per_s, "median_step_ms": 1e3 / steps_per_s,
+              "cpu_ms_per_step": 5.0, "peak_rss_mb": 500.0, "idle_cpu_per_s": 0.0}
+    values.update(extra)
+    return values
+
+
+def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
+    runs = {"a": [_result(0, 100.0), _result(1, 50.0), _result(2, 60.0)],
+            "e": [_result(1, 49.5, monitor_us_median=12.0, monitor_us_mean=30.0),
+                  _result(0, 99.0, monitor_us_median=14.0, monitor_us_mean=35.0),
+                  _result(2, 50.0, monitor_us_median=13.0, monitor_us_mean=32.0)],
+            "d": [{"setup": "d", "error": "ValueError: could not convert string to float: '[0.00015]'"}]}
+    rows = {s: summarise(s, runs) for s in runs}
+    assert rows["e"]["ratio"] == pytest.approx(0.99), "the median of per-repeat ratios (0.99, 0.99, 0.833)"
+    assert rows["e"]["ratio_min"] == pytest.approx(50 / 60)
+    assert rows["e"]["monitor_us_median"] == 13.0
+    report = {"steps": 300, "repeats": 3, "seed": 7, "python": "3.11", "machine": "x86_64, 2 CPU",
+              "load_avg_1min": [1.0, 2.0], "minutes": 3.0, "rows": list(rows.values())}
+    report["targets"] = check_targets(report)
+    assert report["targets"]["ratio_e"]["met"] is True
+    assert report["targets"]["monitor_us_median"]["met"] is True
+    assert report["targets"]["idle_cpu_above_a"]["met"] is True
+    table = markdown(report)
+    assert "| (d) |" in table and "n/a: ValueError" in table
+    assert "| (e) | msbridge, all sinks, every step | " in table and "0.990 (0.833-0.990)" in table
+
+
+@pytest.mark.slow
+def test_bench_runs_setups_in_fresh_processes_and_writes_the_table(tmp_path):
+    from msbridge.cli.bench import run_bench
+
+    report = run_bench(["f"], steps=40, repeats=1, out=str(tmp_path / "out"), stall_s=0.2, echo=lambda _: None)
+    rows = {r["setup"]: r for r in report["rows"]}
+    assert set(rows) == {"a", "f"} and all("error" not in r for r in rows.values())
+    assert rows["f"]["steps_recorded"] == 40 and rows["f"]["ratio"] > 0
+    assert rows["f"]["idle_cpu_per_s"] is not None and rows["f"]["monitor_us_median"] > 0
+    assert "| (f) | msbridge, jsonl only |" in (tmp_path / "out" / "bench.md").read_text()
+    assert not (tmp_path / "out" / "work" / "f-r0").exists(), "run outputs are removed unless --keep"
+
+
+def test_every_setup_has_a_builder_and_nothing_is_built_to_check():
+    """A merge once lost two setups' builders: the bench then failed only when those setups ran."""
+    built = builders("/nonexistent/work", steps=10, lr=None, tracking_uri="")
+    assert set(built) == set(SETUPS)
+    assert all(callable(b) for b in built.values())
+
+
+def test_setups_compared_with_trainstep_train_with_trainstep():
+    on_ring = {s for s, base in BASELINE.items() if base == "a_ts"} | {"a_ts"}
+    assert on_ring == {"a_ts", "g", "ln", "hist"} and on_ring <= set(TRAIN_STEP_SETUPS)
+    assert set(TRAIN_STEP_SETUPS) <= set(SETUPS)
+
+
+def test_hist_is_paired_with_a_ts_and_checked_against_its_target():
+    runs = {"a": [_result(0, 100.0), _result(1, 90.0)], "a_ts": [_result(0, 80.0), _result(1, 70.0)],
+            "hist": [_result(0, 78.0), _result(1, 66.5)]}
+    rows = {s: summarise(s, runs) for s in runs}
+    assert rows["hist"]["baseline"] == "a_ts"
+    assert rows["hist"]["ratio"] == pytest.approx((78 / 80 + 66.5 / 70) / 2)  # median of 0.975 and 0.95
+    report = {"rows": list(rows.values())}
+    targets = check_targets(report)
+    assert TARGETS["ratio_hist"] == 0.97
+    assert targets["ratio_hist"]["target"] == ">= 0.97"
+    assert targets["ratio_hist"]["measured"] == pytest.approx(0.9625) and targets["ratio_hist"]["met"] is False
