@@ -4,12 +4,11 @@ The oracle is what mindformers itself writes for the same steps: its log lines
 (``*_format: log``) and its TensorBoard event file (``*_format: tensorboard`` with a
 ``tensorboard:`` section), read back with tensorboard's ``EventAccumulator``.
 
-On one CPU device mindformers writes no ``local_norm/*``, ``device_local_norm`` or
-``local_*_loss`` tag: it takes them from MindSpore's gradient-communication bprop
-(``_MirrorOperator``/``AllGather``, inserted only under semi/auto parallel) through
-``TensorDump`` into ``dump_path``, and TensorDump has no CPU kernel (only the Ascend
-plugin has it), so ``dump_path`` stays ''. msbridge's per-parameter grad norms are
-checked against the global norm mindformers logs instead.
+On one CPU device mindformers writes no ``local_norm/*`` or ``device_local_norm`` tag: it
+takes them from MindSpore's gradient-communication bprop (``_MirrorOperator``/``AllGather``,
+inserted only under semi/auto parallel) through ``TensorDump`` into ``dump_path``, and
+TensorDump has no CPU kernel (only the Ascend plugin has it), so ``dump_path`` stays ''.
+msbridge's per-parameter grad norms are checked against the global norm mindformers logs instead.
 """
 from __future__ import annotations
 
@@ -70,8 +69,10 @@ def test_layer_norms_through_the_ring_match_mindformers_own_state_monitor(tmp_pa
         assert "weight_norm" in state[step] and any(n.startswith("weight_norm/") for n in rows[step])
 
 
-# Every TrainingStateMonitor key that can write to TensorBoard, and mindformers' writer on; msbridge flushes every
+# TrainingStateMonitor's per-parameter keys to TensorBoard, and mindformers' writer on; msbridge flushes every
 # 4 steps, so the state it samples per flush (weights, Adam moments) meets mindformers' per-step tags 3 times.
+# Not here: local_loss_format. mindformers 1.9's Trainer(args=...) raises with it, before training: "RuntimeError:
+# Build a Context instance before set_context()" (_reassign_monitor_config runs before the context is built).
 TB_PARITY = """\
 tensorboard:
   tensorboard_dir: output/tensorboard
@@ -81,7 +82,6 @@ monitor_config:
   step_interval: 1
   local_norm_format: tensorboard
   device_local_norm_format: tensorboard
-  local_loss_format: tensorboard
   optimizer_state_format: tensorboard
   weight_state_format: tensorboard
 callbacks:
@@ -110,8 +110,8 @@ def test_norms_equal_what_training_state_monitor_writes_to_tensorboard(tmp_path)
 
     mf_moments = sorted(t for t in tb if t.startswith(("adam_m_norm/", "adam_v_norm/")))
     assert len(mf_moments) > 20 and all(sorted(tb[t]) == list(range(1, 13)) for t in mf_moments + ["weight_norm"])
-    assert not [t for t in tb if t.startswith(("local_norm/", "device_local_norm", "local_"))], \
-        "mindformers wrote local norms or losses on CPU: compare them too"
+    assert not [t for t in tb if t.startswith(("local_norm/", "device_local_norm"))], \
+        "mindformers wrote local norms on CPU: compare them too"
     assert sorted(ours) == list(range(1, 13))
     flushed = [s for s in sorted(ours) if any(n.startswith("weight_norm/") for n in ours[s])]
     assert len(flushed) >= 3 and flushed[-1] == 12, flushed  # step coverage before any value
@@ -120,14 +120,15 @@ def test_norms_equal_what_training_state_monitor_writes_to_tensorboard(tmp_path)
         values = ours[step]
         moments = {n[len("optimizer/"):]: v for n, v in values.items() if n.startswith("optimizer/")}
         assert sorted(moments) == mf_moments, step
-        for tag in mf_moments:  # float32 norms from two reductions (MindSpore's, numpy's); the file holds float32
-            np.testing.assert_allclose(moments[tag], tb[tag][step], rtol=1e-5, err_msg=f"{tag} step {step}")
-            np.testing.assert_allclose(tb["optimizer/" + tag][step], tb[tag][step], rtol=1e-5)
+        # float32 norms from two reductions (MindSpore's, numpy's), the file's in float32: measured up to 1.2e-7 apart
+        for tag in mf_moments:
+            np.testing.assert_allclose(moments[tag], tb[tag][step], rtol=1e-6, err_msg=f"{tag} step {step}")
+            np.testing.assert_allclose(tb["optimizer/" + tag][step], tb[tag][step], rtol=1e-6)
         # mindformers' one weight_norm is the norm of every trainable parameter of the model (CPUTrainOneStepCell is
         # an nn.TrainOneStepCell, which it unwraps); msbridge's layer_norms '.*' has one per parameter
         weights = [v for n, v in values.items() if n.startswith("weight_norm/")]
         assert len(weights) == len(mf_moments) // 2
-        np.testing.assert_allclose(np.sqrt(np.sum(np.square(weights))), tb["weight_norm"][step], rtol=1e-5)
+        np.testing.assert_allclose(np.sqrt(np.sum(np.square(weights))), tb["weight_norm"][step], rtol=1e-6)
 
     # MFLossMonitor's per-step tags in the same file: every step
     for ours_name, mf_tag in (("train/loss", "loss"), ("train/lr", "learning-rate"),
