@@ -46,6 +46,10 @@ class MaxAttentionLogits:
 
     Args:
         model: the model under the train cell, with ``get_max_attention_logit()``.
+
+    Example:
+        >>> MaxAttentionLogits(telechat3_model).read()[MAX_LOGIT_MAX]
+        29.4
     """
 
     def __init__(self, model: Any) -> None:

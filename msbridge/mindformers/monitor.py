@@ -109,6 +109,7 @@ class MSBridgeMonitor(BridgeMonitor):
         super().on_train_end(run_context)
 
     def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
+        """``BridgeMonitor.flush``; the attention logits are read only by one that writes (``dispatch``)."""
         self._flushing = dispatch
         super().flush(dispatch, reduce)
 
