@@ -4,11 +4,13 @@ The oracle is what mindformers itself writes for the same steps: its log lines
 (``*_format: log``) and its TensorBoard event file (``*_format: tensorboard`` with a
 ``tensorboard:`` section), read back with tensorboard's ``EventAccumulator``.
 
-On one CPU device mindformers writes no ``local_norm/*`` or ``device_local_norm`` tag: it
+On one CPU device mindformers has no ``local_norm/*`` or ``device_local_norm`` to compare: it
 takes them from MindSpore's gradient-communication bprop (``_MirrorOperator``/``AllGather``,
-inserted only under semi/auto parallel) through ``TensorDump`` into ``dump_path``, and
-TensorDump has no CPU kernel (only the Ascend plugin has it), so ``dump_path`` stays ''.
-msbridge's per-parameter grad norms are checked against the global norm mindformers logs instead.
+inserted only under semi/auto parallel) through ``TensorDump`` into ``dump_path``. Under
+mindformers 1.9 and MindSpore 2.9 TensorDump has no CPU kernel (only the Ascend plugin has
+it), so ``dump_path`` stays '' and neither tag is written; mindformers 1.6 (MindSpore 2.7)
+dumps to ``./dump`` and writes ``device_local_norm`` as 0.0. msbridge's per-parameter grad
+norms are checked against the global norm mindformers logs instead.
 """
 from __future__ import annotations
 
@@ -110,8 +112,10 @@ def test_norms_equal_what_training_state_monitor_writes_to_tensorboard(tmp_path)
 
     mf_moments = sorted(t for t in tb if t.startswith(("adam_m_norm/", "adam_v_norm/")))
     assert len(mf_moments) > 20 and all(sorted(tb[t]) == list(range(1, 13)) for t in mf_moments + ["weight_norm"])
-    assert not [t for t in tb if t.startswith(("local_norm/", "device_local_norm"))], \
-        "mindformers wrote local norms on CPU: compare them too"
+    assert not [t for t in tb if t.startswith("local_norm/")], "mindformers wrote local norms on CPU: compare them"
+    # mindformers 1.6 under MindSpore 2.7 ('' -> './dump', where TensorDump runs on CPU) writes device_local_norm, but
+    # it sums only gradients that pass a communication op: 0.0 at every step on one device, nothing to compare
+    assert set(tb.get("device_local_norm", {}).values()) <= {0.0}
     assert sorted(ours) == list(range(1, 13))
     flushed = [s for s in sorted(ours) if any(n.startswith("weight_norm/") for n in ours[s])]
     assert len(flushed) >= 3 and flushed[-1] == 12, flushed  # step coverage before any value
