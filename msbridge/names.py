@@ -6,6 +6,7 @@
     global (rank 0 only): train/global_loss  dist/loss_min  dist/loss_max
     dist/loss_std  dist/outlier_rank  dist/loss/rank_{r}
     model internals: grad_norm/{param}  weight_norm/{param}  optimizer/{state}_norm/{param}
+    attention/max_logit/{layer}  attention/max_logit_max  attention/max_logit_mean  (from mindformers)
     histogram event tags: weights/{param}  grads/{param}
     memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb
     system/npu_utilization_pct  system/npu_hbm_used_mb  system/npu_hbm_total_mb
@@ -46,8 +47,18 @@ OPTIMIZER_PREFIX = "optimizer/"
 #: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
 ADAM_STATES = ("adam_m", "adam_v")
 
+<<<<<<< HEAD
 # Histograms (``histograms``): the ``histogram`` event's kind and its tag prefixes (a parameter's values, and
 # its gradient where the train cell keeps a copy: ``TrainStep``).
+=======
+# mindformers' max attention logits (``max_attention_logit_format``), per flush: each layer's max over its heads,
+# and the max and mean over every head of every layer (TrainingStateMonitor's ``max_attention_logit/max``, ``/mean``).
+MAX_LOGIT_PREFIX = "attention/max_logit/"
+MAX_LOGIT_MAX = "attention/max_logit_max"
+MAX_LOGIT_MEAN = "attention/max_logit_mean"
+
+# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefix.
+>>>>>>> hmf
 HISTOGRAM = "histogram"
 WEIGHTS_HISTOGRAM_PREFIX = "weights/"
 GRADS_HISTOGRAM_PREFIX = "grads/"
@@ -80,6 +91,11 @@ def weight_norm_name(param: str) -> str:
 def optimizer_norm_name(state: str, param: str) -> str:
     """``optimizer/<state>_norm/<param>``: the L2 norm of one optimizer state (``adam_m``, ``adam_v``)."""
     return f"{OPTIMIZER_PREFIX}{state}_norm/{param}"
+
+
+def max_logit_name(layer: str) -> str:
+    """``attention/max_logit/<layer>``: the largest attention logit of one layer's heads in the step."""
+    return MAX_LOGIT_PREFIX + layer
 
 
 def rank_loss(rank: int) -> str:

@@ -115,11 +115,14 @@ def _format_handler(switch: Optional[str]) -> Handler:
                         f"(allowed: {', '.join(FORMAT_VALUES)})")
         if bad:
             return
-        if switch is None:
-            key.mindformers_only("max attention logit")
-            return
         done = []
-        if switch == "layer_norms":
+        if switch is None:  # max_attention_logit_format: mindformers computes them, MSBridgeMonitor forwards them
+            if key.section_name != "monitor_config":
+                key.mindformers_only("max attention logit")
+                return
+            done.append("forwarded from mindformers by MSBridgeMonitor: attention/max_logit/* at each flush "
+                        "(parallel_core models with FlashAttention)")
+        elif switch == "layer_norms":
             regex = _target_regex(key)
             key.set(("layer_norms",), regex)
             done.append(f"layer_norms: {regex!r}")

@@ -11,6 +11,9 @@ What it adds to ``BridgeMonitor``:
   is None under mindformers);
 - what TrainingStateMonitor and CheckpointMonitor find becomes events
   (``forward.MindformersFindings``);
+- with ``monitor_config.max_attention_logit_format``, the max attention logits
+  mindformers tracks become ``attention/max_logit/*`` metrics at each flush
+  (``attention.MaxAttentionLogits``);
 - when the run YAML configures mindformers' tensorboard, msbridge's tensorboard
   sink writes through mindformers' writer: one event file per rank, not two.
 
@@ -35,6 +38,7 @@ from ..callback import BridgeMonitor
 from ..capture.cb_params import param
 from ..capture.window import Window
 from ..sinks.base import Event
+from .attention import MaxAttentionLogits
 from .entry import ENTRY_NAME, entry_config
 from .forward import MindformersFindings
 from .pynative import PynativeSteps, TrainingStopped
@@ -65,6 +69,8 @@ class MSBridgeMonitor(BridgeMonitor):
         # mindformers' MFLossMonitor already prints a line per step: msbridge's console lines would repeat it.
         super().__init__(entry_config(entry, ENTRY_NAME), progress=False)
         self._findings: Optional[MindformersFindings] = None
+        self._logits: Optional[MaxAttentionLogits] = None
+        self._flushing = False  # a flush that writes (not a health check's): the attention logits are read
         self._pynative: Optional[PynativeSteps] = None
 
     def on_train_begin(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
@@ -76,8 +82,10 @@ class MSBridgeMonitor(BridgeMonitor):
             _share_tensorboard_writer(self.plan.sinks)
         super().on_train_begin(run_context)
         if self.run is not None:
-            callbacks = param(run_context.original_args(), "list_callback", None) or []
+            cb = run_context.original_args()
+            callbacks = param(cb, "list_callback", None) or []
             self._findings = MindformersFindings.from_callbacks(callbacks, self.run.rank)
+            self._logits = MaxAttentionLogits.from_callbacks(callbacks, param(cb, "train_network", None), self)
 
     # -- mindformers.pynative's TrainerCallback convention (the graph-mode Trainer never calls these) --
     def on_step_end(self, args: Any, state: Any, **kwargs: Any) -> None:
@@ -100,7 +108,14 @@ class MSBridgeMonitor(BridgeMonitor):
     def on_train_end(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
         super().on_train_end(run_context)
 
+    def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
+        """``BridgeMonitor.flush``; the attention logits are read only by one that writes (``dispatch``)."""
+        self._flushing = dispatch
+        super().flush(dispatch, reduce)
+
     def forwarded_events(self, window: Optional[Window]) -> List[Event]:
+        if self._logits is not None and self._flushing and window is not None and len(window):
+            window.at_flush.update(self._logits.read())  # recorded on the window's last step: the one just run
         if self._findings is None:
             return []
         return self._findings.events(window, self._last_step)

@@ -162,3 +162,26 @@ def test_the_callback_fails_before_training(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="did you mean 'overhead_budget'"):
         MindFormerRegister.get_instance_from_cfg({"type": "MSBridgeMonitor", "experiment": "tiny-llama",
                                                   "overhead_budgett": 0.05}, MindFormerModuleType.CALLBACK)
+
+
+def test_max_attention_logit_format_is_forwarded_under_monitor_config_only(tmp_path, persistent):
+    """The key is mindformers' (it turns on the model's tracking); under ``monitor_config`` msbridge adds its sinks
+    and forwards the values, elsewhere it can have no effect and says so."""
+    import logging
+
+    from msbridge.config.load import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("monitor_config:\n  max_attention_logit_format: [log, tensorboard]\n")
+    cfg = load_config(str(path))
+    assert sorted(cfg.sinks) == ["jsonl", "tensorboard"]
+    assert [n.text for n in cfg.provenance.notes if "max_attention_logit_format" in n.text] == [
+        "monitor_config.max_attention_logit_format -> forwarded from mindformers by MSBridgeMonitor: "
+        "attention/max_logit/* at each flush (parallel_core models with FlashAttention), sinks.tensorboard, "
+        "log = the jsonl file and the console line"]
+    path.write_text("msbridge:\n  max_attention_logit_format: tensorboard\n")
+    cfg = load_config(str(path))
+    assert sorted(cfg.sinks) == ["jsonl"]
+    assert [n.text for n in cfg.provenance.notes if n.level == logging.WARNING] == [
+        "msbridge.max_attention_logit_format -> no effect: only mindformers reads it (max attention logit), "
+        "under monitor_config:"]

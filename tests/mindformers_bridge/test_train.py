@@ -7,77 +7,19 @@ is mindformers' own MFLossMonitor log line of the same step.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from decimal import Decimal
 from pathlib import Path
-from typing import Dict, List
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mindformers")
 
+from helpers.mf_runs import Printed, close, mf_lines, only_run, train, variant  # noqa: E402
 from mindinsight_server import require_mindinsight, serve  # noqa: E402
 
 from msbridge.sinks.runlog import read_run  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]  # compat: also run against the oldest supported pair
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "mindformers"
-# MFLossMonitor: "{ Epoch:[  1/  1], step:[    2/   30], loss:[5.549915/5.547392], per_step_time: 1869ms,
-#                  lr: 0.0033333334, overflow cond: False, loss_scale: 1.0, global_norm: [1.00614]"
-MF_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([-\d.e+]+)/[^\]]*\], per_step_time: \d+ms, "
-                     r"lr: ([-\d.e+]+), overflow cond: (\w+), loss_scale: ([-\d.e+]+), global_norm: \[([-\d.e+]+)\]")
-
-
-def train(work: Path, steps: int, config: Path = EXAMPLE / "tiny_llama.yaml") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "LOG_MF_PATH"}  # mindformers logs under WORK/output/log
-    return subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--config", str(config),
-                           "--steps", str(steps), "--work", str(work)],
-                          env=dict(env, GLOG_v="3"), capture_output=True, text=True, timeout=900)
-
-
-class Printed(float):
-    """The loss as MFLossMonitor printed it, with half a unit of its last digit: mindformers 1.9 prints 6
-    decimals, 1.6 prints 3 (``loss:[5.545/5.545]``). The other values are printed in full (``repr``)."""
-
-    def __new__(cls, text: str) -> "Printed":
-        value = super().__new__(cls, text)
-        value.half_ulp = 0.5 * 10.0 ** Decimal(text).as_tuple().exponent
-        return value
-
-
-def mf_lines(work: Path) -> Dict[int, Dict[str, float]]:
-    """MFLossMonitor's values by step, from mindformers' own log."""
-    text = (work / "output" / "log" / "rank_0" / "info.log").read_text()
-    return {int(m[1]): {"train/loss": Printed(m[2]), "train/lr": float(m[3]), "train/overflow": float(m[4] == "True"),
-                        "train/loss_scale": float(m[5]), "train/grad_norm": float(m[6])}
-            for m in MF_LINE.finditer(text)}
-
-
-def variant(tmp_path: Path, name: str, text: str) -> Path:
-    """A run YAML that takes the example's and overrides some sections (mindformers' base_config)."""
-    path = tmp_path / name
-    path.write_text(f"base_config: {EXAMPLE / 'tiny_llama.yaml'}\n{text}")
-    return path
-
-
-def only_run(work: Path) -> str:
-    runs = [p for p in (work / "msbridge_runs" / "tiny-llama").iterdir() if (p / "run.json").exists()]
-    assert len(runs) == 1, runs
-    return str(runs[0])
-
-
-def close(series: List, want: Dict[int, Dict[str, float]], name: str) -> None:
-    """Equal to what mindformers printed, up to float32 and the digits it printed."""
-    steps = [s for s, _ in series]
-    expected = [want[s][name] for s in steps]
-    np.testing.assert_allclose([v for _, v in series], expected, rtol=2e-6,
-                               atol=max([2e-6] + [getattr(w, "half_ulp", 0.0) for w in expected]), err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -236,46 +178,3 @@ def test_mindformers_tensorboard_writer_is_shared(tmp_path):
     assert "loss" in tags and "train/loss" in tags and "train/global_loss" in tags, tags  # mindformers' and ours
     close([(e.step, e.value) for e in ea.Scalars("train/loss")], mf_lines(work), "train/loss")
     assert not (work / "msbridge_runs" / "tiny-llama" / "tensorboard").exists()
-
-
-# TrainingStateMonitor's log lines: "... step:[   10/   12] adam_m_norm/model.layers.0...: 0.0123",
-# "... weight_norm: 3.2"
-MF_STATE = re.compile(r"step:\[\s*(\d+)/\s*\d+\] (adam_[mv]_norm/\S+|weight_norm): ([-\d.e+]+)")
-
-
-def test_layer_norms_through_the_ring_match_mindformers_own_state_monitor(tmp_path):
-    """``local_norm: True`` under MSBridgeRing puts every parameter's grad norm into the ring; the
-    mindformers keys ``optimizer_state_format`` / ``weight_state_format`` turn on layer_norms; the grad norms
-    make up mindformers' global norm and the Adam-moment norms equal what its TrainingStateMonitor logs."""
-    config = variant(tmp_path, "norms.yaml", "runner_wrapper:\n  type: MSBridgeRing\n  wrapper: CPUTrainOneStepCell\n"
-                                             "  ring_size: 64\n  local_norm: True\n  use_clip_grad: True\n"
-                                             "  max_grad_norm: 1.0\n  scale_sense: 1.0\n"
-                                             "monitor_config:\n  monitor_on: True\n  dump_path: ''\n"
-                                             "  step_interval: 1\n  optimizer_state_format: log\n"
-                                             "  weight_state_format: log\n")
-    work = tmp_path / "work"
-    out = train(work, steps=12, config=config)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    mf = mf_lines(work)
-    state: Dict[int, Dict[str, float]] = {}
-    for m in MF_STATE.finditer((work / "output" / "log" / "rank_0" / "info.log").read_text()):
-        state.setdefault(int(m[1]), {})[m[2]] = Printed(m[3])  # 1.9 prints in full, 1.6 to 4 decimals
-    log = read_run(only_run(work)).ranks[0]
-    rows = {r.step: r.values for r in log.records}
-    assert sorted(rows) == sorted(mf) == list(range(1, 13))
-    grads = [n for n in rows[1] if n.startswith("grad_norm/")]
-    assert len(grads) > 10 and all(set(grads) <= set(rows[s]) for s in rows)
-    for step, values in rows.items():  # the local norms make up mindformers' global norm (one device)
-        total = np.sqrt(sum(values[n] ** 2 for n in grads))
-        np.testing.assert_allclose(total, mf[step]["train/grad_norm"], rtol=1e-4, err_msg=f"step {step}")
-    flushed = [s for s in rows if any(n.startswith("weight_norm/") for n in rows[s])]
-    assert flushed and flushed[-1] == 12
-    for step in flushed:
-        moments = {n.split("/", 1)[1]: v for n, v in rows[step].items() if n.startswith("optimizer/")}
-        assert moments and sorted(moments) == sorted(k for k in state[step] if k.startswith("adam_"))
-        for k in sorted(moments):  # to what mindformers printed: rtol 1e-5, or half a unit of its last digit
-            printed = state[step][k]
-            assert abs(moments[k] - printed) <= max(1e-5 * abs(printed), printed.half_ulp, 1e-9), (step, k)
-        # Not compared: mindformers' one weight_norm. It unwraps only an nn.TrainOneStepCell, so under
-        # MSBridgeRing it sums every trainable Parameter of the wrapper, optimizer state included.
-        assert "weight_norm" in state[step] and any(n.startswith("weight_norm/") for n in rows[step])
