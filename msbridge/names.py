@@ -47,18 +47,14 @@ OPTIMIZER_PREFIX = "optimizer/"
 #: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
 ADAM_STATES = ("adam_m", "adam_v")
 
-<<<<<<< HEAD
-# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefixes (a parameter's values, and
-# its gradient where the train cell keeps a copy: ``TrainStep``).
-=======
 # mindformers' max attention logits (``max_attention_logit_format``), per flush: each layer's max over its heads,
 # and the max and mean over every head of every layer (TrainingStateMonitor's ``max_attention_logit/max``, ``/mean``).
 MAX_LOGIT_PREFIX = "attention/max_logit/"
 MAX_LOGIT_MAX = "attention/max_logit_max"
 MAX_LOGIT_MEAN = "attention/max_logit_mean"
 
-# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefix.
->>>>>>> hmf
+# Histograms (``histograms``): the ``histogram`` event's kind and its tag prefixes (a parameter's values, and
+# its gradient where the train cell keeps a copy: ``TrainStep``).
 HISTOGRAM = "histogram"
 WEIGHTS_HISTOGRAM_PREFIX = "weights/"
 GRADS_HISTOGRAM_PREFIX = "grads/"
