@@ -122,7 +122,7 @@ class ParamHistograms:
         for p in self.params:
             details.append(histogram_detail(WEIGHTS_HISTOGRAM_PREFIX + p.name, host_values(p)))
             if p.name in grads:
-                details.append(histogram_detail(GRADS_HISTOGRAM_PREFIX + p.name, host_values(grads[p.name])))
+                details.append(histogram_detail(GRADS_HISTOGRAM_PREFIX + p.name, grads[p.name].reshape(-1)))
         return details
 
     def _grads(self) -> Dict[str, Any]:

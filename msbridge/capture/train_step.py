@@ -10,7 +10,7 @@ of the ring buffer: loss, grad norm, the lr the optimizer used, loss scale,
 overflow, then every parameter's squared gradient norm (the square sums the
 global norm is made of: no extra reduction, no extra op but one concat). It returns the loss, so every
 ordinary callback still works. When the monitor's ``histograms`` asks for them (``keep_grads``, at train
-begin, before the step compiles), the step also copies the matched gradients into device Parameters
+begin, before the step compiles), the step also copies the matched gradients into one flat device Parameter
 (after unscaling, before clipping: the gradients ``grad_norm/<param>`` measures), read at a histogram flush.
 
 Example:
@@ -25,7 +25,8 @@ import math
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
-from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
@@ -112,46 +113,50 @@ class TrainStep(RingCell):
         self._get_attr_from_cell(network)
 
     def keep_grads(self, names: Sequence[str]) -> Tuple[str, ...]:
-        """From the next compile on, copy the gradients of the parameters named in ``names`` into device
-        Parameters at every step (``GRADS_NAME.<param>``, the parameter's shape and dtype; one device copy each,
-        nothing leaves the device). Returns the names kept, in ``optimizer.parameters`` order.
+        """From the next compile on, copy the gradients of the parameters named in ``names`` into one flat
+        float32 device Parameter at every step (``GRADS_NAME``: their sizes added up; one Concat and one Assign
+        per step, whatever the number of parameters; nothing leaves the device). Returns the names kept, in
+        ``optimizer.parameters`` order.
 
         Call it before the step is first compiled (``BridgeMonitor`` does, at train begin, for ``histograms``):
-        a step compiled earlier does not write the copies, which ``kept_grads`` then reports. The copies are
-        Parameters of this cell, so a checkpoint of it holds them too.
+        a step compiled earlier does not write the copy, which ``kept_grads`` then reports. The copy is a
+        Parameter of this cell, so a checkpoint of it holds it too.
         """
         wanted = set(names)
         indices = tuple(i for i, p in enumerate(self.weights) if p.name in wanted)
         if indices != self.grad_indices:
-            for old in getattr(self, GRADS_NAME, ()):  # a different selection: the old copies go
-                self._params.pop(old.name, None)
+            self._params.pop(GRADS_NAME, None)  # a different selection: the old copy goes
             if indices:
-                copies = ParameterTuple(self.weights[i] for i in indices).clone(prefix=GRADS_NAME, init="zeros")
-                for copy in copies:
-                    copy.requires_grad = False
-                setattr(self, GRADS_NAME, copies)
-                # -1 until a step writes the copies: how kept_grads tells a step compiled without them
+                size = sum(int(np.prod(self.weights[i].shape)) for i in indices)
+                setattr(self, GRADS_NAME, Parameter(Tensor(np.zeros(size, np.float32)), name=GRADS_NAME,
+                                                    requires_grad=False))
+                # -1 until a step writes the copy: how kept_grads tells a step compiled without it
                 setattr(self, GRADS_STEP_NAME, Parameter(Tensor(-1, ms.int32), name=GRADS_STEP_NAME,
                                                          requires_grad=False))
             self.grad_indices = indices
-        elif indices:  # the same copies (a second train call): a graph compiled with them marks them again
+        elif indices:  # the same copy (a second train call): a graph compiled with it marks it again
             getattr(self, GRADS_STEP_NAME).set_data(Tensor(-1, ms.int32))
         return tuple(self.weights[i].name for i in indices)
 
-    def kept_grads(self) -> Optional[Dict[str, Any]]:
-        """``{param name: its gradient copy}`` of the latest step, or None when no step has written them since
-        ``keep_grads`` (none kept, or the step was compiled before it: ``Model.build``, an earlier ``train``).
-        Reads one int from the device."""
+    def kept_grads(self) -> Optional[Dict[str, np.ndarray]]:
+        """``{param name: its gradient}`` (float32, the parameter's shape) of the latest step, or None when no
+        step has written them since ``keep_grads`` (none kept, or the step was compiled before it:
+        ``Model.build``, an earlier ``train``). Reads one int from the device, then the flat copy."""
         if not self.grad_indices or int(getattr(self, GRADS_STEP_NAME).asnumpy()) < 0:
             return None
-        return {self.weights[i].name: copy for i, copy in zip(self.grad_indices, getattr(self, GRADS_NAME))}
+        flat, out, start = getattr(self, GRADS_NAME).asnumpy(), {}, 0
+        for i in self.grad_indices:
+            shape = tuple(self.weights[i].shape)
+            size = int(np.prod(shape))
+            out[self.weights[i].name] = flat[start:start + size].reshape(shape)
+            start += size
+        return out
 
     def _copy_grads(self, grads: Any) -> Any:
-        """Inside the step: assign each kept gradient to its copy, and the ring counter to the written mark."""
+        """Inside the step: the kept gradients, flat and float32, into the copy; the ring counter to the mark."""
+        flat = ops.concat([ops.cast(grads[i], ms.float32).reshape((-1,)) for i in self.grad_indices])
         written = ops.assign(self.msbridge_grads_step, self.msbridge_ring_step)
-        for k in range(len(self.grad_indices)):
-            written = ops.depend(written, ops.assign(self.msbridge_grads[k], grads[self.grad_indices[k]]))
-        return written
+        return ops.depend(written, ops.assign(self.msbridge_grads, flat))
 
     def construct(self, *inputs: Any) -> Any:
         loss = self.network(*inputs)
