@@ -71,8 +71,15 @@ from ..names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from ..paths import safe_component
 from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import MINDSPORE_VALUE, fsync, held_values, histogram_summary, read_records, scalar_event, \
-    summary_event
+from ._eventwire import (
+    MINDSPORE_VALUE,
+    fsync,
+    held_values,
+    histogram_summary,
+    read_records,
+    scalar_event,
+    summary_event,
+)
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).

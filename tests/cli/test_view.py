@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from mindinsight_server import MindInsight, require_mindinsight
 from mlflow.tracking import MlflowClient
-from msbridge.cli.servers import MlflowServer
 from msbridge.adapters.mindinsight_sink import mindinsight_tag
 from processes import alive, listening
 from training import train_regression
@@ -28,6 +27,7 @@ from view_process import ViewProcess, base, get
 from msbridge import BridgeMonitor
 from msbridge.cli import viewers
 from msbridge.cli.main import main
+from msbridge.cli.servers import MlflowServer
 from msbridge.cli.view import find_target
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run

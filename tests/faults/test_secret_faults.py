@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 import yaml
-from msbridge.cli.servers import MlflowServer
 from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.cli.main import main
+from msbridge.cli.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 
