@@ -18,6 +18,7 @@ import time
 
 import mindspore as ms
 import numpy as np
+import pytest
 from mindspore import nn
 from mindspore.train import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -244,6 +245,7 @@ def test_replay_carries_the_histograms_into_tensorboard_once(tmp_path):
     assert list(series[-1].histogram_value.bucket) == counts.tolist() and series[-1].histogram_value.num == values.size
 
 
+@pytest.mark.compat
 def test_trainstep_gradient_histograms_are_the_steps_gradients(tmp_path):
     net, holder, before = mlp(), {}, WeightsBefore(STEPS - 1)
     mon = monitor(tmp_path, {"jsonl": {}, "tensorboard": {}}, layer_norms=".*")
