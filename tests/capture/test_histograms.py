@@ -266,9 +266,7 @@ def test_trainstep_gradient_histograms_are_the_steps_gradients(tmp_path):
     ea = EventAccumulator(str(tmp_path / "t" / "tensorboard" / "r" / "rank_0"), size_guidance={"histograms": 0})
     ea.Reload()
     assert set(ea.Tags()["histograms"]) == {e.detail["tag"] for e in events}
-    ir = trained_graph(holder["cell"])
-    assert "msbridge_grads" in ir and assigns(ir) > 0
-    kept = holder["cell"].kept_grads()
+    kept = holder["cell"].kept_grads()  # None unless the compiled step wrote the copy (its step mark)
     for name in names:
         np.testing.assert_allclose(kept[name], oracle[name], rtol=1e-5, atol=1e-7)  # the copy is the grad
         series = ea.Histograms(f"grads/{name}")
