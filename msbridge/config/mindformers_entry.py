@@ -17,7 +17,7 @@ file and line.
 Example:
     >>> index = find_entry(tree.data)
     >>> tree = on_top(tree, index)
-    >>> tree, sections, notes = entry_sections(tree, index, "run.yaml")
+    >>> tree, sections, notes, problems = entry_sections(tree, index, "run.yaml")
     >>> sections
     [('monitor_config',), ('callbacks', 1)]
 """
@@ -28,6 +28,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from .compose import deep_merge
 from .keys import Note
+from .mindformers_check import check_run_yaml
 from .yaml_lines import Origin, Path, Tree
 
 ENTRY_NAME = "MSBridgeMonitor"
@@ -35,9 +36,10 @@ ENTRY_NAME = "MSBridgeMonitor"
 _ENTRY_KEYS = ("type", "config", "auto_register")
 
 
-def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path], List[Note]]:
-    """The tree without the entry's own keys, msbridge's sections in it, and notes."""
-    notes: List[Note] = []
+def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path], List[Note], List[str]]:
+    """The tree without the entry's own keys and the keys left to mindformers, msbridge's sections in it,
+    notes and problems (mindformers' own rules, ``mindformers_check``)."""
+    tree, notes, problems = check_run_yaml(tree, index, label)
     tree = _without(tree, [("callbacks", index, key) for key in _ENTRY_KEYS])
     monitor = tree.data.get("monitor_config")
     if isinstance(monitor, Mapping) and "monitor_on" in monitor:
@@ -47,7 +49,7 @@ def entry_sections(tree: Tree, index: int, label: str) -> Tuple[Tree, List[Path]
         tree = _without(tree, [("monitor_config", "monitor_on")])
     sections: List[Path] = [("monitor_config",)] if isinstance(tree.data.get("monitor_config"), Mapping) else []
     sections.append(("callbacks", index))
-    return tree, sections, notes
+    return tree, sections, notes, problems
 
 
 def find_entry(data: Mapping[str, Any], entry: Optional[Mapping[str, Any]] = None,

@@ -68,8 +68,8 @@ def prepare(source: Source, overrides: Sequence[str] = (), entry: Optional[Mappi
     if config_file is not None:
         tree, more = _with_config_file(tree, index, config_file, label)
         problems += more
-    tree, sections, more_notes = entry_sections(tree, index, label)
-    return Prepared(tree, label, sections, notes + more_notes, problems)
+    tree, sections, more_notes, more_problems = entry_sections(tree, index, label)
+    return Prepared(tree, label, sections, notes + more_notes, problems + more_problems)
 
 
 def _with_config_file(tree: Tree, index: int, name: Any, label: str) -> Tuple[Tree, List[str]]:

@@ -4,7 +4,8 @@ Importing this module checks for mindformers (a missing one raises
 ``MissingDependencyError`` with ``pip install 'msbridge[mindformers]'``; a version
 outside the tested range warns) and registers ``MSBridgeMonitor`` as a mindformers
 CALLBACK and ``MSBridgeRing`` (msbridge's device ring buffer around any train
-cell, for ``runner_wrapper:``) as a WRAPPER, idempotently (see ``registration``).
+cell, for ``runner_wrapper:``) as a WRAPPER, idempotently (see ``registration``), and makes
+mindformers' pipeline / gradient-accumulation wrapper reset keep ``MSBridgeRing`` (``pipeline``).
 
 Two ways to make mindformers see it:
 
@@ -31,9 +32,11 @@ from .registration import REGISTER_PATH, TESTED_VERSIONS, register, require_mind
 require_mindformers()
 
 from .monitor import MSBridgeMonitor  # noqa: E402  (needs mindformers, checked just above)
+from .pipeline import keep_ring_through_reset  # noqa: E402
 from .ring_wrapper import MSBridgeRing  # noqa: E402
 
 register(MSBridgeMonitor)
 register(MSBridgeRing, kind="wrapper")
+keep_ring_through_reset()  # mindformers' pipeline / gradient-accumulation reset keeps MSBridgeRing (pipeline.py)
 
 __all__ = ["MSBridgeMonitor", "MSBridgeRing", "REGISTER_PATH", "TESTED_VERSIONS", "register"]

@@ -14,6 +14,8 @@ What it adds to ``BridgeMonitor``:
 - with ``monitor_config.max_attention_logit_format``, the max attention logits
   mindformers tracks become ``attention/max_logit/*`` metrics at each flush
   (``attention.MaxAttentionLogits``);
+- under mindformers' pipeline / gradient-accumulation cell the loss is MFLossMonitor's: from the last
+  pipeline stage, divided as it divides it (``pipeline.PipelineLoss``);
 - when the run YAML configures mindformers' tensorboard, msbridge's tensorboard
   sink writes through mindformers' writer: one event file per rank, not two.
 
@@ -32,15 +34,18 @@ The run YAML entry is shown in ``msbridge.mindformers``.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, List, Optional
 
 from ..callback import BridgeMonitor
 from ..capture.cb_params import param
+from ..capture.ring_cell import find_ring_cell
 from ..capture.window import Window
 from ..sinks.base import Event
 from .attention import MaxAttentionLogits
 from .entry import ENTRY_NAME, entry_config
 from .forward import MindformersFindings
+from .pipeline import PipelineLoss
 from .pynative import PynativeSteps, TrainingStopped
 
 log = logging.getLogger("msbridge")
@@ -72,6 +77,7 @@ class MSBridgeMonitor(BridgeMonitor):
         self._logits: Optional[MaxAttentionLogits] = None
         self._flushing = False  # a flush that writes (not a health check's): the attention logits are read
         self._pynative: Optional[PynativeSteps] = None
+        self._loss: Optional[PipelineLoss] = None
 
     def on_train_begin(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
         if state is not None:  # mindformers.pynative's Trainer: (args, state, model=, optimizer=, ...)
@@ -80,6 +86,7 @@ class MSBridgeMonitor(BridgeMonitor):
             return
         if self.plan is not None:
             _share_tensorboard_writer(self.plan.sinks)
+            self._take_loss_as_mindformers(run_context.original_args())
         super().on_train_begin(run_context)
         if self.run is not None:
             cb = run_context.original_args()
@@ -113,7 +120,19 @@ class MSBridgeMonitor(BridgeMonitor):
         self._flushing = dispatch
         super().flush(dispatch, reduce)
 
+    def _take_loss_as_mindformers(self, cb: Any) -> None:
+        """The loss from the last pipeline stage, scaled as MFLossMonitor's (``pipeline.PipelineLoss``)."""
+        network = param(cb, "train_network", None)
+        ranks = self.plan.ranks
+        self._loss = PipelineLoss.at_train_begin(param(cb, "list_callback", None) or [], network,
+                                                 ring=find_ring_cell(network) is not None, rank=ranks.rank,
+                                                 world_size=ranks.world_size)
+        if self._loss.loss_ranks is not None and self.config.reduce_ranks is None:
+            self.config = replace(self.config, reduce_ranks=self._loss.loss_ranks)
+
     def forwarded_events(self, window: Optional[Window]) -> List[Event]:
+        if self._loss is not None:  # first: records, health and the cross-rank loss see MFLossMonitor's loss
+            self._loss.adjust(window)
         if self._logits is not None and self._flushing and window is not None and len(window):
             window.at_flush.update(self._logits.read())  # recorded on the window's last step: the one just run
         if self._findings is None:

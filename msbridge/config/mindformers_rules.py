@@ -1,0 +1,137 @@
+"""mindformers' own rules for a run YAML, read from the installed mindformers without importing it.
+
+``msbridge config check run.yaml`` (and ``MSBridgeMonitor`` before training) applies them to a run YAML
+with a ``- type: MSBridgeMonitor`` entry, so that every ``monitor_config`` the check accepts, mindformers
+accepts too:
+
+- ``monitor_config`` keys: those of mindformers' ``MonitorConfig`` (``tools/register/template.py``), which
+  raises ``KeyError: "The config 'monitor_config' gets an unexpected key: ..."`` for any other;
+- ``*_format`` values: those TrainingStateMonitor's ``_check_attr_formats`` allows
+  (``core/callback/callback.py``; ``'tensorboard'`` and ``'log'`` in 1.6 to 1.9);
+- the arguments of the train cell ``runner_wrapper: {type: MSBridgeRing, wrapper: ...}`` builds
+  (``wrapper/wrapper.py``), since mindformers' cells swallow unknown ones in ``**kwargs``;
+- when mindformers' ``_reset_wrapper`` replaces ``runner_wrapper`` with ``MFPipelineWithLossScaleCell``
+  (``pipeline_stage > 1``, or ``gradient_accumulation_steps > 1`` in semi-auto/auto parallel mode).
+
+The source files are parsed (``ast``), not imported: importing mindformers writes ``./output/log``. Without
+mindformers installed, the 1.9.0 values below are used.
+
+Example:
+    >>> sorted(monitor_keys())[:3]
+    ['check_for_global_norm', 'device_local_loss_format', 'device_local_norm_format']
+    >>> format_values()
+    ('log', 'tensorboard')
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+#: mindformers 1.9.0's ``MonitorConfig`` keys and ``*_format`` values, used when mindformers is not installed.
+MONITOR_KEYS_1_9 = ("monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
+                    "local_norm_format", "device_local_norm_format", "device_local_loss_format",
+                    "optimizer_state_format", "weight_state_format", "max_attention_logit_format",
+                    "throughput_baseline", "print_struct", "check_for_global_norm", "global_norm_spike_threshold",
+                    "global_norm_spike_count_threshold", "stable_rank_config", "health_checkpoint")
+FORMATS_1_9 = ("log", "tensorboard")
+#: ``MSBridgeRing``'s own keys; every other key goes to the cell named by ``wrapper``.
+RING_KEYS = ("type", "wrapper", "ring_size", "auto_register")
+#: What mindformers' Trainer passes to every wrapper itself (``create_model_wrapper``, ``_reset_wrapper``).
+TRAINER_ARGS = ("network", "optimizer", "parallel_config", "calculate_per_token_loss", "global_norm_spike_threshold",
+                "print_separate_loss", "use_skip_data_by_global_norm", "lr_scheduler", "grouped_lr_scheduler",
+                "micro_batch_num")
+PIPELINE_CELL = "MFPipelineWithLossScaleCell"
+_SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
+
+
+def _source(relative: str) -> Optional[ast.Module]:
+    """The parsed source of ``mindformers/<relative>``, or None (not installed, unreadable)."""
+    try:
+        spec = importlib.util.find_spec("mindformers")  # finds the package without running it
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], relative)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return ast.parse(fh.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _class(tree: Optional[ast.Module], name: str) -> Optional[ast.ClassDef]:
+    if tree is None:
+        return None
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+@functools.lru_cache(maxsize=None)
+def monitor_keys() -> Tuple[str, ...]:
+    """The keys the installed mindformers' ``MonitorConfig`` accepts under ``monitor_config``."""
+    node = _class(_source(os.path.join("tools", "register", "template.py")), "MonitorConfig")
+    if node is None:
+        return MONITOR_KEYS_1_9
+    keys = tuple(t.id for item in node.body if isinstance(item, ast.Assign) for t in item.targets
+                 if isinstance(t, ast.Name) and not t.id.startswith("_"))
+    return keys or MONITOR_KEYS_1_9
+
+
+@functools.lru_cache(maxsize=None)
+def format_values() -> Tuple[str, ...]:
+    """The ``*_format`` values the installed mindformers' TrainingStateMonitor accepts."""
+    node = _class(_source(os.path.join("core", "callback", "callback.py")), "TrainingStateMonitor")
+    for item in ast.walk(node) if node is not None else ():
+        if isinstance(item, ast.FunctionDef) and item.name == "_check_attr_formats":
+            for found in ast.walk(item):
+                if isinstance(found, ast.Set) and all(isinstance(e, ast.Constant) and isinstance(e.value, str)
+                                                      for e in found.elts):
+                    return tuple(sorted(e.value for e in found.elts))
+    return FORMATS_1_9
+
+
+@functools.lru_cache(maxsize=None)
+def cell_arguments(wrapper: str) -> Optional[Tuple[str, ...]]:
+    """The named ``__init__`` arguments of mindformers' wrapper ``wrapper`` (None: not a mindformers cell)."""
+    node = _class(_source(os.path.join("wrapper", "wrapper.py")), wrapper)
+    init = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None) \
+        if node is not None else None
+    if init is None:
+        return None
+    args = init.args
+    return tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self")
+
+
+def _get(data: Mapping[str, Any], *path: str) -> Any:
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _int(value: Any, default: int = 1) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def wrapper_reset(data: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """What mindformers' ``_check_global_batch_size_for_auto_parallel`` / ``_reset_wrapper`` will do to
+    ``runner_wrapper``, from the run YAML alone: None when it keeps it, else ``{"why": ..., "path": ...,
+    "micro_batch_num": n}`` (the key that triggers it, and the micro batches the pipeline cell sums)."""
+    if not isinstance(data.get("runner_wrapper"), Mapping):
+        return None
+    mode = _get(data, "parallel", "parallel_mode")
+    if mode not in _SEMI_AUTO or data.get("use_parallel") is False:
+        return None  # data parallel or stand-alone: mindformers sets pipeline_stage to 1 and keeps the wrapper
+    stages = _int(_get(data, "parallel_config", "pipeline_stage"))
+    accumulate = _int(_get(data, "runner_config", "gradient_accumulation_steps"))
+    if stages > 1:
+        return {"why": f"pipeline_stage: {stages}", "path": ("parallel_config", "pipeline_stage"),
+                "micro_batch_num": _int(_get(data, "parallel_config", "micro_batch_num")), "stages": stages}
+    if accumulate > 1:
+        return {"why": f"gradient_accumulation_steps: {accumulate} in semi-auto/auto parallel mode",
+                "path": ("runner_config", "gradient_accumulation_steps"), "micro_batch_num": accumulate,
+                "stages": 1}
+    return None
