@@ -118,7 +118,7 @@ def test_reads_monitor_config_and_entry(tmp_path, monkeypatch, persistent):
     _run_yaml(tmp_path, monkeypatch, "sinks: [jsonl]\nflush_steps: 5\n")
     cfg = entry_config({"experiment": "tiny-llama", "sinks": ["jsonl"], "flush_steps": 5})
     assert (cfg.experiment, cfg.flush_steps, sorted(cfg.sinks)) == ("tiny-llama", 5, ["jsonl"])
-    assert cfg.step_interval == 2  # from monitor_config
+    assert cfg.step_interval == 1  # monitor_config's step_interval thins TrainingStateMonitor only, as in mindformers
     assert cfg.health["grad_norm_spike"]["threshold"] == 3.0
     assert cfg.seq_length == 32  # from model.model_config
     assert cfg.params["runner_config"]["batch_size"] == 4
