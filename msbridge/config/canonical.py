@@ -26,6 +26,7 @@ from ..errors import did_you_mean
 from .dialects import HANDLERS, VOCABULARY
 from .fields import FIELDS
 from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_yaml, section_of
+from .mindformers_entry import find_seq_length
 from .yaml_lines import Origin, Path, Tree, format_path
 
 _FLATTENED = ("health", "straggler", "tags", "params")
@@ -137,16 +138,19 @@ class _Canonicalizer:
         self.seq_length_from_model()
 
     def seq_length_from_model(self) -> None:
+        """The run YAML's sequence length (``mindformers_entry.find_seq_length``), or one line that tokens/s is off."""
         if any(a.target == ("seq_length",) for a in self.out.assignments):
             return
-        path = ("model", "model_config", "seq_length")
-        node: Any = self.tree.data
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
-        if isinstance(node, int) and not isinstance(node, bool) and node > 0:
-            origin = self.origin(path)
-            self.out.assignments.append(Assignment(("seq_length",), node, path, origin))
-            self.out.notes.append(Note(origin, f"{format_path(path)} -> seq_length: {node} (for tokens/s)"))
+        value, path, where = find_seq_length(self.tree.data)
+        if value is None:
+            if "model" in self.tree.data:
+                self.out.notes.append(Note(self.origin(("model",)), "no seq_length in model.model_config, "
+                                           "train_dataset or pretrained_model_dir's config.json: tokens/s is off; "
+                                           "set seq_length (msbridge's key) to turn it on", logging.WARNING))
+            return
+        origin = self.origin(path)
+        self.out.assignments.append(Assignment(("seq_length",), value, path, origin))
+        self.out.notes.append(Note(origin, f"{format_path(path)}{where} -> seq_length: {value} (for tokens/s)"))
 
 
 def _winners(assignments: List[Assignment], out: Mapped) -> Dict[Path, Assignment]:

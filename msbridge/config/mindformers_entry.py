@@ -10,8 +10,8 @@ the global-norm keys ... are written once. Settings, lowest precedence first:
    and hands it to ``graft``);
 3. the entry's own keys.
 
-Everything here is a pure tree transformation: no file is read, nothing
-imports mindformers. Messages name the key as ``callbacks[i].key`` with its
+Everything here is a pure tree transformation (nothing imports mindformers), except
+``find_seq_length``, which may read ``pretrained_model_dir``'s ``config.json``. Messages name the key as ``callbacks[i].key`` with its
 file and line.
 
 Example:
@@ -23,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 from typing import Any, List, Mapping, Optional, Tuple
 
@@ -101,3 +103,36 @@ def _without(tree: Tree, paths: List[Path]) -> Tree:
             node.pop(path[-1], None)
     gone = set(paths)
     return Tree(tree.data, {p: o for p, o in tree.origins.items() if not any(p[:len(g)] == g for g in gone)})
+
+
+#: Where mindformers run YAMLs keep the sequence length (for tokens/s), the first found wins: the model config,
+#: the Megatron dataset's config (``BlendedMegatronDatasetDataLoader``), the dataset section.
+SEQ_LENGTH_PATHS: Tuple[Path, ...] = (("model", "model_config", "seq_length"),
+                                      ("train_dataset", "data_loader", "config", "seq_length"),
+                                      ("train_dataset", "data_loader", "seq_length"), ("train_dataset", "seq_length"))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def find_seq_length(data: Mapping[str, Any]) -> Tuple[Optional[int], Optional[Path], str]:
+    """The run YAML's sequence length, the path it was found at, and where that is in words ('' for a
+    YAML path; ``pretrained_model_dir``'s ``config.json`` otherwise). ``(None, None, "")``: none."""
+    for path in SEQ_LENGTH_PATHS:
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if _positive_int(node):
+            return node, path, ""
+    model_dir = data.get("pretrained_model_dir")
+    if isinstance(model_dir, str) and model_dir:
+        config = os.path.join(model_dir, "config.json")
+        try:
+            with open(config, encoding="utf-8") as fh:
+                value = json.load(fh).get("seq_length")
+        except (OSError, ValueError, AttributeError):
+            return None, None, ""
+        if _positive_int(value):
+            return value, ("pretrained_model_dir",), f" ({config})"
+    return None, None, ""

@@ -144,3 +144,34 @@ def test_dump_path_places_only_what_mindformers_places(tmp_path, persistent):
     assert cfg.output_dir == defaults.output_dir == config_module.DEFAULT_OUTPUT_DIR
     assert "dump_dir" not in cfg.health and "dump_dir" not in defaults.health  # msbridge's default: {run_dir}/dumps
     assert any("its TensorDump files" in str(n) and "'./dump'/rank_N" in str(n) for n in cfg.provenance.notes)
+
+
+MEGATRON_DATASET = {"data_loader": {"type": "BlendedMegatronDatasetDataLoader", "config": {"seq_length": 4096}}}
+
+
+def _seq_yaml(tmp_path, sections, name):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"run_mode": "train", **sections}, sort_keys=False)
+                    + "callbacks:\n  - type: MSBridgeMonitor\n    experiment: seq\n")
+    return str(path)
+
+
+def test_seq_length_where_mindformers_yamls_keep_it(tmp_path, persistent):
+    # configs/qwen3/pretrain_qwen3_32b_4k.yaml keeps it in the Megatron dataset's config too
+    cfg = load_config(_seq_yaml(tmp_path, {"model": {"model_config": {"hidden_size": 8}},
+                                           "train_dataset": MEGATRON_DATASET}, "megatron.yaml"))
+    assert cfg.seq_length == 4096
+    model_dir = tmp_path / "hf"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"seq_length": 8192, "hidden_size": 8}')
+    cfg = load_config(_seq_yaml(tmp_path, {"pretrained_model_dir": str(model_dir),
+                                           "model": {"model_config": {"hidden_size": 8}}}, "pretrained.yaml"))
+    assert cfg.seq_length == 8192
+    assert any("config.json) -> seq_length: 8192" in str(n) for n in cfg.provenance.notes)
+
+
+def test_no_seq_length_says_tokens_per_second_is_off_and_how_to_turn_it_on(tmp_path, persistent):
+    cfg = load_config(_seq_yaml(tmp_path, {"model": {"model_config": {"hidden_size": 8}}}, "none.yaml"))
+    assert cfg.seq_length is None
+    said = [str(n) for n in cfg.provenance.notes if "tokens/s is off" in str(n)]
+    assert len(said) == 1 and "set seq_length (msbridge's key) to turn it on" in said[0]
