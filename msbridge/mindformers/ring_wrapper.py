@@ -9,7 +9,9 @@ one copy per flush, so device sink mode (``sink_size > 1``) still gets every
 step. With ``local_norm: True`` mindformers' cell also returns each gradient's
 square sum, and the ring keeps every parameter's grad norm for ``layer_norms``
 (``grad_norm/<param>``: this device's gradients, before the data-parallel
-reduction and clipping, as mindformers' own local norm).
+reduction and clipping, as mindformers' own local norm). Under pipeline parallel
+or gradient accumulation mindformers resets the wrapper to ``MFPipelineWithLossScaleCell``;
+``pipeline.keep_ring_through_reset`` then makes ``MSBridgeRing`` build that cell, with the ring kept.
 
 Example (run YAML):
     runner_wrapper:
