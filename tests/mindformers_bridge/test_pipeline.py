@@ -137,3 +137,24 @@ def test_a_plain_run_keeps_the_loss_and_says_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="msbridge"):
         found = PipelineLoss.at_train_begin([_loss_monitor()], None, ring=False, rank=0, world_size=1)
     assert found.factor == 1.0 and found.loss_ranks is None and not caplog.records
+
+
+class MFPipelineWithLossScaleCell(ms.nn.Cell):
+    """A stand-in named as mindformers' cell: the real one does not compile on CPU (semi-auto parallel
+    graphs raise ``RuntimeError: Invalid backend: CPU`` there). Only its name and ``micro_size`` are read."""
+
+    def __init__(self, micro_size: int) -> None:
+        super().__init__()
+        self.micro_size = micro_size
+        self.calculate_per_token_loss = False
+
+
+def test_no_ring_around_the_pipeline_cell_is_said_once_with_what_is_recorded(parallel_context, caplog):
+    outer = ms.nn.SequentialCell([MFPipelineWithLossScaleCell(micro_size=4)])
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        found = PipelineLoss.at_train_begin([], outer, ring=False, rank=0, world_size=1)
+    assert found.factor == pytest.approx(0.25)  # no MFLossMonitor: the cell's micro_batch_num
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1
+    assert "no device ring around it" in said[0] and "reads each step's outputs at its end" in said[0]
+    assert "train/loss is the cell's loss x 0.25 (MFPipelineWithLossScaleCell's micro_batch_num)" in said[0]
