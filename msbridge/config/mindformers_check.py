@@ -42,6 +42,16 @@ _ONLY_MINDFORMERS = {
                            "output_dir",
 }
 
+#: mindformers' spike keys while its check is off (``check_for_global_norm`` not true, its default).
+_SPIKE_KEYS = {
+    "check_for_global_norm": "false: mindformers' own spike check (TREError) stays off; msbridge's grad-norm spike "
+                             "check keeps its own setting (health.grad_norm_spike)",
+    "global_norm_spike_threshold": "left to mindformers: with check_for_global_norm off it serves only "
+                                   "use_skip_data_by_global_norm; msbridge's grad-norm spike check keeps its own limit",
+    "global_norm_spike_count_threshold": "left to mindformers: with check_for_global_norm off msbridge's grad-norm "
+                                         "spike check keeps its own count",
+}
+
 
 def _version() -> str:
     try:
@@ -96,10 +106,8 @@ def _monitor_config(monitor: Mapping[str, Any], where: _Where, notes: List[Note]
             gone.append(key)  # said once, here
         elif key.endswith("_format") and value is not None:
             _format_problem(at, key, value, formats, problems)
-        elif key in _ONLY_MINDFORMERS or (key == "check_for_global_norm" and value is False):
-            text = _ONLY_MINDFORMERS[key](value) if key in _ONLY_MINDFORMERS else \
-                "false: mindformers' own spike check (TREError) stays off; msbridge's grad-norm spike check keeps " \
-                "its own setting (health.grad_norm_spike.check)"
+        elif key in _ONLY_MINDFORMERS or (key in _SPIKE_KEYS and monitor.get("check_for_global_norm") is not True):
+            text = _ONLY_MINDFORMERS[key](value) if key in _ONLY_MINDFORMERS else _SPIKE_KEYS[key]
             notes.append(Note(where("monitor_config", key), f"monitor_config.{key} -> {text}"))
             gone.append(key)
     return gone

@@ -119,7 +119,9 @@ def test_runner_wrapper_options_are_checked(tmp_path, persistent):
 
 def test_mindformers_defaults_switch_no_msbridge_check_off(tmp_path, persistent):
     defaults = load_config(_run_yaml(tmp_path, {"monitor_on": True}, name="plain.yaml"))
-    cfg = load_config(_run_yaml(tmp_path, {"monitor_on": True, "check_for_global_norm": False}))
+    # as in mindformers' docs: its check off, with the limits it would use
+    cfg = load_config(_run_yaml(tmp_path, {"monitor_on": True, "check_for_global_norm": False,
+                                           "global_norm_spike_threshold": 1.0, "global_norm_spike_count_threshold": 10}))
     on = HealthSpec.parse(dict(defaults.health)).action("grad_norm_spike")
     assert on is not None  # msbridge checks grad-norm spikes by default
     # mindformers' default turns mindformers' check off only
@@ -127,6 +129,10 @@ def test_mindformers_defaults_switch_no_msbridge_check_off(tmp_path, persistent)
     assert HealthSpec.parse({"grad_norm_spike": {"check": False}}).action("grad_norm_spike") is None  # can fail
     notes = [str(n) for n in cfg.provenance.notes]
     assert any("monitor_config.check_for_global_norm -> false: mindformers' own spike check" in n for n in notes)
+    assert any("monitor_config.global_norm_spike_threshold -> left to mindformers" in n for n in notes)
+    checked = load_config(_run_yaml(tmp_path, {"monitor_on": True, "check_for_global_norm": True,
+                                               "global_norm_spike_threshold": 1.0}, name="checked.yaml"))
+    assert checked.health["grad_norm_spike"]["threshold"] == 1.0  # mindformers checks it: msbridge checks it too
 
 
 def test_step_interval_thins_training_state_monitor_only(tmp_path, persistent):
