@@ -69,7 +69,7 @@ def _apply_mindformers_reset(path: str, keep_ring: bool) -> MindFormerConfig:
 def test_the_real_yamls_cover_both_resets_and_none():
     predicted = [wrapper_reset(prepare(p).tree.data) for p in RUNS]
     whys = [p["why"].split(":")[0] for p in predicted if p]
-    assert len(RUNS) == 9 and whys.count("pipeline_stage") == 5 and whys.count("gradient_accumulation_steps") == 2
+    assert len(RUNS) == 15 and whys.count("pipeline_stage") == 10 and whys.count("gradient_accumulation_steps") == 3
     assert predicted.count(None) == 2
 
 
