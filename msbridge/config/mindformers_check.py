@@ -170,13 +170,17 @@ def _ring_options(wrapper: Mapping[str, Any], where: _Where, problems: List[str]
                         f"cell {RING_NAME} builds (MFTrainOneStepCell ...), got {cell!r}")
         return
     arguments = cell_arguments(cell)
-    if arguments is None:  # not a mindformers cell: its arguments are its own business
-        return
-    valid = RING_KEYS + arguments
+    valid = RING_KEYS + (arguments or ())
     for key in wrapper:
-        if key not in valid and key not in TRAINER_ARGS:
+        if key in valid or key in TRAINER_ARGS:
+            continue
+        if arguments is not None:
             problems.append(f"{where('runner_wrapper', key)}: runner_wrapper.{key}: unknown key for {RING_NAME} or "
                             f"{cell} (its **kwargs would swallow it){did_you_mean(key, valid)}")
+        elif did_you_mean(key, RING_KEYS):  # another cell's arguments are its own; a near-miss of ours is not
+            problems.append(f"{where('runner_wrapper', key)}: runner_wrapper.{key}: not a key of {RING_NAME}"
+                            f"{did_you_mean(key, RING_KEYS)} ({cell} is not a mindformers or MindSpore cell, so only "
+                            f"{RING_NAME}'s own keys are checked)")
 
 
 def _without(tree: Tree, paths: List[Path]) -> Tree:

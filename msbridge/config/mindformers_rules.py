@@ -47,10 +47,10 @@ PIPELINE_CELL = "MFPipelineWithLossScaleCell"
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
 
 
-def _source(relative: str) -> Optional[ast.Module]:
-    """The parsed source of ``mindformers/<relative>``, or None (not installed, unreadable)."""
+def _source(relative: str, package: str = "mindformers") -> Optional[ast.Module]:
+    """The parsed source of ``<package>/<relative>``, or None (not installed, unreadable)."""
     try:
-        spec = importlib.util.find_spec("mindformers")  # finds the package without running it
+        spec = importlib.util.find_spec(package)  # finds the package without running it
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
@@ -93,16 +93,24 @@ def format_values() -> Tuple[str, ...]:
     return FORMATS_1_9
 
 
+#: Where the train cells a ``runner_wrapper`` names are defined: mindformers' and MindSpore's own.
+CELL_SOURCES = (("mindformers", os.path.join("wrapper", "wrapper.py")),
+                ("mindspore", os.path.join("nn", "wrap", "cell_wrapper.py")),
+                ("mindspore", os.path.join("nn", "wrap", "loss_scale.py")))
+
+
 @functools.lru_cache(maxsize=None)
 def cell_arguments(wrapper: str) -> Optional[Tuple[str, ...]]:
-    """The named ``__init__`` arguments of mindformers' wrapper ``wrapper`` (None: not a mindformers cell)."""
-    node = _class(_source(os.path.join("wrapper", "wrapper.py")), wrapper)
-    init = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None) \
-        if node is not None else None
-    if init is None:
-        return None
-    args = init.args
-    return tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self")
+    """The named ``__init__`` arguments of mindformers' or MindSpore's train cell ``wrapper`` (None: another
+    cell, such as a user's own)."""
+    for package, relative in CELL_SOURCES:
+        node = _class(_source(relative, package), wrapper)
+        init = next((i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None) \
+            if node is not None else None
+        if init is not None:
+            args = init.args
+            return tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self")
+    return None
 
 
 def _get(data: Mapping[str, Any], *path: str) -> Any:

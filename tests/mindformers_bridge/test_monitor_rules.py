@@ -115,6 +115,22 @@ def test_runner_wrapper_options_are_checked(tmp_path, persistent):
            "would swallow it); did you mean 'ring_size'?" in str(err.value)
     path.write_text(path.read_text().replace("ring_sise", "ring_size"))
     load_config(str(path))
+    path.write_text(path.read_text().replace("MFTrainOneStepCell", "TrainOneStepWithLossScaleCell"))
+    with pytest.raises(ConfigError, match=r"runner_wrapper.use_clip_grad: unknown key for MSBridgeRing or "
+                                          r"TrainOneStepWithLossScaleCell"):
+        load_config(str(path))  # MindSpore's cell has no use_clip_grad
+
+
+def test_runner_wrapper_around_a_users_own_cell_checks_msbridge_keys_only(tmp_path, persistent):
+    base = open(_run_yaml(tmp_path, {"monitor_on": False}, name="base.yaml")).read()
+    path = tmp_path / "run.yaml"
+    path.write_text(base + "runner_wrapper:\n  type: MSBridgeRing\n  wrapper: CPUTrainOneStepCell\n"
+                           "  ring_sise: 256\n  my_own_option: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    text = str(err.value)
+    assert "runner_wrapper.ring_sise: not a key of MSBridgeRing; did you mean 'ring_size'?" in text
+    assert "my_own_option" not in text  # the cell's own arguments are its business
 
 
 def test_mindformers_defaults_switch_no_msbridge_check_off(tmp_path, persistent):
