@@ -25,6 +25,7 @@ from typing import Any, List, Mapping, Tuple
 
 from ..errors import did_you_mean
 from ..sinks.registry import builtin_names
+from .dialects import HANDLERS
 from .fields import FIELDS
 from .keys import Note
 from .mindformers_rules import PIPELINE_CELL, RING_KEYS, TRAINER_ARGS, cell_arguments, format_values, \
@@ -94,7 +95,7 @@ def _monitor_config(monitor: Mapping[str, Any], where: _Where, notes: List[Note]
     """Problems for what mindformers refuses; notes for the keys left to it. Returns the keys msbridge then
     leaves out (refused ones too: each is said once)."""
     accepted, formats, version = monitor_keys(), format_values(), _version()
-    known = set(FIELDS) | _dialect_keys()
+    known = set(FIELDS) | set(HANDLERS)
     gone = []
     for key, value in monitor.items():
         at = f"{where('monitor_config', key)}: monitor_config.{key}"
@@ -124,12 +125,6 @@ def _format_problem(at: str, key: str, value: Any, formats: Tuple[str, ...], pro
             if item in builtin_names() else did_you_mean(item, formats)
         problems.append(f"{at}: {item!r} is refused by mindformers' TrainingStateMonitor (ValueError: The value of "
                         f"{key} should be a `str` in {allowed}){hint}")
-
-
-def _dialect_keys() -> set:
-    from .dialects import HANDLERS  # dialects imports fields; imported late to keep this module light
-
-    return set(HANDLERS)
 
 
 def _runner_wrapper(data: Mapping[str, Any], where: _Where, notes: List[Note], problems: List[str]) -> None:

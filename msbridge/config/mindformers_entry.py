@@ -11,8 +11,9 @@ the global-norm keys ... are written once. Settings, lowest precedence first:
 3. the entry's own keys.
 
 Everything here is a pure tree transformation (nothing imports mindformers), except
-``find_seq_length``, which may read ``pretrained_model_dir``'s ``config.json``. Messages name the key as ``callbacks[i].key`` with its
-file and line.
+``find_seq_length``, which may read ``pretrained_model_dir``'s ``config.json``. Messages
+name the key as ``callbacks[i].key`` with its file and line. mindformers' own rules
+for ``monitor_config`` and ``runner_wrapper`` are applied first (``mindformers_check``).
 
 Example:
     >>> index = find_entry(tree.data)

@@ -137,7 +137,8 @@ def test_mindformers_defaults_switch_no_msbridge_check_off(tmp_path, persistent)
     defaults = load_config(_run_yaml(tmp_path, {"monitor_on": True}, name="plain.yaml"))
     # as in mindformers' docs: its check off, with the limits it would use
     cfg = load_config(_run_yaml(tmp_path, {"monitor_on": True, "check_for_global_norm": False,
-                                           "global_norm_spike_threshold": 1.0, "global_norm_spike_count_threshold": 10}))
+                                           "global_norm_spike_threshold": 1.0,
+                                           "global_norm_spike_count_threshold": 10}))
     on = HealthSpec.parse(dict(defaults.health)).action("grad_norm_spike")
     assert on is not None  # msbridge checks grad-norm spikes by default
     # mindformers' default turns mindformers' check off only
