@@ -12,7 +12,8 @@ mindformers' ``_reset_wrapper_for_pipeline_parallel`` / ``_reset_wrapper_for_gra
 - ``PipelineLoss`` (at train begin) takes the loss as MFLossMonitor does: from the last pipeline stage
   (``reduce_ranks`` defaults to its ranks; other ranks record no ``train/loss``, theirs is not the loss),
   divided by what mindformers' own ``MFLossMonitor._fix_loss_for_parallel`` divides it by (micro batches,
-  accumulation steps, interleave). It says once, before the first step, what it records.
+  accumulation steps, interleave). It says at train begin what it records: a warning when the ring was
+  lost (``config check`` and the entry's config have already warned that mindformers replaces the wrapper).
 
 Example:
     >>> keep_ring_through_reset()                      # done by ``import msbridge.mindformers``
@@ -55,9 +56,9 @@ def _keeping_ring(original: Callable[..., Any]) -> Callable[..., Any]:
         if ring and wrapper.get("type") == PIPELINE_CELL:
             asked = wrapper.get("wrapper", "MFTrainOneStepCell")
             wrapper.type, wrapper.wrapper = RING, PIPELINE_CELL
-            log.warning("msbridge: mindformers replaced runner_wrapper (MSBridgeRing around %s) with %s "
-                        "(micro_batch_num %s); MSBridgeRing now builds %s and keeps its device ring around it",
-                        asked, PIPELINE_CELL, wrapper.get("micro_batch_num"), PIPELINE_CELL)
+            log.info("msbridge: mindformers replaced runner_wrapper (MSBridgeRing around %s) with %s "
+                     "(micro_batch_num %s); MSBridgeRing now builds %s and keeps its device ring around it",
+                     asked, PIPELINE_CELL, wrapper.get("micro_batch_num"), PIPELINE_CELL)
         return result
 
     reset.msbridge_keeps_ring = True  # type: ignore[attr-defined]
@@ -131,8 +132,9 @@ class PipelineLoss:
         if self.loss_ranks is not None:
             parts.append(f"{stages} pipeline stages: the loss is valid on ranks {list(self.loss_ranks)} only; "
                          + ("this rank records it" if self.holds_loss else "this rank records no train/loss"))
-        if parts:
-            log.warning("msbridge: %s", "; ".join(parts))
+        if parts:  # a warning when the ring is lost; else what config check already warned of, confirmed
+            level = logging.WARNING if cell is not None and not ring else logging.INFO
+            log.log(level, "msbridge: %s", "; ".join(parts))
 
     def adjust(self, window: Optional[Window]) -> None:
         """The window's loss as MFLossMonitor's: scaled, or left out on a rank that does not hold it."""
