@@ -142,7 +142,8 @@ def _runner_wrapper(data: Mapping[str, Any], where: _Where, notes: List[Note], p
     stages = reset["stages"]
     loss = (f"; the loss is taken from the last of the {stages} pipeline stages (train/global_loss over its ranks "
             "unless reduce_ranks is set; other ranks record no train/loss)") if stages > 1 else ""
-    loss += f", divided by micro_batch_num {reset['micro_batch_num']} as MFLossMonitor divides it"
+    by = "micro_batch_num" if stages > 1 else "gradient_accumulation_steps"
+    loss += _divided(data, f"{by} {reset['micro_batch_num']}")
     if ring:
         text = (f"{said}; msbridge keeps its ring around that cell ({RING_NAME} builds {PIPELINE_CELL}), so every "
                 f"step's loss, overflow, loss scale, lr and global norm stay in the device ring{loss}. This needs "
@@ -152,6 +153,16 @@ def _runner_wrapper(data: Mapping[str, Any], where: _Where, notes: List[Note], p
         text = (f"{said}; msbridge reads each step's outputs at its end (no device ring: with sink_mode only the "
                 f"last step of each sink; runner_wrapper type: {RING_NAME} keeps every step){loss}")
     notes.append(Note(where("runner_wrapper", "type"), text, logging.WARNING))
+
+
+def _divided(data: Mapping[str, Any], micro: str) -> str:
+    """How MFLossMonitor (``_fix_loss_for_parallel``) divides the cell's loss, in words."""
+    parts = [] if data.get("calculate_per_token_loss") is True else [micro]
+    interleave = data.get("micro_batch_interleave_num")
+    if isinstance(interleave, int) and not isinstance(interleave, bool) and interleave > 1:
+        parts.append(f"micro_batch_interleave_num {interleave}")
+    return f", divided by {' and '.join(parts)} as MFLossMonitor divides it" if parts else \
+        ", not divided (calculate_per_token_loss), as MFLossMonitor takes it"
 
 
 def _ring_options(wrapper: Mapping[str, Any], where: _Where, problems: List[str]) -> None:
