@@ -91,7 +91,11 @@ def _stages() -> Tuple[int, bool]:
     import mindspore as ms
 
     stages = int(ms.get_auto_parallel_context("pipeline_stages") or 1)
-    return stages, ms.get_auto_parallel_context("pipeline_scheduler") == "zero_bubble_v"
+    try:
+        scheduler = ms.get_auto_parallel_context("pipeline_scheduler")
+    except ValueError:  # a MindSpore without pipeline schedulers
+        scheduler = None
+    return stages, scheduler == "zero_bubble_v"
 
 
 class PipelineLoss:
