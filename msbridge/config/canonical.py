@@ -28,7 +28,7 @@ from .fields import FIELDS
 from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_yaml, section_of
 from .yaml_lines import Origin, Path, Tree, format_path
 
-_FLATTENED = ("health", "straggler", "tags", "params")
+_FLATTENED = ("health", "straggler", "alerts", "tags", "params")
 
 
 def _leaves(value: Any, path: Path) -> List[Tuple[Path, Any]]:
