@@ -28,7 +28,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, Optional
+from typing import Callable, Deque, Optional, Tuple
 
 from ..health.runner import make_event
 from ..sinks.base import Event
@@ -67,6 +67,8 @@ class StallWatchdog:
         self._step = 0
         self._times: Deque[float] = deque(maxlen=RECENT)
         self._stalled_at: Optional[float] = None
+        self._stall_age = 0.0
+        self._resume: Optional[Tuple[int, float]] = None  # (step, time) of the first step end after a stall
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="msbridge-stall-watchdog", daemon=True)
@@ -75,19 +77,22 @@ class StallWatchdog:
         """Start the thread (again, after a ``stop``: a second ``model.train`` with the same callback)."""
         if self._thread.is_alive():
             return
-        self._stopped, self._last_end, self._stalled_at = False, None, None
+        self._stopped, self._last_end, self._stalled_at, self._resume = False, None, None, None
         self._times.clear()
         self._wake.clear()
         self._thread = threading.Thread(target=self._loop, name="msbridge-stall-watchdog", daemon=True)
         self._thread.start()
 
     def step_ended(self, step: int) -> None:
-        """Training thread, each step: O(1). Wakes the thread only when it is in a stall (to say resumed)."""
-        now = self.clock()
-        if self._last_end is not None:
+        """Training thread, each step: O(1). Wakes the thread only at the first step and after a stall."""
+        now, first = self.clock(), self._last_end is None
+        if not first:
             self._times.append(now - self._last_end)
         self._last_end, self._step, self.doing = now, step, IN_STEP
-        if self._stalled_at is not None:
+        if first:  # the clock starts
+            self._wake.set()
+        elif self._stalled_at is not None and self._resume is None:  # the first step end after a stall
+            self._resume = (step, now)
             self._wake.set()
 
     def mark(self, doing: str) -> None:
@@ -114,7 +119,7 @@ class StallWatchdog:
             if self._stalled_at is not None:
                 self._wake.wait()  # in a stall: sleep until a step ends (or the stop)
             elif last is None:
-                self._wake.wait(self.floor_s)  # before the first step ends (compiling): never a stall
+                self._wake.wait()  # before the first step ends (compiling): never a stall
             else:
                 self._wake.wait(max(0.0, last + self.threshold() - self.clock()))
             self._wake.clear()
@@ -126,10 +131,11 @@ class StallWatchdog:
         if last is None:
             return
         if self._stalled_at is not None:
-            if last > self._stalled_at:  # a step ended since the stall was recorded
-                stalled = last - self._stalled_at + self._stall_age
-                self._stalled_at = None
-                self._emit(RESUMED, stalled_s=round(stalled, 3), step_time_s=self._recent_median())
+            if self._resume is not None:  # a step ended since the stall was recorded
+                step, when = self._resume
+                stalled = when - self._stalled_at + self._stall_age
+                self._stalled_at, self._resume = None, None
+                self._emit(RESUMED, stalled_s=round(stalled, 3), step=step)
             return
         age = now - last
         if age >= self.threshold():
@@ -141,8 +147,8 @@ class StallWatchdog:
     def _recent_median(self) -> Optional[float]:
         return round(statistics.median(self._times), 6) if self._times else None
 
-    def _emit(self, kind: str, **detail: object) -> None:
+    def _emit(self, kind: str, step: Optional[int] = None, **detail: object) -> None:
         try:
-            self.submit(make_event(kind, self._step, self.rank, **detail))
+            self.submit(make_event(kind, self._step if step is None else step, self.rank, **detail))
         except Exception:  # a closed dispatcher or a broken sink never ends the watchdog
             log.exception("msbridge: the stall watchdog could not record its %s event", kind)
