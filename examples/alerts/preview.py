@@ -34,7 +34,8 @@ def _markdown(text: str) -> str:
     out = []
     for line in text.split("\n"):
         safe = html.escape(line)
-        safe = re.sub(r"&lt;font color=&quot;warning&quot;&gt;(.*?)&lt;/font&gt;", r'<span class="warn">\1</span>', safe)
+        safe = re.sub(r"&lt;font color=&quot;warning&quot;&gt;(.*?)&lt;/font&gt;", r"<span class='warn'>\1</span>",
+                      safe)
         safe = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", safe)
         if safe.startswith("### "):
             out.append(f"<h3>{safe[4:]}</h3>")

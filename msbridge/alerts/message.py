@@ -134,7 +134,8 @@ def describe(event: Event, cat: str) -> str:
         return (f"no step has ended for {float(d.get('seconds_since_step', 0)):.0f} s on rank {event.rank} "
                 f"(last step {event.step}; last seen {d.get('doing', 'unknown')})")
     if event.kind == RESUMED:
-        return f"steps resumed on rank {event.rank} at step {event.step} after a {float(d.get('stalled_s', 0)):.0f} s stall"
+        stalled = float(d.get("stalled_s", 0))
+        return f"steps resumed on rank {event.rank} at step {event.step} after a {stalled:.0f} s stall"
     if cat == "stop":
         why = d.get("reason") or d.get("check") or event.kind
         return f"training stopped {where}: {why}"
