@@ -112,7 +112,10 @@ class Sender:
 
     def close(self, wait_s: float) -> None:
         """Let the thread send what is queued for ``wait_s`` at most; keep the rest in the outbox."""
-        self._queue.put(_STOP)
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:  # the thread is behind: wait for it as long as allowed, then keep the rest
+            pass
         self._thread.join(wait_s)
         if not self._thread.is_alive():
             return

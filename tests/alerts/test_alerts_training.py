@@ -39,10 +39,10 @@ class StepClock(Callback):
             time.sleep(self.pace_s)  # a step as long as a small real model's
 
 
-def write_config(tmp_path, targets, sinks=("jsonl",), **alerts):
+def write_config(tmp_path, targets, sinks=("jsonl",), settings=None, **alerts):
     path = tmp_path / "monitor.yaml"
     config = {"experiment": "alerts", "run_name": "r", "output_dir": str(tmp_path / "runs" / "{run_name}"),
-              "flush_steps": 10, "sinks": list(sinks), "alerts": {"targets": targets, **alerts}}
+              "flush_steps": 10, "sinks": list(sinks), "alerts": {"targets": targets, **alerts}, **(settings or {})}
     path.write_text(yaml.safe_dump(config))
     return str(path)
 
@@ -72,7 +72,9 @@ def alerts_of(server, category):
 
 def test_a_nan_at_step_20_reaches_the_webhook_within_5_s_of_its_flush_once(tmp_path):
     with WebhookServer() as server:
-        config = write_config(tmp_path, [{"type": "webhook", "url": server.url("webhook/hook/T")}])
+        # overhead_budget 0.9: the flush window stays 10 steps (1 ms CPU steps would widen it), so step 20 flushes
+        config = write_config(tmp_path, [{"type": "webhook", "url": server.url("webhook/hook/T")}],
+                              settings={"overhead_budget": 0.9})
         clock = StepClock()
         monitor = run(config, steps=40, poison_step=20, clock=clock)
         assert server.wait_for(1, 10)
