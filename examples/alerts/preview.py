@@ -22,7 +22,8 @@ from msbridge.alerts.spec import Target
 from msbridge.sinks.base import Event, RunInfo
 
 RUN = RunInfo(run_id="7f3c", run_name="llama-tiny-lr3e-4", experiment="llama-tiny", rank=0, world_size=8,
-              is_global=True, run_dir="/data/runs/llama-tiny/llama-tiny-lr3e-4")
+              is_global=True, run_dir="/data/runs/llama-tiny/llama-tiny-lr3e-4",
+              config={"sinks": {"jsonl": {}, "tensorboard": {}, "mlflow": {}}})
 NAN = Event("anomaly", 20, 0, 1.7e9, {"check": "nonfinite", "action": "dump", "nonfinite": ["train/loss"],
                                        "loss": float("nan"), "grad_norm": 1843.2})
 STALL = Event("stall", 3120, 1, 1.7e9, {"seconds_since_step": 912.4, "stall_seconds": 900.0,

@@ -10,6 +10,7 @@ Nothing here logs a URL: targets are named ``target 1 (lark)``.
 
 Example:
     >>> sender = Sender(spec.targets, retries=3, timeout_s=10, outbox=Outbox(run_dir))
+    >>> sender.start()
     >>> sender.submit(alert)      # returns at once
     >>> sender.close(wait_s=10)   # bounded
 """

@@ -56,7 +56,7 @@ class Alert:
         kind: the event kind (``anomaly``, ``stall``, ``failed`` ...); ``category``: its ``alerts.on`` name.
         title: one short line; ``message``: what happened, in words.
         values: the numbers that matter (loss, grad norm, seconds since the last step ...).
-        links: how to look at it: ``diagnose`` and ``view`` commands, ``run_dir``.
+        links: how to look at it: the ``view``, ``plot``, ``diagnose`` commands the run README prints, ``run_dir``.
         more: how many alerts of this category the rate limit held back before this one.
 
     Example:
@@ -108,9 +108,12 @@ def _short(value: Any) -> str:
 
 
 def links_for(run: RunInfo) -> Dict[str, str]:
-    """The commands that show the run (printed exactly as they run)."""
-    where = shlex.quote(run.run_dir)
-    return {"diagnose": f"msbridge diagnose {where}", "view": f"msbridge view {where}", "run_dir": run.run_dir}
+    """The commands that show the run, as its README prints them (they run as printed on the training host):
+    ``view`` (when a viewed sink is configured), ``plot`` (with matplotlib), ``diagnose``; and ``run_dir``."""
+    from ..run.metadata import view_commands
+
+    commands = view_commands(run.run_dir, run.config.get("sinks") or {})
+    return {**{shlex.split(command)[-2]: command for command in commands}, "run_dir": run.run_dir}
 
 
 def _values(detail: Mapping[str, Any]) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ from msbridge.alerts.spec import Target
 from msbridge.sinks.base import Event, RunInfo
 
 RUN = RunInfo(run_id="id", run_name="tiny-run", experiment="tiny-lm", rank=0, world_size=1, is_global=True,
-              run_dir="/runs/tiny-lm/tiny-run")
+              run_dir="/runs/tiny-lm/tiny-run", config={"sinks": {"jsonl": {}, "tensorboard": {}}})
 NAN = Event("anomaly", 20, 0, 1.7e9, {"check": "nonfinite", "action": "dump", "nonfinite": ["train/loss"],
                                        "loss": float("nan"), "grad_norm": 1.5})
 

@@ -82,7 +82,9 @@ def test_a_nan_at_step_20_reaches_the_webhook_within_5_s_of_its_flush_once(tmp_p
     [nan] = [r.body for r in server.received]  # once: the episode of NaN steps after 20 is one finding
     assert nan["category"] == "nonfinite" and nan["step"] == 20 and nan["kind"] == "anomaly"
     assert nan["values"]["nonfinite"] == "train/loss" and nan["run"] == "r"
-    assert nan["links"]["diagnose"] == f"msbridge diagnose {monitor.run_dir}"
+    readme = open(os.path.join(monitor.run_dir, "README.md")).read()
+    assert nan["links"]["diagnose"].endswith(f"msbridge diagnose {monitor.run_dir}")
+    assert nan["links"]["diagnose"] in readme and "view" not in nan["links"]  # as the README says; jsonl only
     flushed = clock.ended[20]  # flush_steps 10: step 20's end flushed steps 11-20, then this callback ran
     assert server.received[0].time - flushed < 5.0
     assert [e.step for e in events(monitor, "anomaly")] == [20]
