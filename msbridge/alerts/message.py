@@ -122,7 +122,8 @@ def _values(detail: Mapping[str, Any]) -> Dict[str, Any]:
     for key, value in detail.items():
         if isinstance(value, (int, float, str, bool)) or value is None:
             out[str(key)] = value
-        elif isinstance(value, (list, tuple)) and len(value) <= 8:
+        elif isinstance(value, (list, tuple)) and len(value) <= 8 and \
+                all(isinstance(v, (int, float, str)) for v in value):
             out[str(key)] = ", ".join(map(str, value))
     return json_safe(out)
 
@@ -130,6 +131,10 @@ def _values(detail: Mapping[str, Any]) -> Dict[str, Any]:
 def describe(event: Event, cat: str) -> str:
     """What happened, in one sentence."""
     d, where = event.detail, f"at step {event.step} on rank {event.rank}"
+    if event.kind == "blame":  # the global rank names the rank that was first, of every rank's findings
+        what = "non-finite values" if cat == "nonfinite" else str(d.get("check", cat))
+        return (f"{what} at step {event.step}, first on rank {d.get('blamed_rank', '?')} "
+                f"(ranks at that step: {', '.join(map(str, d.get('same_step_ranks') or [])) or '?'})")
     if cat == "nonfinite":
         names = d.get("nonfinite") or ["a metric"]
         return f"non-finite values {where}: {', '.join(map(str, names))}"

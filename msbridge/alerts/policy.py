@@ -3,6 +3,8 @@
 - ``on`` picks the categories (``msbridge.alerts.spec.ON_VALUES``).
 - Only the global rank sends job-level alerts; every rank sends its own ``stall`` / ``resumed``
   (a hung rank is often not the global one, and the global rank may be the one that hangs).
+- In a multi-rank run, a check's finding alerts through the global rank's ``blame`` (which names the first
+  rank of every rank's findings), not through the global rank's own ``anomaly`` of the same incident.
 - The same category at the same step on the same rank alerts once (an ``anomaly`` and the ``blame``
   of one NaN, a replayed event).
 - At most one message per kind per ``window_s``: the first goes out at once; the others in the window are
@@ -35,6 +37,7 @@ class Policy:
         window_s: one message per kind per window.
         is_global: this rank sends job-level alerts.
         clock: seconds (monotonic); tests pass their own.
+        world_size: the job's ranks (above 1, findings alert as ``blame``).
 
     Example:
         >>> Policy(frozenset({"stall"}), 300, is_global=False).wants(stall_event)
@@ -42,8 +45,9 @@ class Policy:
     """
 
     def __init__(self, on: FrozenSet[str], window_s: float, is_global: bool,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, world_size: int = 1) -> None:
         self.on, self.window_s, self.is_global, self.clock = on, window_s, is_global, clock
+        self.world_size = world_size
         self._seen: Set[Tuple[str, int, int, str]] = set()
         self._last_sent: Dict[str, float] = {}
         self._held: Dict[str, Tuple[Alert, int]] = {}
@@ -54,6 +58,8 @@ class Policy:
 
     def wants(self, event: Event) -> Optional[str]:
         """The category ``event`` alerts under here, or None."""
+        if event.kind == "anomaly" and self.world_size > 1:
+            return None  # the incident alerts once, as rank 0's ``blame``
         cat = category(event)
         return cat if cat is not None and self.allows(cat) else None
 

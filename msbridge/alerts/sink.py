@@ -57,7 +57,7 @@ class AlertSink(Sink):
 
     def open(self, run) -> None:
         super().open(run)
-        self.policy = Policy(self.spec.on, self.spec.window_s, run.is_global)
+        self.policy = Policy(self.spec.on, self.spec.window_s, run.is_global, world_size=run.world_size)
         self.outbox = Outbox(run.run_dir, run.rank, self.config_file)
         self.sender = Sender(self.spec.targets, self.spec.retries, self.spec.timeout_s, self.outbox,
                              backoff_s=self.backoff_s)

@@ -82,3 +82,13 @@ def test_on_picks_the_categories():
     assert policy.wants(nan(20)) is None and policy.wants(Event("stall", 3, 0, 0.0, {})) == "stall"
     opt_in = Policy(frozenset({"spike"}), 300, is_global=True)
     assert opt_in.wants(Event("anomaly", 3, 0, 0.0, {"check": "loss_spike"})) == "spike"
+
+
+def test_in_a_multi_rank_run_a_finding_alerts_as_blame_not_as_rank_0s_own_anomaly():
+    policy = Policy(frozenset(DEFAULT_ON), 300, is_global=True, world_size=8)
+    assert policy.wants(nan(21)) is None
+    blame = Event("blame", 20, 0, 1.0, {"check": "nonfinite", "blamed_rank": 3, "same_step_ranks": [3, 5]})
+    assert policy.wants(blame) == "nonfinite"
+    assert alert_for(blame, "nonfinite", run_info()).message == \
+        "non-finite values at step 20, first on rank 3 (ranks at that step: 3, 5)"
+    assert Policy(frozenset(DEFAULT_ON), 300, is_global=True).wants(nan(21)) == "nonfinite"  # one process
