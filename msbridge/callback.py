@@ -45,8 +45,8 @@ from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.outcome import RunOutcome, run_summary
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
-from .run.watchdog import AT_FLUSH, IN_COLLECTIVE, IN_STEP, StallWatchdog
 from .run.signals import SignalGuard, TrainingInterrupted
+from .run.watchdog import AT_FLUSH, IN_COLLECTIVE, IN_STEP, StallWatchdog
 from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
 from .sinks.dispatch import Dispatcher
 

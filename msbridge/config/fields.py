@@ -261,7 +261,8 @@ def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
     return problems
 
 
-_NESTED = {"sinks": _check_sinks, "straggler": _check_straggler, "alerts": _check_alerts}  # report each problem at its own key
+# report each problem at its own key
+_NESTED = {"sinks": _check_sinks, "straggler": _check_straggler, "alerts": _check_alerts}
 
 
 def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
