@@ -84,7 +84,9 @@ def _check_target(i: int, target: Any) -> List[Tuple[Path, str]]:
     where: Path = ("alerts", "targets", i)
     if not isinstance(target, Mapping):
         return [(where, f"expected a mapping like {{type: webhook, url: 'https://...'}}, got {target!r}")]
-    problems = [(where + (key,), message) for key, message in check_options(TARGET_OPTIONS, target)]
+    problems = [(where + (key,), f"expected {TARGET_OPTIONS[key].kind} (the value is not shown: it is a secret)"
+                 if key in ("url", "secret") and not message.startswith("unknown") else message)
+                for key, message in check_options(TARGET_OPTIONS, target)]
     kind = target.get("type", "webhook")
     url = target.get("url")
     if "url" not in target:

@@ -84,3 +84,11 @@ callbacks:
     with pytest.raises(ConfigError) as err:
         load_config(str(tmp_path / "bad.yaml"))
     assert "bad.yaml:9: callbacks[1].alerts.onn: unknown key; did you mean 'on'?" in str(err.value)
+
+
+def test_a_wrong_typed_url_or_secret_is_reported_without_its_value(tmp_path):
+    found = problems(tmp_path, "alerts:\n  targets:\n    - {type: lark, url: 81234567, secret: 99887766}\n")
+    text = "\n".join(found)
+    assert "alerts.targets[0].url: expected a non-empty string (the value is not shown" in text
+    assert "alerts.targets[0].secret: expected null or a non-empty string" in text
+    assert "81234567" not in text and "99887766" not in text
