@@ -165,7 +165,7 @@ def test_a_planted_webhook_token_is_nowhere_in_the_run_the_stores_or_the_console
         config = write_config(tmp_path, [{"type": "lark", "url": server.url(f"lark/open-apis/bot/v2/hook/{token}"),
                                           "secret": secret},
                                          {"type": "webhook", "url": server.url(f"webhook/{token}")}],
-                              sinks=("jsonl", "tensorboard"), retries=0, close_wait_s=2)
+                              sinks=("jsonl", "tensorboard", "mlflow"), retries=0, close_wait_s=2)
         monitor = run(config, steps=30, poison_step=20, progress=True)
         assert server.received, "the alerts were sent (and refused)"
     captured = capfd.readouterr()
@@ -174,6 +174,8 @@ def test_a_planted_webhook_token_is_nowhere_in_the_run_the_stores_or_the_console
     assert "target 1 (lark) did not take the nonfinite alert of step 20" in caplog.text  # said, by index
     runs = os.path.dirname(monitor.run_dir)  # the run dir and the experiment's stores (tensorboard/) beside it
     assert os.path.isdir(os.path.join(runs, "tensorboard")) and os.listdir(os.path.join(runs, "tensorboard"))
+    seen = subprocess.run(["grep", "-r", "-l", "nonfinite", runs], capture_output=True, text=True).stdout
+    assert os.path.join(runs, "mlflow.db") in seen.split()  # grep reads MLflow's sqlite store: it is searched too
     found = subprocess.run(["grep", "-r", "-l", "-e", token, "-e", secret, runs], capture_output=True, text=True)
     assert found.returncode == 1 and found.stdout == "", found.stdout  # 1: no match anywhere
     assert subprocess.run(["grep", "-r", "-q", token, str(tmp_path / "monitor.yaml")]).returncode == 0  # can match
