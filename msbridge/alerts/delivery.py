@@ -133,6 +133,7 @@ class Sender:
                 break
             if isinstance(item, Alert):
                 self._keep(item, self.targets, f"not sent within {wait_s:g} s at close")
+        self._queue.put_nowait(_STOP)  # the thread ends once its request in flight does
         log.warning("msbridge: alerts: the close waited %.0f s; what was not sent is kept in %s (send it with "
                     "msbridge replay RUN_DIR --to alerts)", wait_s, self.outbox.path if self.outbox else "nowhere")
 
