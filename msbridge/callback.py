@@ -46,6 +46,7 @@ from .run.outcome import RunOutcome, run_summary
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
+from .run.watchdog import AT_FLUSH, IN_COLLECTIVE, IN_STEP, StallWatchdog
 from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
 from .sinks.dispatch import Dispatcher
 
@@ -102,6 +103,7 @@ class BridgeMonitor(Callback):
         self._undelivered: Dict[str, str] = {}
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
+        self._watchdog = StallWatchdog(self._on_watchdog, 0, self.config.alert_spec.stall_seconds)
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Sequence[str] = (), **kwargs: Any) -> "BridgeMonitor":
@@ -178,6 +180,8 @@ class BridgeMonitor(Callback):
                 "last_recorded_step": last, "run_id": self.run.run_id})])
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
+        self._watchdog.rank = self.run.rank
+        self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
 
     def on_train_step_begin(self, run_context: Any) -> None:
         if self._reducer is not None:  # each rank's data wait travels in the per-flush collective
@@ -196,6 +200,7 @@ class BridgeMonitor(Callback):
         if self._offset is None:
             self._offset = resume_offset(cb, step)
         step += self._offset
+        self._watchdog.step_ended(step)
         self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
@@ -210,7 +215,9 @@ class BridgeMonitor(Callback):
                 # Ranks must flush at the same steps (one collective each), so time triggers single processes only.
                 self._reducer is None and start - self._last_flush >= budget.flush_seconds)
         if due or self.health.every_step:  # a check that can stop training sees each step as it ends
+            self._watchdog.mark(AT_FLUSH)
             self.flush(dispatch=due)
+            self._watchdog.mark(IN_STEP)
         if self.health.stop is not None:
             run_context.request_stop()
             self.close(self.health.stop.status)
@@ -287,7 +294,9 @@ class BridgeMonitor(Callback):
         verdict = self.health.check(window, records)  # adds health/* counters; may set health.stop
         t2 = time.perf_counter()
         if self._reducer is not None and reduce:  # the ranks' stops, findings and timing meet in one collective
+            self._watchdog.mark(IN_COLLECTIVE)
             agreement = self._reducer.reduce(window, verdict, self.health.stop)
+            self._watchdog.mark(AT_FLUSH)
             verdict, self.health.stop = agreement.verdict, agreement.stop
         t3 = time.perf_counter()
         self._pending.extend(verdict.records)
@@ -314,6 +323,7 @@ class BridgeMonitor(Callback):
             self._signals.restore()
             return
         with self._signals.critical():
+            self._watchdog.stop()
             try:
                 # Only a normal end meets the other ranks in the collective: after an exception here
                 # the others are still training, and a collective would pair with theirs or block.
@@ -371,6 +381,13 @@ class BridgeMonitor(Callback):
         dispatcher.close(FAILED)
         self.events.extend(dispatcher.raised)
         self._finish(FAILED, dispatcher.undelivered)
+
+    def _on_watchdog(self, event: Event) -> None:
+        """Stall watchdog thread: a ``stall`` or ``resumed`` event to every sink and into the outcome."""
+        self.events.append(event)
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            dispatcher.submit([], [event])
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""

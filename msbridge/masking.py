@@ -24,7 +24,13 @@ from typing import Any, List, Mapping, Sequence
 MASK = "***"
 
 # Anywhere in the key, separators ignored: db_password, clientSecret, hf-api-key, aws_access_key_id.
-_SECRET_SUBSTRING = re.compile(r"passw(or)?d|passphrase|secret|credential|api_?key|private_?key|access_?key", re.I)
+_SECRET_SUBSTRING = re.compile(r"passw(or)?d|passphrase|secret|credential|api_?key|private_?key|access_?key|webhook",
+                               re.I)
+# Keys that are secrets only inside one section: an alert target's url holds the bot's token.
+_SECRET_WITHIN = {"alerts": frozenset({"url"})}
+# Chat-bot webhook URLs carry their token in the path or in ?key= (Slack, Feishu/Lark, WeCom).
+_WEBHOOK_TOKEN = re.compile(r"(?P<key>hooks\.slack\.com/services/|/open-apis/bot/v2/hook/|/webhook/send\?key=)"
+                            r"(?P<val>[^\s\"'&#]+)")
 # Whole words of the key: pw, pwd, auth, token (but not tokenizer, max_tokens, pad_token_id).
 _SECRET_WORDS = frozenset({"pw", "pwd", "auth", "authorization", "bearer", "cookie", "token"})
 _TOKEN_COUNTS = frozenset({"id", "ids", "type", "types", "num", "count", "len", "length", "idx", "index", "size"})
@@ -59,6 +65,7 @@ def is_secret_key(key: Any) -> bool:
 def mask_text(text: str) -> str:
     """Mask URI credentials and secret query parameters inside a string."""
     text = _URI_CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = _WEBHOOK_TOKEN.sub(lambda m: f"{m['key']}{MASK}", text)
     return _QUERY_SECRET.sub(lambda m: f"{m['key']}={MASK}", text)
 
 
@@ -84,16 +91,18 @@ def mask_command(argv: Sequence[str]) -> str:
     return " ".join(out)
 
 
-def mask_secrets(value: Any, key: Any = "", secret: bool = False) -> Any:
+def mask_secrets(value: Any, key: Any = "", secret: bool = False, within: frozenset = frozenset()) -> Any:
     """A copy of ``value`` (mappings, lists, strings) with every secret masked.
 
     ``secret``: ``value`` sits under a secret-looking key already (every leaf is masked).
+    ``within``: keys that are secrets in the section being masked (``url`` under ``alerts``).
     """
-    secret = secret or (key != "" and is_secret_key(key))
+    secret = secret or (key != "" and (is_secret_key(key) or key in within))
+    within = within | _SECRET_WITHIN.get(str(key), frozenset())
     if isinstance(value, Mapping):
-        return {k: mask_secrets(v, str(k), secret) for k, v in value.items()}
+        return {k: mask_secrets(v, str(k), secret, within) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [mask_secrets(v, "", secret) for v in value]
+        return [mask_secrets(v, "", secret, within) for v in value]
     if secret and value not in (None, "") and not isinstance(value, bool):
         return MASK
     if isinstance(value, str):

@@ -124,6 +124,8 @@ def main(argv: Any = None) -> None:
     p.add_argument("--nan-rank", type=int, default=-1, help="this rank's inputs are NaN at --nan-step")
     p.add_argument("--nan-step", type=int, default=0)
     p.add_argument("--health", default="", help="health section as key=value,... (nonfinite.action=stop)")
+    p.add_argument("--alert-url", default="", help="alerts to this webhook (msbridge.alerts), with --stall-seconds")
+    p.add_argument("--stall-seconds", type=float, default=None)
     p.add_argument("--status", action="store_true", help="write each rank's closing status to {out}/status_{rank}.txt")
     p.add_argument("--check-ranks", action="store_true",
                    help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
@@ -147,7 +149,9 @@ def main(argv: Any = None) -> None:
                              "output_dir": os.path.join(args.out, "{experiment}", "{run_name}"),
                              "flush_steps": args.flush, "sinks": args.sinks.split(","),
                              "collective_timeout_s": args.timeout,
-                             "reduce_ranks": [int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None},
+                             "reduce_ranks": [int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None,
+                             "alerts": {"targets": [{"type": "webhook", "url": args.alert_url}] if args.alert_url else [],
+                                        "stall_seconds": args.stall_seconds}},
                             overrides=[f"health.{kv}" for kv in args.health.split(",") if kv], progress=False,
                             sinks=[StatusSink(os.path.join(args.out, f"status_{rank}.txt"))] if args.status else ())
     callbacks: List[Callback] = [monitor]

@@ -15,6 +15,7 @@ import sys
 from typing import List, Optional
 
 from ..errors import MsbridgeError
+from .alert_cmd import add_alert_commands, cmd_replay_alerts
 from .analyze import add_analysis_commands, add_strict
 from .bench import add_arguments as add_bench_arguments
 from .bench import run_from_args as cmd_bench
@@ -85,6 +86,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ..masking import mask_text
     from ..offline.replay import replay
 
+    if args.to == "alerts":  # the alerts a run could not send (msbridge.alerts.outbox)
+        return cmd_replay_alerts(args.run_dir, args.config)
     options = {"tracking_uri": args.tracking_uri} if args.tracking_uri else {}
     counts = replay(args.run_dir, args.to, options, strict=args.strict)
     target = f" at {mask_text(args.tracking_uri)}" if args.tracking_uri else ""
@@ -125,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="rebuild a sink from a run's jsonl write-ahead log (offline mode)")
     rep.add_argument("run_dir", help="the run directory (holds run.json and metrics/rank_*.jsonl)")
-    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight"],
-                     help="the sink to rebuild")
+    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight", "alerts"],
+                     help="the sink to rebuild (alerts: send the alerts the run could not)")
+    rep.add_argument("--config", help="alerts: the config with alerts.targets (default: the run's config file)")
     rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
     add_strict(rep)
     rep.set_defaults(func=cmd_replay)
@@ -144,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
     add_config_commands(sub)
+    add_alert_commands(sub)
     add_analysis_commands(sub)
     add_view_command(sub)
     return parser

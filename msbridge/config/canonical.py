@@ -29,7 +29,7 @@ from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_
 from .mindformers_entry import find_seq_length
 from .yaml_lines import Origin, Path, Tree, format_path
 
-_FLATTENED = ("health", "straggler", "tags", "params")
+_FLATTENED = ("health", "straggler", "alerts", "tags", "params")
 
 
 def _leaves(value: Any, path: Path) -> List[Tuple[Path, Any]]:

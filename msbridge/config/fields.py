@@ -175,6 +175,8 @@ FIELDS: Dict[str, Field] = {
                        "a rank whose own step time (its step without its wait for others) is above the other "
                        "ranks' median by margin (a fraction) in windows consecutive flush windows is named a "
                        "straggler; default {margin: 0.15, windows: 3}"),
+    "alerts": Field("mapping", lambda v: None,  # checked key by key (_NESTED); docs/alerts.md
+                    "chat/webhook alerts: {targets: [{type, url, secret}], on: [...], stall_seconds}"),
     "sweep_id": Field("str or null", _text(optional=True), "groups the runs of one sweep"),
     "tags": Field("mapping", _tags, "tags for trackers (values become strings)"),
     "params": Field("mapping", _mapping, "the training job's hyperparameters, logged, not interpreted"),
@@ -228,6 +230,12 @@ def normalise_sinks(sinks: Any) -> Dict[str, Any]:
     return out
 
 
+def _check_alerts(value: Any) -> List[Tuple[Path, str]]:
+    from ..alerts.spec import check_alerts
+
+    return check_alerts(value)
+
+
 def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
     """Names against the registry, each sink's options against the sink's own declaration."""
     from ..sinks.options import check_options
@@ -253,7 +261,8 @@ def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
     return problems
 
 
-_NESTED = {"sinks": _check_sinks, "straggler": _check_straggler}  # report each problem at its own key
+# report each problem at its own key
+_NESTED = {"sinks": _check_sinks, "straggler": _check_straggler, "alerts": _check_alerts}
 
 
 def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:

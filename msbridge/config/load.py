@@ -21,6 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ..alerts.spec import AlertSpec, plain_section
 from ..errors import ConfigError
 from ..health.spec import HealthSpec, resolve_health
 from ..paths import experiment_dir_template, render_template
@@ -115,6 +116,7 @@ class Config:
     reduce_ranks: Optional[Tuple[int, ...]] = None
     collective_timeout_s: float = 60.0
     straggler: Mapping[str, Any] = field(default_factory=lambda: dict(STRAGGLER_DEFAULTS))
+    alerts: Mapping[str, Any] = field(default_factory=dict)
     sweep_id: Optional[str] = None
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -126,6 +128,7 @@ class Config:
         object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
         object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
         object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
+        object.__setattr__(self, "alerts", _frozen(plain_section(thaw(self.alerts or {}))))
         for name in ("health", "params"):
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
         if isinstance(self.system, Mapping):
@@ -143,6 +146,11 @@ class Config:
             spec = HealthSpec.parse(self.health)
             object.__setattr__(self, "_health_spec", spec)
         return spec
+
+    @property
+    def alert_spec(self) -> AlertSpec:
+        """The ``alerts`` section parsed (msbridge.alerts.spec)."""
+        return AlertSpec.parse(self.alerts)
 
     @property
     def system_interval_s(self) -> Optional[float]:

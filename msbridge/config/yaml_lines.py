@@ -85,6 +85,7 @@ def format_path(path: Path) -> str:
     """``("a", "b", 1, "c")`` -> ``"a.b[1].c"``."""
     out = ""
     for part in path:
+        part = {True: "on", False: "off"}.get(part, part) if isinstance(part, bool) else part  # YAML 1.1 `on:`
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

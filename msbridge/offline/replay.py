@@ -157,6 +157,13 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     return counts
 
 
+def mark_delivered(run_dir: str, to: str) -> None:
+    """``to`` (``alerts``: ``msbridge.alerts.outbox.send_kept``) received everything: off the outcome's list."""
+    meta = _run_json(os.path.abspath(run_dir))
+    if isinstance(meta.get("outcome"), Mapping):
+        _delivered(run_dir, meta, to)
+
+
 def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
     """``to`` holds the whole log now: off the outcome's "not delivered" list in run.json and README.md."""
     outcome = meta["outcome"]

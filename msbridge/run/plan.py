@@ -136,8 +136,13 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
     check_same_run(run_dir, run_name)
     check_writable(run_dir)
     claim_rank_file(run_dir, ranks.rank)
+    sinks = build_sinks(config, ranks, experiment_dir) + list(extra_sinks)
+    if config.alert_spec.enabled:  # a sink, so it hears every event; last, so it reads the others' undelivered
+        from ..alerts.sink import AlertSink
+
+        sinks.append(AlertSink(config.alert_spec, peers=list(sinks), config_file=config.provenance.source))
     return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir, run_id=run_id_for(run_dir),
-                   sinks=build_sinks(config, ranks, experiment_dir) + list(extra_sinks), experiment_dir=experiment_dir)
+                   sinks=sinks, experiment_dir=experiment_dir)
 
 
 def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]:

@@ -1,0 +1,77 @@
+"""The stall watchdog: a thread that sleeps until the last step's deadline, never polls, and records
+``stall`` and ``resumed`` with what the process was last seen doing."""
+from __future__ import annotations
+
+import threading
+import time
+
+from msbridge.run.watchdog import AT_FLUSH, IN_COLLECTIVE, StallWatchdog
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+        self.arrived = threading.Event()
+
+    def __call__(self, event):
+        self.events.append(event)
+        self.arrived.set()
+
+
+class CountingEvent(threading.Event):
+    waits = 0
+
+    def wait(self, timeout=None):
+        CountingEvent.waits += 1
+        return super().wait(timeout)
+
+
+def test_the_threshold_is_given_or_10x_the_median_step_time_at_least_300_s():
+    now = [0.0]
+    dog = StallWatchdog(Recorder(), rank=0, clock=lambda: now[0])
+    assert dog.threshold() == 300.0  # no step yet
+    for step in range(1, 12):
+        now[0] += 60.0 if step > 1 else 600.0  # the first step compiled for 10 minutes: not in the median
+        dog.step_ended(step)
+    assert dog.threshold() == 600.0
+    assert StallWatchdog(Recorder(), 0, stall_seconds=900).threshold() == 900.0
+    fast = StallWatchdog(Recorder(), 0)
+    for step in range(5):
+        fast.step_ended(step)
+    assert fast.threshold() == 300.0  # the floor
+
+
+def test_a_long_first_step_is_not_a_stall_then_a_hang_is_and_resumed_follows():
+    got = Recorder()
+    dog = StallWatchdog(got, rank=3, stall_seconds=0.4)
+    dog.start()
+    time.sleep(0.8)  # compiling: no step has ended yet
+    assert got.events == []
+    dog.step_ended(1)
+    dog.step_ended(2)
+    dog.mark(AT_FLUSH)
+    dog.mark(IN_COLLECTIVE)
+    assert got.arrived.wait(5)
+    [stall] = got.events
+    assert (stall.kind, stall.step, stall.rank) == ("stall", 2, 3)
+    assert stall.detail["doing"] == "in the collective" and stall.detail["seconds_since_step"] >= 0.4
+    time.sleep(0.5)  # still hung: one stall event per stall, not one per threshold
+    assert len(got.events) == 1
+    got.arrived.clear()
+    dog.step_ended(3)
+    assert got.arrived.wait(5)
+    dog.stop()
+    resumed = got.events[1]
+    assert (resumed.kind, resumed.step) == ("resumed", 3) and resumed.detail["stalled_s"] >= 0.9
+
+
+def test_the_thread_sleeps_between_deadlines_instead_of_polling(monkeypatch):
+    monkeypatch.setattr("msbridge.run.watchdog.threading.Event", CountingEvent)
+    CountingEvent.waits = 0
+    dog = StallWatchdog(Recorder(), rank=0, stall_seconds=5.0)
+    dog.start()
+    for step in range(1, 41):  # 40 steps in about 1 s: the thread wakes at the first step, then at its deadline
+        dog.step_ended(step)
+        time.sleep(0.025)
+    dog.stop()
+    assert CountingEvent.waits <= 4, CountingEvent.waits
