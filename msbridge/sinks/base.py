@@ -31,6 +31,8 @@ STATUSES = (FINISHED, FAILED, KILLED)
 GAP = "gap"
 #: Seconds a sink's close may take beyond its ``close_timeout`` (its last call, ending its client).
 CLOSE_GRACE = 5.0
+#: The largest ``close_timeout`` a sink takes (an hour): a close is always bounded.
+MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
 DEFAULT_CLOSE_TIMEOUT = 10.0
 
