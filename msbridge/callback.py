@@ -29,7 +29,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
-from .capture.cb_params import batch_size_of, expected_steps, param, resume_offset, steps_per_call
+from .capture.cb_params import batch_size_of, expected_steps, first_train_step, param, resume_offset, steps_per_call
 from .capture.host_buffer import StepBuffer
 from .capture.internals import Internals
 from .capture.lr import LrReader, find_optimizer
@@ -123,12 +123,14 @@ class BridgeMonitor(Callback):
         except BaseException:
             if self.dispatcher is None:  # refused before the run started: nothing to close, nothing to guard
                 self._signals.restore()
+                release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
             raise
 
     def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
         first_step = int(param(cb, "cur_step_num", 0) or 0)
+        self.plan.check_rerun(first_train_step(cb))  # a used run dir and a training from step 1: refused here
         ring_cell = find_ring_cell(param(cb, "train_network", None))
         per_call = steps_per_call(cb)
         if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run

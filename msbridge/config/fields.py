@@ -137,6 +137,8 @@ FIELDS: Dict[str, Field] = {
     "run_name": Field("str", _text(), "run name template: {dotted.key} from params or settings, {timestamp}, {rank}"),
     "output_dir": Field("str", _text(), "run directory template: {experiment_dir} (first), {experiment}, {run_name}, "
                         "{rank}, {timestamp}"),
+    "resume": Field("bool", _bool, "continue a run dir that holds steps even when training starts at or before its "
+                    "last recorded step (steps up to it are not written again)"),
     "experiment_dir": Field("str or null", _text(optional=True),
                             "where the stores an experiment's runs share live (mlflow.db, mlartifacts/, tensorboard/, "
                             "summary/); may use {experiment}; null: ./msbridge_runs/{experiment} when output_dir "
