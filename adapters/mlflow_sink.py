@@ -107,7 +107,7 @@ class MlflowSink(Sink):
         "http_retries": Option(int, None, "MLflow's own retries of a request (MLFLOW_HTTP_REQUEST_MAX_RETRIES)", 0),
         "backoff_initial": Option(float, 1.0, "seconds to wait after a failed attempt; doubles on each failure", 0),
         "backoff_max": Option(float, 60.0, "the longest wait between attempts, in seconds", 0),
-        "close_timeout": Option(float, 10.0, "seconds close keeps retrying to deliver what is left; the close "
+        "close_timeout": Option(float, 30.0, "seconds close keeps retrying to deliver what is left; the close "
                                              "ends within it plus 5 s", low=0, low_open=True, high=MAX_CLOSE_TIMEOUT),
         "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it "
                                            "the oldest are dropped (jsonl keeps every record)", 1),
