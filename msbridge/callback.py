@@ -129,8 +129,8 @@ class BridgeMonitor(Callback):
     def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
-        first_step = int(param(cb, "cur_step_num", 0) or 0)
         self.plan.check_rerun(first_train_step(cb))  # a used run dir and a training from step 1: refused here
+        first_step = int(param(cb, "cur_step_num", 0) or 0)
         ring_cell = find_ring_cell(param(cb, "train_network", None))
         per_call = steps_per_call(cb)
         if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run
@@ -143,8 +143,7 @@ class BridgeMonitor(Callback):
             widest = cfg.buffer_size or 8 * cfg.flush_steps
         batch_size = batch_size_of(cb)
         expected = expected_steps(cb)
-        # refuses `skip` before any sink opens. Loss-scale cells (MindSpore's, mindformers') skip an
-        # overflow step; TrainStep skips (non-finite and overflow steps) only when told to.
+        # refuses `skip` before any sink opens. Loss-scale cells skip an overflow step; TrainStep only when told to.
         skips = isinstance(ring_cell, TrainStep) and bool(ring_cell.skip_bad_steps)
         self.health.bind(param(cb, "train_network"), skips_nonfinite=skips,
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
@@ -174,10 +173,9 @@ class BridgeMonitor(Callback):
                                       adapt=self._reducer is None)
         self._last_step = first_step
         self._offset = None
-        if self.run.resumed_from_step:
-            last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
-            self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
-                "last_recorded_step": last, "run_id": self.run.run_id})])
+        if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
+            self.dispatcher.submit([], [Event("resume", self.run.resumed_from_step, self.run.rank, time.time(), {
+                "last_recorded_step": self.run.resumed_from_step, "run_id": self.run.run_id})])
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
 

@@ -76,21 +76,27 @@ def trial(nice: int, idle: bool, limit: float) -> Optional[float]:
 
 
 def loop_cost(nice: Optional[int], idle: bool, seconds: float = 6.0) -> float:
-    """Iterations per second of a pure-Python loop while a child at ``nice`` logs every 50 ms (None: no child)."""
+    """Iterations per second of a pure-Python loop while a child at ``nice`` is handed a batch every 50 ms
+    from another thread, as the sink's own thread does (None: no child)."""
     child = Child(nice, idle) if nice is not None else None
+    stop = threading.Event()
     if child is not None:  # the child's start is not timed: only its steady logging
         child.connect(f"sqlite:///{tempfile.mkdtemp(prefix='child-loop-')}/mlflow.db", {})
         run_id = child.create_run(child.create_experiment("l")).info.run_id
-    count, last, step = 0, time.monotonic(), 1
-    began = time.monotonic()
-    stop = began + seconds
-    while time.monotonic() < stop:
+
+        def feed() -> None:
+            step = 1
+            while not stop.wait(0.05):
+                child.log_batch(run_id, metrics=batch(step))
+                step += 10
+
+        threading.Thread(target=feed, daemon=True).start()
+    count, began = 0, time.monotonic()
+    while time.monotonic() - began < seconds:
         sum(i * i for i in range(2000))
         count += 1
-        if child is not None and time.monotonic() - last >= 0.05:
-            child.log_batch(run_id, metrics=batch(step))
-            step, last = step + 10, time.monotonic()
     rate = count / (time.monotonic() - began)
+    stop.set()
     if child is not None:
         child.close()
     return rate
@@ -117,14 +123,14 @@ def main() -> None:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    for name, runs in times.items():
+    for name, runs in times.items() if args.repeats else ():
         done = [t for t in runs if t is not None]
         print(f"{name}: first contact + 10 batches beside {args.hogs} hogs: "
               f"{len(done)}/{len(runs)} within {args.limit:.0f} s" + (f", median {median(done):.1f} s" if done else ""))
     if args.loop:
-        alone = loop_cost(None, False)
-        for name, (nice, idle) in chosen.items():
-            print(f"{name}: loop at {loop_cost(nice, idle) / alone:.3f} of its speed without a child")
+        for name, (nice, idle) in chosen.items():  # each against a run without a child just before it
+            alone = loop_cost(None, False)
+            print(f"{name}: loop at {loop_cost(nice, idle) / alone:.3f} of its speed without a child", flush=True)
 
 
 if __name__ == "__main__":
