@@ -4,20 +4,30 @@ MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 met
 create a sqlite store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms
 a record). Run on a thread of the training process, every millisecond of it costs training about as
 much: the training thread waits up to the GIL's switch interval (5 ms) each time it needs the GIL
-back. In a child process at nice ``NICE`` and ``SCHED_IDLE`` it has its own GIL and yields the CPU
-to training, though not entirely (on this project's 2-vCPU VM an idle-class process using 15% of a
-core cost training 16-22%), so the child must also use little CPU. The child starts when the sink
-is built, before training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's
-HTTP limits reach it through its pipe (``connect``) when the run is known, so nothing secret is on
-its command line.
+back. In a child process it has its own GIL, and it must use little CPU: on this project's 2-vCPU VM
+even an idle-class process using 15% of a core cost training 16-22%, so priority does not make CPU
+free, it only decides who waits when the cores are busy. The child starts when the sink is built,
+before training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits
+reach it through its pipe (``connect``) when the run is known, so nothing secret is on its command line.
+
+Priority: nice ``NICE`` (5), normal scheduling class. It used to run at nice 19 and ``SCHED_IDLE``,
+which gets no CPU at all while anything else runs: beside 2 CPU-bound processes its first contact and
+10 batches did not finish in 120 s (``examples/bench/child_priority.py``; the shared VM's load average
+was 11-16), nor at plain nice 19 or nice 10 (CFS weights 15 and 110 against 1024). At nice 5 (weight
+335) it took 42-49 s, at nice 0 13-32 s. Nice 5 cannot be starved (CFS gives it a share whatever
+runs) and still yields most of a contended core to training, whose steady cost from it is the
+~0.13 ms of CPU a step at any priority (docs/benchmarks.md). Since the dispatcher gives MLflow its own
+thread, a late child delays only MLflow; what it did not get by the close is named with its replay.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
 raises what MLflow raised there as a ``TrackerError``, ``error_code`` included. What a call returns
 comes back as plain data (MLflow's entities as ``SimpleNamespace`` with the same attribute names),
 so the training process never imports MLflow (~1.2 CPU-s and ~120 MB of its RSS on this project's
-VM). A child that died is started again on the next call; a child whose parent died ends at the end
-of its input, and ends at once (``os._exit``: MLflow's modules are not torn down, which took seconds
-at SCHED_IDLE).
+VM). A child that died is started again on the next call. The child dies with the process that
+started it, ``kill -9`` included: Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, set by the child (the
+signal comes when the thread that started it ends: the sink's builder, or the sink's own thread for a
+restarted child); elsewhere it ends at the end of its input. A reply to a parent that is gone ends it
+without a word (no ``BrokenPipeError``), and it ends with ``os._exit``: MLflow's modules are not torn down.
 
 Example:
     >>> client = ClientProcess()                      # MLflow is imported in the child meanwhile
@@ -30,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -37,8 +48,10 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 from ..masking import mask_text
 
-#: The child's nice value: MLflow gets the CPU training leaves idle.
-NICE = 19
+#: The child's nice value: under CPU contention it gets a small, never-zero share (see the module docstring).
+NICE = 5
+#: ``prctl`` option: the signal the kernel sends this process when its parent thread ends (Linux).
+PR_SET_PDEATHSIG = 1
 #: What MLflow imports when installed but does not need for tracking (mlflow-skinny goes without them): the
 #: child imports MLflow without them (~65 MB and ~0.35 CPU-s less here); a call that needs one imports it then.
 SKIPPED = ("pandas", "pyarrow", "scipy")
@@ -82,7 +95,7 @@ class ClientProcess:
         """Start the child (if none is running); it imports MLflow while the caller goes on."""
         if self._proc is None or self._proc.poll() is not None:
             # not ``-m``: as ``__main__`` the child's TrackerError would not unpickle here
-            self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import main; main()"],
+            self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import main; main({os.getpid()})"],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected = False
 
@@ -247,12 +260,25 @@ class _Masked:
         return getattr(self._stream, name)
 
 
-def main() -> None:
-    os.nice(NICE)
-    try:  # Linux: run only when a CPU would otherwise idle; a waking training thread preempts at once
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+def die_with_parent(parent: int) -> None:
+    """End at once (SIGKILL from the kernel) when the process that started this one dies, even by ``kill -9``
+    (Linux ``prctl(PR_SET_PDEATHSIG)``); elsewhere the child ends at the end of its input."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
+def main(parent: int = 0, nice: int = NICE) -> None:
+    """The child: ``nice``, dies with ``parent`` (its pid), answers calls on stdin/stdout until the input ends."""
+    die_with_parent(parent)
+    os.nice(nice)
     # Only MindSpore needs protobuf's pure-Python runtime; MLflow (REST) is faster on the default one.
     if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
@@ -262,7 +288,12 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
     sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"
-    serve(sys.stdin.buffer, replies)
-    sys.stderr.flush()
+    try:
+        serve(sys.stdin.buffer, replies)
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to answer, nothing to say
+        pass
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
     os._exit(0)  # every call is answered: skip tearing MLflow's ~1700 modules down
-

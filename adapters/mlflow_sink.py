@@ -41,7 +41,7 @@ from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
 from ..names import HISTOGRAM
 from ..paths import free_space
-from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, json_safe
+from ..sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
 from ._mlflow_fields import (
@@ -107,7 +107,8 @@ class MlflowSink(Sink):
         "http_retries": Option(int, None, "MLflow's own retries of a request (MLFLOW_HTTP_REQUEST_MAX_RETRIES)", 0),
         "backoff_initial": Option(float, 1.0, "seconds to wait after a failed attempt; doubles on each failure", 0),
         "backoff_max": Option(float, 60.0, "the longest wait between attempts, in seconds", 0),
-        "close_timeout": Option(float, 10.0, "seconds close keeps retrying to deliver what is left", 0),
+        "close_timeout": Option(float, 30.0, "seconds close keeps retrying to deliver what is left; the close "
+                                             "ends within it plus 5 s", low=0, low_open=True, high=MAX_CLOSE_TIMEOUT),
         "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it "
                                            "the oldest are dropped (jsonl keeps every record)", 1),
     }

@@ -29,7 +29,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
-from .capture.cb_params import batch_size_of, expected_steps, param, resume_offset, steps_per_call
+from .capture.cb_params import batch_size_of, expected_steps, first_train_step, param, resume_offset, steps_per_call
 from .capture.host_buffer import StepBuffer
 from .capture.internals import Internals
 from .capture.lr import LrReader, find_optimizer
@@ -125,11 +125,13 @@ class BridgeMonitor(Callback):
         except BaseException:
             if self.dispatcher is None:  # refused before the run started: nothing to close, nothing to guard
                 self._signals.restore()
+                release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
             raise
 
     def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
+        self.plan.check_rerun(first_train_step(cb))  # a used run dir and a training from step 1: refused here
         first_step = int(param(cb, "cur_step_num", 0) or 0)
         ring_cell = find_ring_cell(param(cb, "train_network", None))
         per_call = steps_per_call(cb)
@@ -143,8 +145,7 @@ class BridgeMonitor(Callback):
             widest = cfg.buffer_size or 8 * cfg.flush_steps
         batch_size = batch_size_of(cb)
         expected = expected_steps(cb)
-        # refuses `skip` before any sink opens. Loss-scale cells (MindSpore's, mindformers') skip an
-        # overflow step; TrainStep skips (non-finite and overflow steps) only when told to.
+        # refuses `skip` before any sink opens. Loss-scale cells skip an overflow step; TrainStep only when told to.
         skips = isinstance(ring_cell, TrainStep) and bool(ring_cell.skip_bad_steps)
         self.health.bind(param(cb, "train_network"), skips_nonfinite=skips,
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
@@ -174,10 +175,9 @@ class BridgeMonitor(Callback):
                                       adapt=self._reducer is None)
         self._last_step = first_step
         self._offset = None
-        if self.run.resumed_from_step:
-            last = self.run.resumed_from_step  # steps up to here are in the log already and are not written again
-            self.dispatcher.submit([], [Event("resume", last, self.run.rank, time.time(), {
-                "last_recorded_step": last, "run_id": self.run.run_id})])
+        if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
+            self.dispatcher.submit([], [Event("resume", self.run.resumed_from_step, self.run.rank, time.time(), {
+                "last_recorded_step": self.run.resumed_from_step, "run_id": self.run.run_id})])
         self._cb = cb
         self._last_end = self._last_flush = self._started = time.perf_counter()
         self._watchdog.rank = self.run.rank

@@ -204,8 +204,9 @@ def test_run_readme_and_run_json_written_and_completed(tmp_path):
 def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
     first = monitor(tmp_path, sinks=["jsonl", "tensorboard"])
     train_regression([first], steps=12, epochs=2)  # steps 1..24
-    # Restarted from the checkpoint of epoch 1: steps 13..36 are run again / anew.
-    second = monitor(tmp_path, sinks=["jsonl", "tensorboard"])
+    # Restarted from the checkpoint of epoch 1: steps 13..36 are run again / anew. Steps 13..24 are in the log
+    # already, so this is a rerun unless asked for (tests/run/test_rerun.py): resume: true.
+    second = monitor(tmp_path, sinks=["jsonl", "tensorboard"], resume=True)
     train_regression([second], steps=12, epochs=3, initial_epoch=1)
     assert second.run.run_id == first.run.run_id and second.run.resumed_from_step == 24
     log = read_run(second.run_dir).ranks[0]

@@ -7,6 +7,7 @@ Example:
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import mindspore as ms
@@ -25,6 +26,21 @@ def resume_offset(cb: Any, first_step: int) -> int:
     ``initial_epoch``, while ``cur_epoch_num`` continues. The global step is the sum."""
     epoch, per_epoch = param(cb, "cur_epoch_num", 1) or 1, param(cb, "batch_num", 0) or 0
     return max(0, (int(epoch) - 1) * int(per_epoch) - (first_step - 1))
+
+
+def first_train_step(cb: Any) -> int:
+    """At train begin: the global step the training's first step will be. MindSpore puts ``initial_epoch`` on
+    no callback parameter before the first step, so it is read from ``Model._train``'s own frame; a
+    ``cur_step_num`` already past 0 (``initial_step``, mindformers' resume) counts the steps done itself."""
+    done = int(param(cb, "cur_step_num", 0) or 0)
+    if done:
+        return done + 1
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "_train" and "initial_epoch" in frame.f_locals
+                                     and str(frame.f_globals.get("__name__", "")).startswith("mindspore.")):
+        frame = frame.f_back
+    initial_epoch = int(frame.f_locals["initial_epoch"] or 0) if frame is not None else 0
+    return initial_epoch * int(param(cb, "batch_num", 0) or 0) + 1
 
 
 def batch_size_of(cb: Any) -> Optional[int]:

@@ -141,6 +141,8 @@ FIELDS: Dict[str, Field] = {
                             "where the stores an experiment's runs share live (mlflow.db, mlartifacts/, tensorboard/, "
                             "summary/); may use {experiment}; null: ./msbridge_runs/{experiment} when output_dir "
                             "starts with {experiment_dir}, else output_dir's part before its first per-run component"),
+    "resume": Field("bool", _bool, "continue a run dir that holds steps even when training starts at or before its "
+                    "last recorded step (steps up to it are not written again)"),
     "step_interval": Field("int in [1, 1e7]", _int(1, MAX_STEPS), "record every N-th step (sampling granularity)"),
     "flush_steps": Field("int in [1, 1e7]", _int(1, MAX_STEPS), "steps buffered between device->host copies and writes"),
     "flush_seconds": Field("float in (0, 1e7]", _number(0, MAX_SECONDS), "also flush when this many seconds passed"),

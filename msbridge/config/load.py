@@ -93,6 +93,7 @@ class Config:
     run_name: str = "run-{timestamp}"
     output_dir: str = DEFAULT_OUTPUT_DIR
     experiment_dir: Optional[str] = None
+    resume: bool = False
     step_interval: int = 1
     flush_steps: int = 100
     flush_seconds: float = 10.0

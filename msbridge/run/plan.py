@@ -73,6 +73,19 @@ class RunPlan:
     sinks: List[Sink]
     progress: bool = True
 
+    def check_rerun(self, first_step: int) -> None:
+        """A run dir whose log holds steps is continued only by a training that resumes after them (its first
+        step is after the last recorded one) or with ``resume: true``; else ConfigError, before any sink opens
+        and before anything in the run dir changes."""
+        wal = rank_file(self.run_dir, self.ranks.rank)
+        last = last_step(wal) if os.path.exists(wal) else 0
+        if last and first_step <= last and not self.config.resume:
+            raise ConfigError(
+                f"output_dir {self.run_dir!r} already holds the run {self.run_name!r} up to step {last}, and this "
+                f"training starts at step {first_step}: its steps up to {last} would not be recorded. For a new run "
+                "put {timestamp} in run_name (run_name: " + repr(self.config.run_name + "-{timestamp}") + "); to "
+                f"continue this run from its checkpoint set resume: true (steps up to {last} are kept as recorded)")
+
     def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
         cfg = self.config
         sinks = list(self.sinks)

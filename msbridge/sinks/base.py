@@ -29,6 +29,12 @@ STATUSES = (FINISHED, FAILED, KILLED)
 #: The event a sink raises for what it finally could not store: detail ``first_step``, ``last_step``,
 #: ``records``, ``events`` (counts), ``sink``, ``reason``. The dispatcher hands it to every other sink.
 GAP = "gap"
+#: Seconds a sink's close may take beyond its ``close_timeout`` (its last call, ending its client).
+CLOSE_GRACE = 5.0
+#: The largest ``close_timeout`` a sink takes (an hour): a close is always bounded.
+MAX_CLOSE_TIMEOUT = 3600.0
+#: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
+DEFAULT_CLOSE_TIMEOUT = 10.0
 
 
 def json_safe(value: Any) -> Any:
@@ -130,7 +136,8 @@ class RunInfo:
 
 
 class Sink:
-    """Base class of every sink. The dispatcher calls it from one background thread.
+    """Base class of every sink. The dispatcher calls it from one background thread (jsonl: the
+    dispatcher's own; every other sink: a thread of its own).
 
     A sink declares, as class attributes: ``name`` (its registry name), ``options``
     (``{option: Option(type, default, doc)}``: all that ``sinks.<name>`` may hold,
@@ -198,6 +205,12 @@ class Sink:
         #: What ``close`` gave up delivering ("30 records and status FINISHED ..."); "" when nothing.
         self.undelivered = ""
         self.start_time = self.end_time = 0.0
+
+    @property
+    def close_bound(self) -> float:
+        """Seconds the dispatcher waits for this sink's close: its ``close_timeout`` option (else
+        ``DEFAULT_CLOSE_TIMEOUT``) plus ``CLOSE_GRACE``; a sink still closing then is listed undelivered."""
+        return float(self.settings.get("close_timeout", DEFAULT_CLOSE_TIMEOUT)) + CLOSE_GRACE
 
     def open(self, run: RunInfo) -> None:
         self.run = run

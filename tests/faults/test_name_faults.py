@@ -52,7 +52,8 @@ def test_a_hostile_name_stays_inside_the_output_dir(tmp_path, experiment, run_na
 
 def test_a_dir_holding_a_run_of_another_name_is_refused_before_training(tmp_path):
     """``output_dir`` without ``{run_name}``: both names map to one dir. The second is refused in the
-    constructor (one line naming the dir and both names); the same name again resumes."""
+    constructor (one line naming the dir and both names); the same name again resumes (from step 1: with
+    resume: true, else it is refused at train begin, tests/run/test_rerun.py)."""
     fixed = str(tmp_path / "out")
 
     def config(run_name):
@@ -74,6 +75,6 @@ def test_a_dir_holding_a_run_of_another_name_is_refused_before_training(tmp_path
     assert run_json(first)["run_name"] == "run-ü"
     assert [r.step for r in read_run(fixed).ranks[0].records] == list(range(1, 7))
 
-    again = BridgeMonitor(config("run-ü"), progress=False)
+    again = BridgeMonitor(dict(config("run-ü"), resume=True), progress=False)
     train_regression([again], steps=6)
     assert again.run.resumed_from_step == 6 and again.run.run_id == first.run.run_id

@@ -1,4 +1,4 @@
-"""The dispatcher: one background thread, jsonl first, isolation, drain on close, no polling."""
+"""The dispatcher: jsonl first on its thread, each tracker on its own, isolation, bounded close, no polling."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,9 @@ import time
 
 from helpers.runs import make_records, make_run
 
-from msbridge.sinks.base import Sink
+from msbridge.sinks.base import CLOSE_GRACE, Sink
 from msbridge.sinks.dispatch import Dispatcher
+from msbridge.sinks.options import Option
 
 RUN = make_run("/nonexistent")
 
@@ -15,8 +16,8 @@ RUN = make_run("/nonexistent")
 class Recording(Sink):
     """Records what it is handed and on which thread (a test double for ordering, not for a tracker)."""
 
-    def __init__(self, name, journal, delay=0.0, gate=None):
-        super().__init__()
+    def __init__(self, name, journal, delay=0.0, gate=None, **options):
+        super().__init__(**options)
         self.name, self.journal, self.delay, self.gate = name, journal, delay, gate
         self.threads, self.status = set(), None
 
@@ -31,26 +32,118 @@ class Recording(Sink):
         self.status = status
 
 
-def test_order_thread_and_drain_on_close():
-    journal, held = [], threading.Event()
-    wal, other = Recording("jsonl", journal, gate=held), Recording("tb", journal, delay=0.01)
-    d = Dispatcher([wal, other], RUN)
-    for i in range(10):
+class Timed(Recording):
+    """A tracker whose close_timeout option bounds its close, and whose close can hang."""
+
+    options = {"close_timeout": Option(float, 1.0, "seconds", low=0, low_open=True)}
+
+
+def steps_of(journal, name):
+    return [step for who, steps in journal if who == name for step in steps]
+
+
+def test_jsonl_first_then_each_tracker_on_its_own_thread_and_drain_on_close():
+    journal = []
+
+    class Tracker(Recording):
+        def write(self, records, events):
+            # jsonl holds each batch before a tracker is handed it
+            assert all(step in steps_of(journal, "jsonl") for step in (r.step for r in records))
+            super().write(records, events)
+
+    wal, tb = Recording("jsonl", journal), Tracker("tb", journal, delay=0.01)
+    d = Dispatcher([wal, tb], RUN)
+    for i in range(1, 11):
         d.submit(make_records([i]))
-    # all ten submits returned while the first write was still held: submit hands over, it never waits for a sink
-    assert journal == []
-    held.set()
     d.close("KILLED")
-    assert journal == [(name, [i]) for i in range(10) for name in ("jsonl", "tb")]
-    assert wal.threads == other.threads == {"msbridge-dispatch"}
-    assert wal.status == other.status == "KILLED"
+    assert steps_of(journal, "jsonl") == steps_of(journal, "tb") == list(range(1, 11))
+    assert wal.threads == {"msbridge-dispatch"} and tb.threads == {"msbridge-tb"}
+    assert wal.status == tb.status == "KILLED"
+    assert d.undelivered == {} and d.submitted == d.wal_written == 10
+
+
+def test_a_stalled_tracker_delays_neither_jsonl_nor_another_tracker():
+    journal, held = [], threading.Event()
+    fast_has_all = threading.Event()
+
+    class Fast(Recording):
+        def write(self, records, events):
+            super().write(records, events)
+            if 20 in [r.step for r in records]:
+                fast_has_all.set()
+
+    stalled = Recording("stalled", journal, gate=held)
+    d = Dispatcher([Recording("jsonl", journal), stalled, Fast("fast", journal)], RUN)
+    for i in range(1, 21):
+        d.submit(make_records([i]))
+    assert fast_has_all.wait(30), "the fast tracker got every batch while the other one was stalled"
+    assert steps_of(journal, "jsonl") == list(range(1, 21)) and steps_of(journal, "stalled") == []
+    held.set()
+    d.close()
+    assert steps_of(journal, "stalled") == list(range(1, 21)) and d.undelivered == {}
+
+
+def test_a_full_tracker_queue_never_blocks_submit_and_the_tracker_is_undelivered():
+    journal, held = [], threading.Event()
+    d = Dispatcher([Recording("jsonl", journal), Recording("slow", journal, gate=held)], RUN, tracker_batches=3)
+    started = time.monotonic()
+    for i in range(1, 21):
+        d.submit(make_records([i]))
+    assert time.monotonic() - started < 5, "submit never waits for a tracker"
+    # jsonl has taken all 20 (and offered them on) within the 2 s; the stalled tracker has not flushed
+    assert d.flush(timeout=2) is False and steps_of(journal, "jsonl") == list(range(1, 21))
+    held.set()
+    d.close()
+    got = steps_of(journal, "slow")
+    assert got == list(range(1, len(got) + 1)) and 3 <= len(got) < 20, "a prefix: what it misses is one tail"
+    first = len(got) + 1
+    assert d.undelivered == {"slow": f"missed {20 - len(got)} records of {20 - len(got)} steps from step {first} "
+                                     "and 0 events (its queue of 3 batches was full)"}
+
+
+def test_close_waits_at_most_the_sinks_close_timeout_then_lists_it_undelivered():
+    journal, held = [], threading.Event()
+
+    class Hangs(Timed):
+        def close(self, status="FINISHED"):
+            held.wait(120)  # never returns within the test's bound
+
+    hangs = Hangs("hangs", journal, close_timeout=0.5)
+    assert hangs.close_bound == 0.5 + CLOSE_GRACE
+    d = Dispatcher([Recording("jsonl", journal), hangs, Recording("ok", journal)], RUN)
+    d.submit(make_records([1, 2, 3]))
+    started = time.monotonic()
+    d.close("FINISHED")
+    took = time.monotonic() - started
+    held.set()
+    assert hangs.close_bound <= took < hangs.close_bound + 30, took
+    late = d.undelivered["hangs"]
+    assert late.startswith(f"its close had not finished after {hangs.close_bound:g} s") and "3 records" in late
+    assert set(d.undelivered) == {"hangs"}
+
+
+def test_submit_is_safe_from_many_threads():
+    journal = []
+    d = Dispatcher([Recording("jsonl", journal), Recording("tb", journal)], RUN)
+
+    def feed(first):
+        for step in range(first, first + 50):
+            d.submit(make_records([step]))
+
+    threads = [threading.Thread(target=feed, args=(1 + 50 * k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    d.close()
+    assert sorted(steps_of(journal, "jsonl")) == sorted(steps_of(journal, "tb")) == list(range(1, 201))
 
 
 def test_flush_waits_for_every_sink():
     journal = []
-    d = Dispatcher([Recording("slow", journal, delay=0.05)], RUN)
+    d = Dispatcher([Recording("jsonl", journal), Recording("slow", journal, delay=0.05)], RUN)
     d.submit(make_records([1, 2]))
-    assert d.flush(timeout=5) and journal == [("slow", [1, 2])]
+    assert d.flush(timeout=30) and journal == [("jsonl", [1, 2]), ("slow", [1, 2])]
     d.close()
 
 
@@ -88,7 +181,8 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
 
 
 def test_idle_dispatcher_uses_no_cpu():
-    d = Dispatcher([Recording("x", [])], RUN)
+    d = Dispatcher([Recording("jsonl", []), Recording("x", []), Recording("y", [])], RUN)
+    time.sleep(0.2)  # every thread started and made its first flush
     before = time.process_time()
     time.sleep(1.0)
     used = time.process_time() - before
@@ -96,7 +190,7 @@ def test_idle_dispatcher_uses_no_cpu():
     assert used < 0.05, f"idle dispatcher burned {used:.3f} CPU-s in 1 s"
 
 
-def test_every_sink_is_flushed_first_on_the_dispatcher_thread():
+def test_every_sink_is_flushed_first_on_its_own_thread():
     """A tracker's first contact (MLflow creating its store and run) happens at start, off the training thread."""
 
     class FirstContact(Recording):
@@ -104,8 +198,22 @@ def test_every_sink_is_flushed_first_on_the_dispatcher_thread():
             self.journal.append((self.name, "flush", threading.current_thread().name))
 
     journal = []
-    d = Dispatcher([FirstContact("a", journal), FirstContact("b", journal)], RUN)
+    d = Dispatcher([FirstContact("jsonl", journal), FirstContact("a", journal), FirstContact("b", journal)], RUN)
     d.submit(make_records([1]))
     d.close()
-    assert journal == [("a", "flush", "msbridge-dispatch"), ("b", "flush", "msbridge-dispatch"),
-                       ("a", [1]), ("b", [1])]
+    for name, thread in (("jsonl", "msbridge-dispatch"), ("a", "msbridge-a"), ("b", "msbridge-b")):
+        mine = [entry for entry in journal if entry[0] == name]
+        assert mine == [(name, "flush", thread), (name, [1])]
+
+
+def test_close_timeout_is_finite_and_positive_and_sets_the_close_bound():
+    import pytest
+
+    from msbridge.config.load import load_config
+    from msbridge.errors import ConfigError
+
+    for bad in (float("inf"), 0, -1):
+        with pytest.raises(ConfigError, match=r"sinks\.mlflow\.close_timeout: expected a number > 0 and < 3600"):
+            load_config({"sinks": {"jsonl": {}, "mlflow": {"close_timeout": bad}}})
+    assert Timed("t", [], close_timeout=150).close_bound == 150 + CLOSE_GRACE  # the close waits 150 s, not 120
+    assert Recording("tb", []).close_bound == 10 + CLOSE_GRACE  # a sink without close_timeout
