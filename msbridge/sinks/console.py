@@ -95,12 +95,13 @@ class ConsoleSink(Sink):
 
     def line(self, rec: Record) -> str:
         values = rec.values
-        width = len(str(self.total)) if self.total else 0
-        parts = [f"step {rec.step:>{width}}/{self.total}" if self.total else f"step {rec.step}"]
+        total = self.total if self.total and rec.step <= self.total else None  # past it: the estimate was wrong
+        width = len(str(total)) if total else 0
+        parts = [f"step {rec.step:>{width}}/{total}" if total else f"step {rec.step}"]
         if LOSS in values:
             parts.append(f"loss {values[LOSS]:.4f}")
         if SAMPLES_PER_S in values:
             parts.append(f"{values[SAMPLES_PER_S]:.1f} samples/s")
-        if self.total and self._step_ms is not None:
-            parts.append(f"ETA {format_eta((self.total - rec.step) * self._step_ms / 1e3)}")
+        if total and self._step_ms is not None:
+            parts.append(f"ETA {format_eta((total - rec.step) * self._step_ms / 1e3)}")
         return "[msbridge] " + " | ".join(parts)
