@@ -131,3 +131,23 @@ def test_a_step_past_the_expected_total_shows_no_total(tmp_path):
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[msbridge] step 5/5 | loss ")
     assert lines[1].startswith("[msbridge] step 10 | loss ") and "ETA" not in lines[1]
+
+
+def test_a_plain_model_train_says_once_that_it_records_no_grad_norm_and_how_to(tmp_path, capsys, caplog):
+    import logging
+
+    from msbridge import TrainStep
+
+    def run(name, **kwargs):
+        monitor = BridgeMonitor({"experiment": "t", "run_name": name, "output_dir": str(tmp_path / name),
+                                 "flush_steps": 5, "print_interval": 5, "sinks": ["jsonl"]})
+        train_regression([monitor], steps=10, **kwargs)
+        return capsys.readouterr().out.splitlines()
+
+    with caplog.at_level(logging.INFO, logger="msbridge"):
+        plain = run("plain")
+    told = [line for line in plain if "no train/grad_norm is recorded" in line]
+    assert len(told) == 1 and plain.index(told[0]) < plain.index(next(l for l in plain if " | loss " in l))
+    assert "msbridge.TrainStep(loss_net, optimizer) or msbridge.attach_ring(train_cell)" in told[0]
+    assert sum("no train/grad_norm is recorded" in r.getMessage() for r in caplog.records) == 1
+    assert not any("grad_norm" in line for line in run("ring", train_cell=TrainStep))
