@@ -142,3 +142,22 @@ def test_a_value_that_is_no_number_says_which_keyword(tmp_path):
             run.step(loss="high")
         run.step(loss=2.0)
     assert [v for _, v in read_run(run.run_dir).ranks[0].series(LOSS)] == [1.0, 2.0]
+
+
+@pytest.mark.slow  # two real msrun ranks: ~40 s here
+def test_two_ranks_of_a_functional_loop_meet_in_one_collective_per_flush(tmp_path, monkeypatch):
+    import msrun_job
+
+    monkeypatch.setattr(msrun_job, "WORKER", Path(__file__).resolve().parent / "track_worker.py")
+    job = msrun_job.Job(tmp_path, 2, "--steps", "12")
+    assert job.proc.returncode == 0 and job.workers_ok(0), job.logs()
+    logs = job.rank_logs()
+    assert sorted(logs) == [0, 1]
+    local = {r: dict(logs[r].series(LOSS)) for r in (0, 1)}
+    assert sorted(local[0]) == sorted(local[1]) == list(range(1, 13))
+    assert local[1][1] > 2 * local[0][1], "rank 1's labels are 3x: its loss is larger"
+    global_loss = dict(logs[0].series("train/global_loss"))
+    assert sorted(global_loss) == list(range(1, 13))
+    for step, value in global_loss.items():  # equal batches: the mean of the ranks' losses
+        assert value == pytest.approx((local[0][step] + local[1][step]) / 2, rel=1e-5), step
+    assert "train/global_loss" not in logs[1].metric_names()
