@@ -119,13 +119,16 @@ def test_a_health_stop_is_a_flag_the_loop_reads_and_the_run_ends_failed(tmp_path
     assert [s for s, _ in read_run(run.run_dir).ranks[0].series(LOSS)] == list(range(1, 7))
 
 
-def test_a_loop_that_raises_closes_the_run_failed_with_its_steps(tmp_path):
-    with pytest.raises(RuntimeError, match="data loader died"):
+@pytest.mark.parametrize("error, status", [(RuntimeError("data loader died"), "FAILED"),
+                                           (KeyboardInterrupt(), "KILLED")])
+def test_a_loop_that_raises_closes_the_run_with_its_steps(tmp_path, error, status):
+    with pytest.raises(type(error)):
         with msbridge.track(_config(tmp_path), progress=False) as run:
             for step in range(1, 4):
                 run.step(loss=float(step))
-            raise RuntimeError("data loader died")
-    assert run.outcome.status == "FAILED"
+            raise error
+    assert run.outcome.status == status
+    assert json.loads((Path(run.run_dir) / "run.json").read_text())["outcome"]["status"] == status
     assert [s for s, _ in read_run(run.run_dir).ranks[0].series(LOSS)] == [1, 2, 3]
 
 
