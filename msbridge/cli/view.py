@@ -177,11 +177,13 @@ def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str]
     try:
         exp_id, mlflow_run = _mlflow_ids(api, experiment, run_id)
         runs = f"/#/experiments/{exp_id}/runs"
-        pages = {"run": f"{runs}/{mlflow_run}?{MODEL_TRAINING_QUERY}" if mlflow_run else f"{runs}?{MODEL_TRAINING_QUERY}"}
+        run_page = f"{runs}/{mlflow_run}" if mlflow_run else runs
+        pages = {"run": f"{run_page}?{MODEL_TRAINING_QUERY}"}
         if charts:
             key, value = loss_first_view(mlflow_run)
             _request(f"{api}/experiments/set-experiment-tag", {"experiment_id": exp_id, "key": key, "value": value})
-            share = urllib.parse.urlencode({"viewStateShareKey": key[len(VIEW_TAG_PREFIX):], "compareRunsMode": "CHART"})
+            share = urllib.parse.urlencode({"viewStateShareKey": key[len(VIEW_TAG_PREFIX):],
+                                            "compareRunsMode": "CHART"})
             pages["charts"] = f"{runs}?{share}&{MODEL_TRAINING_QUERY}"
         return pages
     except (OSError, ValueError, KeyError):

@@ -79,8 +79,9 @@ def test_every_command_exits_quietly_when_its_reader_closes_stdout(small_run, co
     os.close(read_end)
     exe = os.path.join(os.path.dirname(sys.executable), "msbridge")
     try:
-        done = subprocess.run([exe, *command.format(run=small_run, tmp=tmp_path).split()], stdout=write_end, stderr=subprocess.PIPE,
-                              text=True, timeout=120, cwd=tmp_path, env=dict(os.environ, GLOG_v="3"))
+        done = subprocess.run([exe, *command.format(run=small_run, tmp=tmp_path).split()], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path,
+                              env=dict(os.environ, GLOG_v="3"))
     finally:
         os.close(write_end)
     want = 0 if command.endswith("--help") else 1

@@ -79,7 +79,8 @@ def check_mlflow(url, run_page, run_id, want):
 def check_tensorboard(url, want):
     assert "<html" in get(url).lower()
     pinned = json.loads(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["pinnedCards"][0])
-    assert pinned[0] == {"plugin": "scalars", "tag": "train/loss"} and urllib.parse.urlsplit(url).fragment == "timeseries"
+    assert pinned[0] == {"plugin": "scalars", "tag": "train/loss"}
+    assert urllib.parse.urlsplit(url).fragment == "timeseries"
     api = base(url) + "/data/plugin/scalars/scalars?run=rank_0&tag=train/loss"
     points = poll(lambda: get(api), len(want), "tensorboard")
     same_series("tensorboard", [(p[1], p[2]) for p in points], want)
@@ -159,7 +160,8 @@ def test_a_run_on_a_tracking_server_gets_its_run_page_there(tmp_path, capsys):
         line = capsys.readouterr().out.splitlines()[1]
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
-        page = f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
+        page = (f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                "?workflowType=machine_learning")
         assert line == f"  mlflow     : {page} (the run's tracking server; nothing started)"
 
 
