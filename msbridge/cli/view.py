@@ -1,7 +1,8 @@
 """``msbridge view RUN_DIR``: start the run's viewers on 127.0.0.1, print their URLs, stop them on Ctrl-C.
 
-A run dir (it holds ``run.json``) opens on that run: MLflow on the run's page,
-TensorBoard on the run's own event files, MindInsight on the run's dashboard.
+A run dir (it holds ``run.json``) opens on that run, on its loss: MLflow in its
+model-training view on the run's charts (loss first), TensorBoard on the run's own
+event files with the training curves pinned first, MindInsight on the run's dashboard.
 An experiment dir opens on every run in it. With no flag, every viewer the run
 has a sink for is started; ``--mlflow``/``--tensorboard``/``--mindinsight``
 pick some. A run tracked on an MLflow server (``http://...``) gets that
