@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds .venv-mindinsight at the repo root: MindInsight 2.3.1, the reader the
 # MindInsight sink's tests start. It has its own venv because mindinsight 2.3.1
-# pins protobuf<=3.20.1 and mindspore 2.9 needs protobuf 7. Idempotent: a venv
+# pins protobuf<=3.20.1, older than what mindspore, mlflow and tensorboard need. Idempotent: a venv
 # that already starts MindInsight 2.3.1 is left alone.
 #
 #   bash .ci/mindinsight_venv.sh          # then:

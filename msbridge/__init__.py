@@ -31,11 +31,12 @@ logging.getLogger("msbridge").addFilter(MaskingFilter())
 
 __all__ = [
     "BridgeMonitor", "TrainStep", "attach_ring", "Config", "ConfigError", "Event", "MissingDependencyError", "MsbridgeError",
-    "Record", "RunInfo", "Sink", "load_config", "__version__",
+    "Record", "RunInfo", "Sink", "TrackedRun", "load_config", "track", "__version__",
 ]
 
 
-_LAZY = {"BridgeMonitor": "callback", "TrainStep": "capture.train_step", "attach_ring": "capture.ring_cell"}
+_LAZY = {"BridgeMonitor": "callback", "TrainStep": "capture.train_step", "attach_ring": "capture.ring_cell",
+         "track": "functional", "TrackedRun": "functional"}
 
 
 def __getattr__(name: str) -> Any:

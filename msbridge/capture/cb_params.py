@@ -65,8 +65,9 @@ def expected_steps(cb: Any) -> Optional[int]:
     epochs = param(cb, "epoch_num", None)
     per_epoch = param(cb, "batch_num", None)
     dataset = param(cb, "train_dataset", None)
-    if param(cb, "dataset_sink_mode", False) and dataset is not None and \
-            ms.get_context("device_target") == "CPU":  # batch_num is sink_size, but CPU runs whole epochs
+    if dataset is not None and ms.get_context("device_target") == "CPU":
+        # CPU runs whole epochs, also with dataset_sink_mode=True: MindSpore then reports the mode as off,
+        # but batch_num stays sink_size
         per_epoch = dataset.get_dataset_size()
     if epochs and per_epoch:
         return int(epochs) * int(per_epoch)

@@ -157,12 +157,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     _quiet_libraries()
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        args = build_parser().parse_args(argv)  # --help writes to stdout too
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) is met here, not at interpreter exit
+        return code
     except MsbridgeError as exc:
         print(f"msbridge: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout closed it (``msbridge diagnose RUN | head``): stop quietly, as ``head``'s writer
+    should. Python's own flush at exit would fail again, so stdout goes to /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1  # what Python's documentation gives a command whose output pipe closed
 
 
 if __name__ == "__main__":

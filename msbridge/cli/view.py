@@ -1,7 +1,8 @@
 """``msbridge view RUN_DIR``: start the run's viewers on 127.0.0.1, print their URLs, stop them on Ctrl-C.
 
-A run dir (it holds ``run.json``) opens on that run: MLflow on the run's page,
-TensorBoard on the run's own event files, MindInsight on the run's dashboard.
+A run dir (it holds ``run.json``) opens on that run, on its loss: MLflow in its
+model-training view on the run's charts (loss first), TensorBoard on the run's own
+event files with the training curves pinned first, MindInsight on the run's dashboard.
 An experiment dir opens on every run in it. With no flag, every viewer the run
 has a sink for is started; ``--mlflow``/``--tensorboard``/``--mindinsight``
 pick some. A run tracked on an MLflow server (``http://...``) gets that
@@ -24,16 +25,20 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters.mindinsight_sink import rank_dir
+from ..adapters._mlflow_fields import MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, loss_first_view
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
 from ..masking import mask_text
+from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
 from ..paths import recorded_experiment_dir, safe_component, store_defaults, with_store_defaults
 from ..run.metadata import RUN_JSON
+from ..sinks.runlog import rank_file
 from .viewers import (
     Viewer,
+    build_mindinsight,
     mindinsight_missing,
     mindinsight_venv,
     mindinsight_viewer,
@@ -42,6 +47,7 @@ from .viewers import (
 )
 
 VIEWERS = ("mlflow", "tensorboard", "mindinsight")
+TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S)
 STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
 
 
@@ -60,6 +66,7 @@ class Target:
     run_id: Optional[str] = None  # msbridge's run id (the MLflow tag), None for an experiment dir
     stores: Dict[str, str] = field(default_factory=dict)  # viewer -> tracking URI or directory
     pages: Dict[str, str] = field(default_factory=dict)  # viewer -> page to open, when not its front page
+    run_dir: Optional[str] = None  # the run (an experiment dir's newest) whose log names what is recorded
 
 
 def _read_json(path: str) -> Dict[str, Any]:
@@ -94,7 +101,7 @@ def _run_target(run_dir: str) -> Target:
     run_name = meta.get("run_name") or os.path.basename(run_dir)
     options = _store_options(meta, run_dir)
     target = Target(run_dir, (options.get("mlflow") or {}).get("experiment") or config.get("experiment"),
-                    meta.get("run_id"))
+                    meta.get("run_id"), run_dir=run_dir)
     if "mlflow" in options:
         target.stores["mlflow"] = options["mlflow"]["tracking_uri"]
     if "tensorboard" in options:  # the run's own event files (mindformers' own dir when it shared its writer)
@@ -114,7 +121,8 @@ def _experiment_target(path: str) -> Target:
     runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, RUN_JSON)))
     config = (_read_json(os.path.join(path, runs[-1], RUN_JSON)).get("config") or {}) if runs else {}
     mlflow_options = (config.get("sinks") or {}).get("mlflow") or {}
-    target = Target(path, mlflow_options.get("experiment") or config.get("experiment"))
+    target = Target(path, mlflow_options.get("experiment") or config.get("experiment"),
+                    run_dir=os.path.join(path, runs[-1]) if runs else None)
     for name, options in store_defaults(path).items():
         store = next(iter(options.values()))
         if os.path.exists(store[len("sqlite:///"):] if store.startswith("sqlite:///") else store):
@@ -142,23 +150,69 @@ def _request(url: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         return json.loads(resp.read())
 
 
-def mlflow_page(base_url: str, experiment: Optional[str], run_id: Optional[str]) -> str:
-    """The run's page, else the experiment's runs, on the MLflow server at ``base_url``; "/" if neither is found."""
+def _mlflow_ids(api: str, experiment: str, run_id: Optional[str]) -> "tuple[str, Optional[str]]":
+    """The MLflow experiment id, and the MLflow run id of msbridge's run ``run_id`` (None when not found)."""
+    query = urllib.parse.urlencode({"experiment_name": experiment})
+    exp_id = _request(f"{api}/experiments/get-by-name?{query}")["experiment"]["experiment_id"]
+    if not run_id:
+        return exp_id, None
+    found = _request(f"{api}/runs/search", {"experiment_ids": [exp_id], "max_results": 1,
+                                             "filter": f"tags.`{RUN_ID_TAG}` = '{run_id}'",
+                                             "run_view_type": "ALL"}).get("runs", [])
+    return exp_id, found[0]["info"]["run_id"] if found else None
+
+
+def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str],
+                 charts: bool = False) -> Dict[str, str]:
+    """Pages on the MLflow server at ``base_url``, in its model-training view: ``run`` (the run's page, else
+    the experiment's runs; "/" if neither is found) and, with ``charts``, ``charts``: the runs' charts with the
+    loss first (a saved view written to the experiment as a tag, the way MLflow's Share button does).
+
+    Example:
+        >>> mlflow_pages("http://127.0.0.1:5000", "tiny-lm", "0ca42c...", charts=True)["charts"]
+        '/#/experiments/1/runs?viewStateShareKey=msbridge-e36a...&compareRunsMode=CHART&workflowType=machine_learning'
+    """
     if not experiment:
-        return "/"
+        return {"run": "/"}
     api = base_url.rstrip("/") + "/api/2.0/mlflow"
     try:
-        query = urllib.parse.urlencode({"experiment_name": experiment})
-        exp_id = _request(f"{api}/experiments/get-by-name?{query}")["experiment"]["experiment_id"]
-        if run_id:
-            found = _request(f"{api}/runs/search", {"experiment_ids": [exp_id], "max_results": 1,
-                                                     "filter": f"tags.`{RUN_ID_TAG}` = '{run_id}'",
-                                                     "run_view_type": "ALL"}).get("runs", [])
-            if found:
-                return f"/#/experiments/{exp_id}/runs/{found[0]['info']['run_id']}"
-        return f"/#/experiments/{exp_id}/runs"
+        exp_id, mlflow_run = _mlflow_ids(api, experiment, run_id)
+        runs = f"/#/experiments/{exp_id}/runs"
+        run_page = f"{runs}/{mlflow_run}" if mlflow_run else runs
+        pages = {"run": f"{run_page}?{MODEL_TRAINING_QUERY}"}
+        if charts:
+            key, value = loss_first_view(mlflow_run)
+            _request(f"{api}/experiments/set-experiment-tag", {"experiment_id": exp_id, "key": key, "value": value})
+            share = urllib.parse.urlencode({"viewStateShareKey": key[len(VIEW_TAG_PREFIX):],
+                                            "compareRunsMode": "CHART"})
+            pages["charts"] = f"{runs}?{share}&{MODEL_TRAINING_QUERY}"
+        return pages
     except (OSError, ValueError, KeyError):
-        return "/"
+        return {"run": "/"}
+
+
+def recorded_names(run_dir: Optional[str], lines: int = 5) -> List[str]:
+    """The metric names of the first metrics line of a run's rank 0 log (the first ``lines`` lines only)."""
+    if run_dir is None:
+        return []
+    try:
+        with open(rank_file(run_dir, 0), encoding="utf-8") as fh:
+            for _, line in zip(range(lines), fh):
+                record = json.loads(line)
+                if record.get("type") == "metrics":
+                    return list(record.get("values") or {})
+    except (OSError, ValueError, TypeError):
+        pass
+    return []
+
+
+def tensorboard_page(names: Sequence[str] = ()) -> str:
+    """TensorBoard's Time Series with the training curves pinned above every group (its ``pinnedCards`` query;
+    it sorts its groups by name otherwise: health and hparams before train): those of ``TENSORBOARD_PINNED``
+    the run records, or the loss when that is not known."""
+    tags = [tag for tag in TENSORBOARD_PINNED if tag in names] or [LOSS]
+    cards = [{"plugin": "scalars", "tag": tag} for tag in tags]
+    return "/?" + urllib.parse.urlencode({"pinnedCards": json.dumps(cards, separators=(",", ":"))}) + "#timeseries"
 
 
 def _line(name: str, text: str) -> None:
@@ -171,14 +225,14 @@ def _store_exists(name: str, store: str) -> bool:
     return os.path.isdir(store)
 
 
-def _viewer(name: str, target: Target, scratch: str) -> "Viewer | str | None":
+def _viewer(name: str, target: Target, scratch: str, build: bool = False) -> "Viewer | str | None":
     """The server for ``name``; the URL of a tracking server the run used (printed); else None, said why."""
     store = target.stores.get(name)
     if store is None:
         _line(name, f"not started: {target.path} has no {name} sink")
         return None
     if name == "mlflow" and store.startswith(("http://", "https://")):
-        url = mask_text(store.rstrip("/") + mlflow_page(store, target.experiment, target.run_id))
+        url = mask_text(store.rstrip("/") + mlflow_pages(store, target.experiment, target.run_id)["run"])
         _line(name, f"{url} (the run's tracking server; nothing started)")
         return url
     if not _store_exists(name, store):
@@ -187,10 +241,12 @@ def _viewer(name: str, target: Target, scratch: str) -> "Viewer | str | None":
     if name == "mlflow":
         return mlflow_viewer(store, scratch)
     if name == "tensorboard":
-        return tensorboard_viewer(store, scratch)
-    venv = mindinsight_venv()
+        viewer = tensorboard_viewer(store, scratch)
+        viewer.page = tensorboard_page(recorded_names(target.run_dir))
+        return viewer
+    venv = mindinsight_venv() or (build_mindinsight() if build else None)
     if venv is None:
-        _line(name, mindinsight_missing())
+        _line(name, mindinsight_missing(build_failed=build))
         return None
     return mindinsight_viewer(venv, store, scratch, target.pages.get("mindinsight", "/"))
 
@@ -216,9 +272,13 @@ def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: flo
                 continue
             pending.remove(viewer)
             if state:
+                pages = {}
                 if viewer.name == "mlflow":
-                    viewer.page = mlflow_page(viewer.base_url, target.experiment, target.run_id)
+                    pages = mlflow_pages(viewer.base_url, target.experiment, target.run_id, charts=True)
+                    viewer.page = pages.get("charts", pages["run"])
                 _line(viewer.name, viewer.url)
+                if "charts" in pages:
+                    _line("mlflow run", viewer.base_url + pages["run"])
                 ready.append(viewer)
             elif state is False:
                 _line(viewer.name, f"did not start ({viewer.exit_text()})")
@@ -267,7 +327,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     started: List[Viewer] = []
     try:
         print(f"[msbridge] view {target.path}", flush=True)
-        made = [_viewer(name, target, scratch) for name in wanted]
+        made = [_viewer(name, target, scratch, args.build_mindinsight) for name in wanted]
         for viewer in made:
             if isinstance(viewer, Viewer):
                 viewer.start()
@@ -296,6 +356,8 @@ def add_view_command(sub: "argparse._SubParsersAction") -> None:
     view.add_argument("path", help="a run dir (it holds run.json) or an experiment dir")
     for name in VIEWERS:
         view.add_argument(f"--{name}", action="store_true", help=f"start {name} (default: every viewer the run has)")
+    view.add_argument("--build-mindinsight", action="store_true",
+                      help="build MindInsight's venv first when it is missing (bash .ci/mindinsight_venv.sh)")
     view.add_argument("--timeout", type=float, default=180.0,
                       help="seconds each viewer may take to answer before it is given up (default 180)")
     view.set_defaults(func=cmd_view)

@@ -169,9 +169,22 @@ def mindinsight_venv() -> Optional[Path]:
     return MINDINSIGHT_VENV if ok else None
 
 
-def mindinsight_missing() -> str:
-    """One line: MindInsight is missing, and the one command that builds it."""
+def mindinsight_missing(build_failed: bool = False) -> str:
+    """One line: MindInsight is missing, the one command that builds it, and the flag that builds it now."""
+    if build_failed:
+        return f"not started: bash {MINDINSIGHT_BUILD} did not build {MINDINSIGHT_VENV} (its output is above)"
     if MINDINSIGHT_BUILD.exists():
-        return f"not started: its venv {MINDINSIGHT_VENV} is missing; build it with: bash {MINDINSIGHT_BUILD}"
+        return (f"not started: its venv {MINDINSIGHT_VENV} is missing; build it with: bash {MINDINSIGHT_BUILD} "
+                "(about a minute, ~470 MB), or add --build-mindinsight to this command")
     return (f"not started: its venv {MINDINSIGHT_VENV} is missing; build it from a msbridge checkout with: "
             "bash .ci/mindinsight_venv.sh")
+
+
+def build_mindinsight() -> Optional[Path]:
+    """Build the MindInsight venv with the checkout's script (its output goes to the terminal); the venv, or
+    None if it could not be built."""
+    if not MINDINSIGHT_BUILD.exists():
+        return None
+    print(f"[msbridge] building MindInsight's venv: bash {MINDINSIGHT_BUILD}", flush=True)
+    code = subprocess.call(["bash", str(MINDINSIGHT_BUILD)], stdin=subprocess.DEVNULL)
+    return mindinsight_venv() if code == 0 else None

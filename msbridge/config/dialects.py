@@ -9,9 +9,11 @@ or under ``msbridge:``:
   the keys only mindformers uses (said to be left to it);
 - keys from mindformers' ``monitor_config`` tutorials that mindformers itself does not read: ``interval``, ``nan_check``,
   ``exception_dump``, ``skip_nan_step``, ``warmup_steps``;
-- MindSpore's ``SummaryCollector`` and ``LossMonitor`` arguments: ``summary_dir``, ``collect_freq``,
-  ``flush_interval``, ``per_print_times``, ``keep_default_callbacks``,
-  ``collect_specified_data``, ``histogram_settings``.
+- MindSpore's ``SummaryCollector`` arguments (every one of ``SummaryCollector.__init__``): ``summary_dir``,
+  ``collect_freq``, ``collect_specified_data``, ``keep_default_action``, ``custom_lineage_data``, and, said
+  to have no effect with the reason, ``num_process``, ``collect_tensor_freq``, ``max_file_size``,
+  ``export_options``; ``LossMonitor``'s ``per_print_times``; and names such configs put beside them:
+  ``flush_interval``, ``keep_default_callbacks``, ``histogram_settings``.
 
 Each handler turns one user key into ``Assignment``s to canonical paths and
 one ``Note`` line (``monitor_config.interval -> flush_steps ...``). Nothing is
@@ -190,6 +192,52 @@ def _keep_default_callbacks(key: Key, value: bool) -> None:
              logging.WARNING)
 
 
+@_is_bool
+def _keep_default_action(key: Key, value: bool) -> None:
+    """SummaryCollector: false collects only what ``collect_specified_data`` names (its loss too)."""
+    specified = key.section.get("collect_specified_data")
+    if value or not isinstance(specified, Mapping):
+        key.says("msbridge's defaults apply to what collect_specified_data leaves out" if value else
+                 "no effect without collect_specified_data (SummaryCollector then collects its defaults)")
+        return
+    if "collect_metric" in specified:
+        key.says("only what collect_specified_data turns on; msbridge's own metrics (throughput, grad norm, "
+                 "health) are still recorded")
+        return
+    key.set(("local_loss",), False)
+    key.set(("global_loss",), False)
+    key.says("local_loss, global_loss: false (collect_specified_data does not name collect_metric, so "
+             "SummaryCollector would not collect the loss either; add collect_metric: true to record it)",
+             logging.WARNING)
+
+
+def _custom_lineage_data(key: Key, value: Any) -> None:
+    """SummaryCollector's own lineage values: msbridge logs them as params (MLflow params, MindInsight lineage)."""
+    if value is None:
+        key.says("null: no custom lineage data")
+        return
+    scalar = (str, int, float)
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, scalar) and not isinstance(v, bool) for k, v in value.items()):
+        key.problem(f"expected a mapping of names to strings or numbers (as SummaryCollector takes), got {value!r}")
+        return
+    for name, item in value.items():
+        key.set(("params", name), item)
+    key.says(f"params: {', '.join(value)} (logged as the run's params: MLflow params, MindInsight's lineage)")
+
+
+def _no_effect(reason: str, check: Optional[Handler] = None) -> Handler:
+    """A SummaryCollector argument for something msbridge does not do: said, with why, never dropped silently."""
+    def handle(key: Key, value: Any) -> None:
+        key.says(f"no effect: {reason}", logging.INFO if _off(value) else logging.WARNING)
+    return _is_positive_or_null(handle) if check is None else check(handle)
+
+
+_is_positive_or_null = _typed("an integer > 0 or null", lambda v: v is None or (
+    isinstance(v, int) and not isinstance(v, bool) and v > 0))
+_is_mapping_or_null = _typed("a mapping or null", lambda v: v is None or isinstance(v, Mapping))
+
+
 def _histograms(key: Key, value: Any) -> None:
     if _off(value):
         key.set(("histograms",), None)
@@ -319,6 +367,16 @@ HANDLERS: Dict[str, Handler] = {
     "flush_interval": _alias("flush_seconds", "seconds between writes"),
     "per_print_times": _alias("print_interval"),
     "keep_default_callbacks": _keep_default_callbacks,
+    "keep_default_action": _keep_default_action,
+    "custom_lineage_data": _custom_lineage_data,
+    "num_process": _no_effect("msbridge writes summaries from one background thread and starts no writer "
+                              "processes (SummaryCollector's writer pool)"),
+    "collect_tensor_freq": _no_effect("msbridge records no TensorSummary data (histograms follow "
+                                      "histogram_interval)"),
+    "max_file_size": _no_effect("msbridge does not split or cap its summary files; the jsonl log is the "
+                                "record every other sink is rebuilt from, and is never cut"),
+    "export_options": _no_effect("msbridge exports no tensors (SummaryCollector's tensor_format: npy); "
+                                 "keep MindSpore's SummaryCollector for that", _is_mapping_or_null),
     "collect_specified_data": _collect_specified_data,
     "histogram_settings": _histograms,
     # a sink named as a flag: ``mlflow: true`` or ``mlflow: {tracking_uri: ...}``

@@ -12,13 +12,20 @@ Example output:
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
 
-from ..names import HISTOGRAM, LOSS, SAMPLES_PER_S, STEP_TIME
+from ..names import GRAD_NORM, HISTOGRAM, LOSS, SAMPLES_PER_S, STEP_TIME
 from .base import Event, Record, RunInfo, Sink
 from .options import Option
+
+log = logging.getLogger("msbridge")
+
+NO_GRAD_NORM = ("msbridge: no train/grad_norm is recorded: the train step does not hand it over (a plain "
+                "Model.train returns only the loss). To record it: msbridge.TrainStep(loss_net, optimizer) or "
+                "msbridge.attach_ring(train_cell) with Model.train, run.step(grad_norm=...) with msbridge.track")
 
 
 def format_eta(seconds: float) -> str:
@@ -72,11 +79,13 @@ class ConsoleSink(Sink):
         self.total: Optional[int] = None
         self._step_ms: Optional[float] = None  # smoothed, for a steady ETA
         self._with_rank = False
+        self._grad_norm_told = False
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self.total = run.metadata.get("expected_steps")
         self._with_rank = run.world_size > 1
+        self._grad_norm_told = run.config.get("grad_norm") is False  # switched off: nothing to say
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         """Every record, a resumed run's steps trained again too: progress, not a store (no resume skip)."""
@@ -89,18 +98,24 @@ class ConsoleSink(Sink):
             if rec.step % self.print_interval == 0 or rec.step == self.total:
                 lines.append(self.line(rec))
         lines += ["[msbridge] " + describe_event(ev, self._with_rank) for ev in events if ev.kind != HISTOGRAM]
+        if records and not self._grad_norm_told:
+            self._grad_norm_told = True
+            if GRAD_NORM not in records[0].values:  # said once, before the first progress line
+                log.info(NO_GRAD_NORM)
+                lines.insert(0, "[msbridge] " + NO_GRAD_NORM[len("msbridge: "):])
         if lines:
             out.write("\n".join(lines) + "\n")
             out.flush()
 
     def line(self, rec: Record) -> str:
         values = rec.values
-        width = len(str(self.total)) if self.total else 0
-        parts = [f"step {rec.step:>{width}}/{self.total}" if self.total else f"step {rec.step}"]
+        total = self.total if self.total and rec.step <= self.total else None  # past it: the estimate was wrong
+        width = len(str(total)) if total else 0
+        parts = [f"step {rec.step:>{width}}/{total}" if total else f"step {rec.step}"]
         if LOSS in values:
             parts.append(f"loss {values[LOSS]:.4f}")
         if SAMPLES_PER_S in values:
             parts.append(f"{values[SAMPLES_PER_S]:.1f} samples/s")
-        if self.total and self._step_ms is not None:
-            parts.append(f"ETA {format_eta((self.total - rec.step) * self._step_ms / 1e3)}")
+        if total and self._step_ms is not None:
+            parts.append(f"ETA {format_eta((total - rec.step) * self._step_ms / 1e3)}")
         return "[msbridge] " + " | ".join(parts)

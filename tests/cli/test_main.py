@@ -47,3 +47,42 @@ def test_out_overrides_the_configs_directories(tmp_path, text, persistent):
     assert (cfg.experiment_dir, cfg.output_dir) == (f"{tmp_path}/out/{{experiment}}", "{experiment_dir}/{run_name}")
     assert cfg.flush_steps == 7
     assert cfg.provenance.origin(("output_dir",))[0] == "--set"
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A real 30-step run with jsonl and TensorBoard sinks, for the commands that read one."""
+    from training import train_regression
+
+    from msbridge import BridgeMonitor
+
+    root = tmp_path_factory.mktemp("closed")
+    monitor = BridgeMonitor({"experiment": "c", "run_name": "r", "output_dir": str(root / "r"), "flush_steps": 10,
+                             "sinks": ["jsonl", "tensorboard"]}, progress=False)
+    train_regression([monitor], steps=30)
+    return monitor.run_dir
+
+
+@pytest.mark.parametrize("command", ["--help", "diagnose {run}", "diagnose --format json {run}",
+                                     "plot -o {tmp}/loss.png {run}", "config show {tmp}/m.yaml",
+                                     "config check {tmp}/m.yaml", "view --help", "demo --help"])
+def test_every_command_exits_quietly_when_its_reader_closes_stdout(small_run, command, tmp_path):
+    """``msbridge ... | head`` when head has already gone: the pipe's read end is closed before the command
+    writes, so its first write (or its flush) meets EPIPE. No traceback, no "Exception ignored"; exit code 1
+    (``--help``: 0, argparse drops the failed write itself)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "m.yaml").write_text("experiment: c\nflush_steps: 10\nsinks: [jsonl]\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    exe = os.path.join(os.path.dirname(sys.executable), "msbridge")
+    try:
+        done = subprocess.run([exe, *command.format(run=small_run, tmp=tmp_path).split()], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path,
+                              env=dict(os.environ, GLOG_v="3"))
+    finally:
+        os.close(write_end)
+    want = 0 if command.endswith("--help") else 1
+    assert done.stderr == "" and done.returncode == want, (done.returncode, done.stderr[-2000:])

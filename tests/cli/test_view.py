@@ -8,6 +8,7 @@ then presses Ctrl-C and checks no server process is left.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from training import train_regression
 from view_process import ViewProcess, base, get
 
 from msbridge import BridgeMonitor
+from msbridge.cli import view as view_module
 from msbridge.cli import viewers
 from msbridge.cli.main import main
 from msbridge.cli.servers import MlflowServer
@@ -51,11 +53,23 @@ def same_series(what, got, want):
     assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6), f"{what}: values differ"
 
 
-def check_mlflow(url, run_id, want):
+def check_mlflow(url, run_page, run_id, want):
+    """``url`` opens the run's charts in MLflow's model-training view, the loss chart first (a saved view in an
+    experiment tag); ``run_page`` is the run's page in that view; both show the run's loss at every step."""
     assert "<html" in get(base(url) + "/").lower()
-    fragment = urllib.parse.urlsplit(url).fragment  # /experiments/<id>/runs/<MLflow run id>
-    mlflow_run = fragment.rsplit("/", 1)[1]
+    path, query = urllib.parse.urlsplit(url).fragment.split("?")  # /experiments/<id>/runs?viewStateShareKey=...
+    asked = urllib.parse.parse_qs(query)
+    assert asked["workflowType"] == ["machine_learning"] and asked["compareRunsMode"] == ["CHART"]
+    exp_id = path.split("/")[2]
     api = base(url) + "/api/2.0/mlflow"
+    tags = {t["key"]: t["value"] for t in get(f"{api}/experiments/get?experiment_id={exp_id}")["experiment"]["tags"]}
+    view = json.loads(tags["mlflow.sharedViewState." + asked["viewStateShareKey"][0]])
+    assert [s["name"] for s in view["compareRunSections"]][0] == "train" and view["isAccordionReordered"]
+    assert view["compareRunCharts"][0]["metricKey"] == "train/loss"
+    run_path, run_query = urllib.parse.urlsplit(run_page).fragment.split("?")
+    assert run_query == "workflowType=machine_learning"
+    mlflow_run = run_path.rsplit("/", 1)[1]
+    assert view["searchFilter"] == f"attributes.run_id = '{mlflow_run}'"
     run = get(f"{api}/runs/get?run_id={mlflow_run}")["run"]
     assert {t["key"]: t["value"] for t in run["data"]["tags"]}["msbridge.run_id"] == run_id
     history = get(f"{api}/metrics/get-history?run_id={mlflow_run}&metric_key=train/loss&max_results=100000")
@@ -64,6 +78,9 @@ def check_mlflow(url, run_id, want):
 
 def check_tensorboard(url, want):
     assert "<html" in get(url).lower()
+    pinned = json.loads(urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["pinnedCards"][0])
+    assert pinned[0] == {"plugin": "scalars", "tag": "train/loss"}
+    assert urllib.parse.urlsplit(url).fragment == "timeseries"
     api = base(url) + "/data/plugin/scalars/scalars?run=rank_0&tag=train/loss"
     points = poll(lambda: get(api), len(want), "tensorboard")
     same_series("tensorboard", [(p[1], p[2]) for p in points], want)
@@ -93,7 +110,8 @@ def test_demo_then_view_serves_every_step_of_the_loss_in_every_viewer(tmp_path):
     with ViewProcess(command) as view:
         urls = view.wait_serving()
         assert sorted(urls) == ["mindinsight", "mlflow", "tensorboard"], view.lines
-        check_mlflow(urls["mlflow"], log.header["run_id"], want)
+        [run_page] = [line.split(": ", 1)[1] for line in view.lines if line.startswith("  mlflow run : ")]
+        check_mlflow(urls["mlflow"], run_page, log.header["run_id"], want)
         check_tensorboard(urls["tensorboard"], want)
         check_mindinsight(urls["mindinsight"], run_dir, want)
         bound = listening(view.processes)
@@ -142,7 +160,8 @@ def test_a_run_on_a_tracking_server_gets_its_run_page_there(tmp_path, capsys):
         line = capsys.readouterr().out.splitlines()[1]
         client = MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
-        page = f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        page = (f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                "?workflowType=machine_learning")
         assert line == f"  mlflow     : {page} (the run's tracking server; nothing started)"
 
 
@@ -159,8 +178,31 @@ def test_view_without_mindinsight_says_the_one_command_that_builds_it(tmp_path, 
     assert main(["view", run_dir]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == (f"  mindinsight: not started: its venv {tmp_path / 'no-venv'} is missing; build it with: "
-                        f"bash {viewers.MINDINSIGHT_BUILD}")
+                        f"bash {viewers.MINDINSIGHT_BUILD} (about a minute, ~470 MB), or add --build-mindinsight to "
+                        "this command")
     assert viewers.MINDINSIGHT_BUILD.is_file()
+
+
+def test_view_builds_mindinsight_on_request(tmp_path, capsys, monkeypatch):
+    """``--build-mindinsight`` runs the build script, then starts MindInsight from what it built. The script here
+    stands in for .ci/mindinsight_venv.sh (a real build takes about a minute and 470 MB): it links the project's
+    real MindInsight venv's programs into the new venv dir."""
+    require_mindinsight()
+    run_dir = jsonl_and_mindinsight_run(tmp_path)
+    venv, script = tmp_path / "built-venv", tmp_path / "build.sh"
+    real = viewers.MINDINSIGHT_VENV / "bin"
+    script.write_text(f"mkdir -p {venv}/bin && for p in python mindinsight gunicorn; do ln -s {real}/$p {venv}/bin/$p; "
+                      "done\n")
+    monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", venv)
+    monkeypatch.setattr(viewers, "MINDINSIGHT_BUILD", script)
+    made = view_module._viewer("mindinsight", view_module.find_target(run_dir), str(tmp_path), build=True)
+    assert isinstance(made, viewers.Viewer) and made.command[0] == str(venv / "bin" / "python")
+    assert capsys.readouterr().out == f"[msbridge] building MindInsight's venv: bash {script}\n"
+    script.write_text("exit 3\n")
+    monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", tmp_path / "never-built")
+    assert view_module._viewer("mindinsight", view_module.find_target(run_dir), str(tmp_path), build=True) is None
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"  mindinsight: not started: bash {script} did not build {tmp_path / 'never-built'} (its output is above)")
 
 
 def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):

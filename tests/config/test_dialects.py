@@ -124,6 +124,65 @@ def test_seed002_collect_specified_data_keys(tmp_path):
     assert "collect_metric" in SUMMARY_KEYS
 
 
+def test_every_real_summary_collector_argument_is_understood_or_refused_with_its_reason(tmp_path):
+    """Each argument of the installed MindSpore's ``SummaryCollector.__init__``, as the AlexNet sample passes it."""
+    import inspect
+
+    from mindspore.train import SummaryCollector
+
+    real = [name for name in inspect.signature(SummaryCollector.__init__).parameters if name != "self"]
+    assert {"keep_default_action", "collect_tensor_freq", "num_process", "custom_lineage_data", "max_file_size",
+            "export_options"} <= set(real)
+    assert set(real) <= set(HANDLERS), "a SummaryCollector argument msbridge would call unknown"
+    cfg = load_config(write(tmp_path, """\
+        monitor_config:
+          summary_dir: ./summary_dir/summary_01
+          collect_freq: 1
+          num_process: 4
+          keep_default_action: false
+          collect_tensor_freq: 200
+          max_file_size: 4096
+          export_options: {tensor_format: npy}
+          custom_lineage_data: {team: nlp, version: 3}
+          collect_specified_data:
+            collect_metric: true
+            histogram_regular: "^conv1.*|^conv2.*"
+    """))
+    said = {t.split(" -> ")[0].split(".")[1]: t.split(" -> ", 1)[1] for t in texts(cfg)
+            if t.startswith("monitor_config.") and " -> " in t}
+    assert set(real) <= set(said), set(real) - set(said)
+    assert not any("did you mean" in text for text in said.values())
+    for name in ("num_process", "collect_tensor_freq", "max_file_size", "export_options"):
+        assert said[name].startswith("no effect: msbridge ")
+    assert thaw(cfg.params) == {"team": "nlp", "version": 3}
+    assert cfg.local_loss and cfg.flush_steps == 1 and cfg.histograms == "^conv1.*|^conv2.*"
+
+
+def test_keep_default_action_false_without_collect_metric_records_no_loss_and_says_so(tmp_path):
+    cfg = load_config(write(tmp_path, """\
+        monitor_config:
+          keep_default_action: false
+          collect_specified_data: {histogram_regular: "^fc"}
+    """))
+    assert cfg.local_loss is False and cfg.global_loss is False
+    [warned] = [t for t in texts(cfg, logging.WARNING) if t.startswith("monitor_config.keep_default_action")]
+    assert "add collect_metric: true to record it" in warned
+    on = load_config(write(tmp_path, "monitor_config:\n  keep_default_action: true\n"))
+    assert on.local_loss is True
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("num_process: 0", "num_process: expected an integer > 0 or null, got 0"),
+    ("export_options: npy", "export_options: expected a mapping or null, got 'npy'"),
+    ("custom_lineage_data: {team: [a]}", "custom_lineage_data: expected a mapping of names to strings or numbers"),
+    ("keep_default_actoin: false", "keep_default_actoin: unknown key; did you mean 'keep_default_action'?"),
+])
+def test_bad_summary_collector_arguments_name_line_and_key(tmp_path, text, problem):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, f"monitor_config:\n  {text}\n"))
+    assert err.value.problems[0].startswith(f"run.yaml:2: monitor_config.{problem}"), err.value.problems
+
+
 @pytest.mark.parametrize("value, expected", [("[]", None), ("['layers.0', 'attention']", "(?:layers.0)|(?:attention)"),
                                              ("'^embed'", "^embed"), ("true", ".*")])
 def test_seed002_histogram_settings(tmp_path, value, expected):

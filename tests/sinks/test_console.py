@@ -103,3 +103,51 @@ def test_training_prints_each_line_within_one_flush_behind_a_slow_tracker(tmp_pa
         assert watch.printed_by[step][-1] == step, f"the line for step {step} is printed at its own flush"
     assert watch.slow_done_by[30] < 6, "the slow tracker was still behind when the last line was printed"
     assert slow.done[-1] == 30  # and it got every batch by the end
+
+
+def test_cpu_sink_mode_counts_the_steps_it_really_runs(tmp_path, capsys):
+    """On CPU, ``dataset_sink_mode=True`` with ``sink_size`` runs whole epochs step by step (MindSpore reports
+    the mode as off and ``batch_num`` as the sink size): the progress line's total is those steps."""
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.train import Model
+    from training import regression_data
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = nn.Dense(16, 1)
+    monitor = BridgeMonitor({"experiment": "t", "run_name": "r", "output_dir": str(tmp_path / "r"), "flush_steps": 8,
+                             "print_interval": 8, "sinks": ["jsonl"]})
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.01)).train(
+        2, regression_data(16), callbacks=[monitor], dataset_sink_mode=True, sink_size=4)
+    steps = [line.split()[2] for line in capsys.readouterr().out.splitlines() if " | loss " in line]
+    assert steps == ["8/32", "16/32", "24/32", "32/32"]  # 2 epochs x 16 batches, not 2 x sink_size 4
+
+
+def test_a_step_past_the_expected_total_shows_no_total(tmp_path):
+    out = io.StringIO()
+    sink = ConsoleSink(print_interval=5, stream=out)
+    sink.open(make_run(tmp_path, metadata={"expected_steps": 5}))
+    sink.write(make_records(range(1, 11)), [])
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[msbridge] step 5/5 | loss ")
+    assert lines[1].startswith("[msbridge] step 10 | loss ") and "ETA" not in lines[1]
+
+
+def test_a_plain_model_train_says_once_that_it_records_no_grad_norm_and_how_to(tmp_path, capsys, caplog):
+    import logging
+
+    from msbridge import TrainStep
+
+    def run(name, **kwargs):
+        monitor = BridgeMonitor({"experiment": "t", "run_name": name, "output_dir": str(tmp_path / name),
+                                 "flush_steps": 5, "print_interval": 5, "sinks": ["jsonl"]})
+        train_regression([monitor], steps=10, **kwargs)
+        return capsys.readouterr().out.splitlines()
+
+    with caplog.at_level(logging.INFO, logger="msbridge"):
+        plain = run("plain")
+    told = [line for line in plain if "no train/grad_norm is recorded" in line]
+    assert len(told) == 1 and plain.index(told[0]) < plain.index(next(l for l in plain if " | loss " in l))
+    assert "msbridge.TrainStep(loss_net, optimizer) or msbridge.attach_ring(train_cell)" in told[0]
+    assert sum("no train/grad_norm is recorded" in r.getMessage() for r in caplog.records) == 1
+    assert not any("grad_norm" in line for line in run("ring", train_cell=TrainStep))
