@@ -331,11 +331,11 @@ class MlflowSink(Sink):
             for i in range(0, len(new), PARAMS_TAGS_PER_CALL):
                 self._log_batch("params", params=new[i:i + PARAMS_TAGS_PER_CALL])
             self._send_tags()
-            config = json.loads(json.dumps(mask_secrets(dict(run.config)), default=str))
+            config = json.loads(json.dumps(mask_secrets(dict(run.config)), default=str))  # YAML keeps .inf/.nan
             client.log_text(run_id, yaml.safe_dump(config, sort_keys=False, allow_unicode=True), "config/resolved.yaml")
             client.log_text(run_id, mask_text(run.readme), "README.md")
-            meta = mask_secrets(dict(run.metadata, run_id=run.run_id, run_name=run.run_name))
-            client.log_text(run_id, json.dumps(meta, indent=2, default=str), "run.json")
+            meta = json_safe(mask_secrets(dict(run.metadata, run_id=run.run_id, run_name=run.run_name)))
+            client.log_text(run_id, json.dumps(meta, indent=2, default=str, allow_nan=False), "run.json")  # strict JSON
         except Exception:
             self.run_id = None  # set up again on the next attempt
             raise
@@ -376,7 +376,7 @@ class MlflowSink(Sink):
                 self._skip_histograms()
                 continue
             detail = mask_secrets(json_safe(dict(ev.detail)))
-            text = json.dumps(detail, default=str)
+            text = json.dumps(detail, default=str, allow_nan=False)
             self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]
             line = encode_event(Event(ev.kind, ev.step, ev.rank, ev.time, detail)).rstrip("\n")
             if line not in self._events:
