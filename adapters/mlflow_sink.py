@@ -11,7 +11,9 @@ a value over 6000 characters is logged as ``sha256:<hex>`` (``config/resolved.ya
 Everything is masked. Resume reattaches to the run tagged with the job's ``run_id`` and
 skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one
 parent run per sweep (``_mlflow_sweep``). An unreachable tracker never stops training:
-one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``.
+one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``. A
+``sqlite:///`` store is made once and whole, however many runs start on it and whenever one is
+killed (``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
 
 The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however
 late MLflow is reached, and the same when the run is replayed. The run README is the run's
