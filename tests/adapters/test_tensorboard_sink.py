@@ -299,7 +299,8 @@ def test_a_replay_writes_exactly_the_steps_each_directory_lacks(tmp_path):
         again.open(tb_run(tmp_path))
         again.write(records, [])
         again.close(KILLED)
-    for folder, name in ((os.path.join(tb_root(tmp_path), "rank_0"), "train/loss"), (tb_root(tmp_path), "train/global_loss")):
+    rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
+    for folder, name in ((rank_dir, "train/loss"), (tb_root(tmp_path), "train/global_loss")):
         got = sorted(series(load(folder), name))  # the filled steps come from the replay's own (later) file
         assert [s for s, _ in got] == list(range(1, 13)), (folder, [s for s, _ in got])  # every step, each once
         assert [v for _, v in got] == [np.float32(r.values[name]) for r in records]
