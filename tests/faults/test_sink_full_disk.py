@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from helpers.disk import fill, small_tmpfs
+from mindinsight_server import serve
 from mindspore.train import Callback
 from msbridge.adapters.mindinsight_sink import MindInsightSink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -124,6 +125,9 @@ def test_mindinsight_full_disk_is_undelivered_and_the_printed_replay_completes_i
                 if not name.startswith("events/"):
                     assert sorted(s for s, _ in series) == list(range(1, STEPS + 1)), (name, len(series))
         assert len(glob.glob(os.path.join(disk, "r_rank_0", "*_MS"))) == 2, "the second replay added no file"
+        with serve(str(disk), str(tmp_path / "workspace")) as mindinsight:  # MindInsight's own read, over REST
+            points = mindinsight.wait_for_points("./r_rank_0", "1_train/loss/scalar", STEPS)
+            assert sorted(p["step"] for p in points) == list(range(1, STEPS + 1))
 
 
 def _run_info(monitor, run):
