@@ -170,7 +170,8 @@ def import_client() -> Any:
 
 class _Tracker:
     """The child's side: ``MlflowClient(uri)``, except that metric rows for a sqlite store, with the
-    tags sent along, are written by ``_mlflow_sqlite`` (MLflow's ORM costs ~16x their CPU)."""
+    tags sent along, are written by ``_mlflow_sqlite`` (MLflow's ORM costs ~16x their CPU). A sqlite
+    store is made (or a half-made one repaired) once and whole, under a lock beside it (``_mlflow_store``)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -179,7 +180,9 @@ class _Tracker:
 
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if self._client is None:
-            self._client = import_client()(self.uri)
+            from ._mlflow_store import open_client
+
+            self._client = open_client(self.uri, import_client())
         if name != "log_batch":
             return getattr(self._client, name)(*args, **kwargs)
         from mlflow.entities import Metric, Param, RunTag

@@ -10,7 +10,8 @@ back to the last complete line; the lines that did not fit are held (up to ``MAX
 written again at the next batch or flush, in order. The first failure is said once, naming the file and
 its free space. What is finally dropped (the oldest held lines past the bound, or what is still held at
 close) becomes one ``gap`` event (first and last step, counts): written into the log where the lines
-would have been, and raised to every other sink and the run's outcome.
+would have been, and raised to every other sink. What the log lost in all is its ``undelivered``: the
+run's outcome lists it (exit code 3), and close says it in one line, even when nothing could be written.
 
 On resume the file is appended to: a line cut by a kill is trimmed first, and
 the file's last step is what this sink holds: steps up to it are never written again.
@@ -79,6 +80,7 @@ class JsonlSink(Sink):
         self._held: Deque[Tuple[str, int, bytes]] = deque()  # (kind, step, line) not in the file yet
         self._gap: Optional[Dict[str, Any]] = None  # what was dropped since the file last took a line
         self._gap_time = 0.0
+        self._lost: Dict[str, int] = {}  # every gap raised so far: records, events, first_step, last_step
         self._failing = False  # in a failure episode (said once; "writable again" ends it)
         self._dropping = False
         self._reason = ""
@@ -112,6 +114,8 @@ class JsonlSink(Sink):
             log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
                       "close (%s); the other sinks and the run's outcome list them as a gap", self.path,
                       gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
+        if self.undelivered:  # every loss of the run, in one line (the exit code is 3)
+            log.error("msbridge: jsonl: %s", self.undelivered)
         self._held.clear()
         if self._fd is not None:
             os.close(self._fd)
@@ -254,7 +258,16 @@ class JsonlSink(Sink):
         return encode_event(self._gap_event()).encode()
 
     def _raise_gap(self) -> None:
-        """The gap is final (in the file, or the file is closing without it): every other sink hears of it."""
+        """The gap is final (in the file, or the file is closing without it): every other sink hears of it,
+        and the run's outcome (``undelivered``: what the log lost in all)."""
         if self._gap is not None:
             self.raised.append(self._gap_event())
+            lost, gap = self._lost, self._gap
+            lost["first_step"] = min(lost.get("first_step", gap["first_step"]), gap["first_step"])
+            lost["last_step"] = max(lost.get("last_step", gap["last_step"]), gap["last_step"])
+            for key in ("records", "events"):
+                lost[key] = lost.get(key, 0) + gap[key]
+            self.undelivered = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
+                                f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
+                                f"({self._reason or 'write failed'}); the other sinks received them")
             self._gap = None

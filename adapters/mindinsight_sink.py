@@ -73,7 +73,9 @@ from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
 from ._eventwire import (
     MINDSPORE_VALUE,
-    fsync,
+    Unwritten,
+    flushed,
+    handed_over,
     held_values,
     histogram_summary,
     read_records,
@@ -137,6 +139,7 @@ class MindInsightSink(Sink):
         self._writers: tuple = ()  # mindspore's SummaryWriter and LineageWriter classes
         self._prefixes: Dict[str, bytes] = {}
         self._status_held: Optional[str] = None  # the last msbridge.status its lineage files hold
+        self._unwritten = Unwritten(self.name)  # from the first failed write on (a full disk): nothing more
         self._closed = False
 
     def base_dir(self, run: RunInfo) -> str:
@@ -183,14 +186,30 @@ class MindInsightSink(Sink):
         self._summary = summary_writer(self._paths[0])
         self._summary.writer  # creates the file and writes MindSpore's version event
         self._lineage = lineage_writer(self._paths[1])
-        self._lineage.write("train_lineage", self._train_lineage(run).SerializeToString())
+        _written(self._lineage, "train_lineage", self._train_lineage(run).SerializeToString(), self._paths[1])
         info = {**flatten(dict(run.config.get("params") or {})), **self._run_facts(run)}
         self._write_user_info(info)
-        self.flush()
+        self._flush_files()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if not records and not events:
             return
+        if self._unwritten:
+            self._unwritten.add(records, events)
+            return
+        try:
+            self._emit(records, events)
+        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
+            self._failed(exc, records, events)
+
+    def _failed(self, exc: OSError, records: Sequence[Record] = (), events: Sequence[Event] = ()) -> None:
+        """Its files hold the steps before the first failed write, in order: a replay writes the rest."""
+        assert self.run is not None
+        self._unwritten.fail(self.dir, exc, self.run.run_dir)
+        self._unwritten.add(records, events)
+        self.undelivered = self._unwritten.text()
+
+    def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._summary is None:
             self._open_files()
         for rec in records:
@@ -199,34 +218,48 @@ class MindInsightSink(Sink):
             self._scalars(rec.step, rec.time, {mindinsight_tag(k): v for k, v in rec.values.items()})
         for ev in events:
             if ev.kind == HISTOGRAM:
-                self._summary.write("summary", summary_event(ev.step, ev.time, histogram_summary(
+                self._write_summary(summary_event(ev.step, ev.time, histogram_summary(
                     ev.detail["tag"], ev.detail, mindspore=True)))
         counts = Counter((ev.step, ev.kind) for ev in events if ev.kind != HISTOGRAM)
         wall = max((ev.time for ev in events), default=0.0) or time.time()
         for step, kind in sorted(counts):  # in step order: MindInsight drops later points on a step going back
             self._scalars(step, wall, {f"events/{kind}": counts[step, kind]})
-        self._summary.flush()  # out of the writer's buffer: MindInsight sees the batch at its next reload
 
     def flush(self) -> None:
-        if self._summary is None:
+        if self._summary is None or self._unwritten:
             return
+        try:
+            self._flush_files()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _flush_files(self) -> None:
         for writer, path in zip((self._summary, self._lineage), self._paths):
-            writer.flush()
-            fsync(path)
+            flushed(writer.writer, path)
 
     def close(self, status: str = FINISHED) -> None:
         if self._closed or self.run is None:
             return
         self._closed = True
+        if not self._unwritten:
+            try:
+                self._close_files(status)
+            except OSError as exc:
+                self._failed(exc)
+        if self._unwritten:  # its files are left as they are: closing them would only fail again
+            self._unwritten.status = status
+            self.undelivered = self._unwritten.text()
+        self._summary = self._lineage = None
+
+    def _close_files(self, status: str) -> None:
         if self._summary is None:
             if self._status_held == status:  # a replay that brought nothing new: add nothing
                 return
             self._open_files()
         self._write_user_info({"msbridge.status": status})
-        self.flush()
+        self._flush_files()
         for writer in (self._summary, self._lineage):
             writer.close()  # MindSpore makes the finished file read-only
-        self._summary = self._lineage = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": rank_dir(self.base_dir(run), run.run_name, run.rank)}
@@ -257,7 +290,12 @@ class MindInsightSink(Sink):
             stamp += 1
 
     def _scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
-        self._summary.write("summary", scalar_event(step, wall_time, values, MINDSPORE_VALUE, self._prefixes))
+        self._write_summary(scalar_event(step, wall_time, values, MINDSPORE_VALUE, self._prefixes))
+
+    def _write_summary(self, event: bytes) -> None:
+        """One summary event, handed to the OS (MindInsight sees it at its next reload); ``OSError`` if it
+        could not be (a full disk: MindSpore prints its error for this one write only)."""
+        _written(self._summary, "summary", event, self._paths[0])
 
     def _run_facts(self, run: RunInfo) -> Dict[str, Any]:
         return {"msbridge.run_id": run.run_id, "msbridge.run_name": run.run_name,
@@ -296,7 +334,18 @@ class MindInsightSink(Sink):
                 _put(item.map_str, key, value)
             else:
                 _put(item.map_str, key, json.dumps(value, default=str))
-        self._lineage.write("custom_lineage_data", event.SerializeToString())
+        _written(self._lineage, "custom_lineage_data", event.SerializeToString(), self._paths[1])
+
+
+def _written(writer: Any, plugin: str, data: bytes, path: str) -> None:
+    """``writer.write(plugin, data)`` (MindSpore's ``SummaryWriter`` / ``LineageWriter``), handed to the OS;
+    ``OSError`` when it could not be: MindSpore's own "disk space may be soon exhausted" check (a
+    ``RuntimeError``, once the free space is below 32 times the event), or a failed write."""
+    try:
+        writer.write(plugin, data)
+    except RuntimeError as exc:
+        raise OSError(str(exc)) from None
+    handed_over(writer.writer, path)
 
 
 def _put(field: Any, key: str, value: Any) -> None:

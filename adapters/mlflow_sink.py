@@ -11,7 +11,9 @@ a value over 6000 characters is logged as ``sha256:<hex>`` (``config/resolved.ya
 Everything is masked. Resume reattaches to the run tagged with the job's ``run_id`` and
 skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one
 parent run per sweep (``_mlflow_sweep``). An unreachable tracker never stops training:
-one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``.
+one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``. A
+``sqlite:///`` store is made once and whole, however many runs start on it and whenever one is
+killed (``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
 
 The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however
 late MLflow is reached, and the same when the run is replayed. The run README is the run's
@@ -332,11 +334,11 @@ class MlflowSink(Sink):
             for i in range(0, len(new), PARAMS_TAGS_PER_CALL):
                 self._log_batch("params", params=new[i:i + PARAMS_TAGS_PER_CALL])
             self._send_tags()
-            config = json.loads(json.dumps(mask_secrets(dict(run.config)), default=str))
+            config = json.loads(json.dumps(mask_secrets(dict(run.config)), default=str))  # YAML keeps .inf/.nan
             client.log_text(run_id, yaml.safe_dump(config, sort_keys=False, allow_unicode=True), "config/resolved.yaml")
             client.log_text(run_id, mask_text(run.readme), "README.md")
-            meta = mask_secrets(dict(run.metadata, run_id=run.run_id, run_name=run.run_name))
-            client.log_text(run_id, json.dumps(meta, indent=2, default=str), "run.json")
+            meta = json_safe(mask_secrets(dict(run.metadata, run_id=run.run_id, run_name=run.run_name)))
+            client.log_text(run_id, json.dumps(meta, indent=2, default=str, allow_nan=False), "run.json")  # strict JSON
         except Exception:
             self.run_id = None  # set up again on the next attempt
             raise
@@ -377,7 +379,7 @@ class MlflowSink(Sink):
                 self._skip_histograms()
                 continue
             detail = mask_secrets(json_safe(dict(ev.detail)))
-            text = json.dumps(detail, default=str)
+            text = json.dumps(detail, default=str, allow_nan=False)
             self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]
             line = encode_event(Event(ev.kind, ev.step, ev.rank, ev.time, detail)).rstrip("\n")
             if line not in self._events:

@@ -61,7 +61,7 @@ import math
 import os
 import re
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..names import (
     GLOBAL_LOSS,
@@ -82,7 +82,7 @@ from ..names import (
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
+from ._eventwire import Layout, Unwritten, custom_scalars_summary, held_values, histogram_summary
 from ._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 
 log = logging.getLogger("msbridge")
@@ -159,6 +159,8 @@ class TensorBoardSink(Sink):
         self._final: Dict[str, float] = {}
         self._best: Dict[str, float] = {}
         self._status_held: Optional[str] = None  # the last run/status its files hold
+        self._held: Dict[str, Set[int]] = {}  # directory -> the steps whose scalars its event files hold
+        self._unwritten = Unwritten(self.name)  # from the first failed write on (a full disk): nothing more
         self._closed = False
 
     def _logdir(self, run: RunInfo) -> str:
@@ -185,19 +187,35 @@ class TensorBoardSink(Sink):
             self._read_held(run)
 
     def _read_held(self, run: RunInfo) -> None:
-        """What this rank's event files (and the run dir's, on the global rank) already hold: the last
-        step of a metric, the events, the last status."""
-        dirs = [os.path.join(self.run_dir(run), f"rank_{run.rank}")] + ([self.run_dir(run)] if run.is_global else [])
-        paths = sorted(p for d in dirs for p in glob.glob(os.path.join(d, "events.out.tfevents.*")))
-        for step, tag, scalar, text in held_values(paths):
-            if scalar and not tag.startswith("hparams/"):
-                self.last_step = max(self.last_step, step)
-            elif tag.startswith("events/"):
+        """What this rank's event files (and the run dir's, on the global rank) already hold: each directory's
+        steps (a replay writes exactly the others: the holes a failed write left, and the tail), the events,
+        the last status."""
+        for folder in [self._local_dir(run)] + ([self.run_dir(run)] if run.is_global else []):
+            paths = sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*")))
+            steps = self._held[folder] = set()
+            for step, tag, scalar, text in held_values(paths):
+                if scalar and not tag.startswith("hparams/"):
+                    steps.add(step)
+                else:
+                    self._held_event(tag, step, text)
+
+    def _held_event(self, tag: str, step: int, text: Optional[bytes]) -> None:
+        if tag.startswith("events/"):
                 self.held_events.add((tag[len("events/"):], step))
-            elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
-                self.held_events.add((HISTOGRAM, step))
-            elif tag == "run/status" and text is not None:
-                self._status_held = text.decode("utf-8", "replace")
+        elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
+            self.held_events.add((HISTOGRAM, step))
+        elif tag == "run/status" and text is not None:
+            self._status_held = text.decode("utf-8", "replace")
+
+    def _local_dir(self, run: RunInfo) -> str:
+        return os.path.join(self.run_dir(run), f"rank_{run.rank}")
+
+    def _all_held(self, rec: Record) -> bool:
+        """Whether the event files hold this record's step in every directory its metrics go to."""
+        assert self.run is not None
+        local, run_dir = self._held.get(self._local_dir(self.run), ()), self._held.get(self.run_dir(self.run), ())
+        return all(rec.step in (run_dir if self.run.is_global and is_global_metric(name) else local)
+                   for name in rec.values)
 
     def _open_files(self) -> None:
         """The event files of this session, at its first write (the README first, on the global rank)."""
@@ -206,17 +224,34 @@ class TensorBoardSink(Sink):
         if self._shared is not None:
             self._local = SharedFile(self._tbx, self._shared)
         else:
-            self._local = EventFile(self._tbx, os.path.join(run_dir, f"rank_{run.rank}"))
+            self._local = EventFile(self._tbx, self._local_dir(run))
         if run.is_global:
             self._global = self._local if self._shared is not None else EventFile(self._tbx, run_dir)
             self._global.encoded(custom_scalars_summary(LAYOUT), run.resumed_from_step, run.start_time or time.time())
             if run.readme:
                 self._global.text("run/README", run.readme, run.resumed_from_step)
-        self.flush()
+        self._flush_files()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        if self._held:
+            records = [rec for rec in records if not self._all_held(rec)]
         if not records and not events:
             return
+        if self._unwritten:
+            self._unwritten.add(records, events)
+            return
+        try:
+            self._emit(records, events)
+        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
+            self._failed(exc, records, events)
+
+    def _failed(self, exc: OSError, records: Sequence[Record] = (), events: Sequence[Event] = ()) -> None:
+        assert self.run is not None
+        self._unwritten.fail(self.run_dir(self.run), exc, self.run.run_dir)
+        self._unwritten.add(records, events)
+        self.undelivered = self._unwritten.text()
+
+    def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._local is None:
             self._open_files()
         assert self._local is not None
@@ -225,6 +260,8 @@ class TensorBoardSink(Sink):
             step_values: Dict[EventFile, Dict[str, float]] = {}  # one event per directory and step
             for name, value in rec.values.items():
                 tag, target = self._routes.get(name) or self._route(name, renamed)
+                if rec.step in self._held.get(target.path, ()):
+                    continue
                 values = step_values.get(target)
                 if values is None:
                     values = step_values[target] = {}
@@ -242,9 +279,17 @@ class TensorBoardSink(Sink):
             mapping = ", ".join(f"{k!r} -> {v!r}" for k, v in renamed.items())
             log.warning("msbridge: tensorboard: metric names that are not valid TensorBoard tags "
                         "are written as: %s", mapping)
-        self.flush()
+        self._flush_files()
 
     def flush(self) -> None:
+        if self._unwritten:
+            return
+        try:
+            self._flush_files()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _flush_files(self) -> None:
         for target in self._files():
             target.flush()
 
@@ -252,6 +297,17 @@ class TensorBoardSink(Sink):
         if self._closed or self.run is None:
             return
         self._closed = True
+        if not self._unwritten:
+            try:
+                self._close_files(status)
+            except OSError as exc:
+                self._failed(exc)
+        if self._unwritten:  # its files are left as they are: closing them would only fail again
+            self._unwritten.status = status
+            self.undelivered = self._unwritten.text()
+        self._local = self._global = None
+
+    def _close_files(self, status: str) -> None:
         if self._local is None:
             if self._status_held == status:  # a replay that brought nothing new: add nothing
                 return
@@ -261,7 +317,6 @@ class TensorBoardSink(Sink):
         for target in self._files():
             target.text("run/status", status, self.last_step)
             target.close()
-        self._local = self._global = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": self.run_dir(run)}

@@ -7,7 +7,9 @@ rank would have written it; global-only sinks get rank 0's log only.
 
 Replay is idempotent: sinks reattach to the run id kept in ``run.json`` (or read
 back what they hold) and skip the steps and events they already have, so
-replaying twice gives the same run.
+replaying twice gives the same run. TensorBoard reads back the steps each of its
+directories holds and gets exactly the others (the holes a failed write left, not
+only the tail).
 
 A replay that delivered everything takes the sink off the outcome's "not delivered" list (run.json and
 README.md); one that could not (the tracker still unreachable) is an error, and the list stays.
@@ -145,7 +147,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         sink.close(status)
         if sink.undelivered:
             raise MsbridgeError(f"{to}: {sink.undelivered}; the jsonl log still holds everything: replay again "
-                                "once it is reachable")
+                                "once it is reachable (or its disk has space)")
         counts["records"] += len(rank_log.records)
         counts["events"] += len(rank_log.events)
         counts["truncated"] += rank_log.truncated

@@ -190,6 +190,26 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     assert logged["msbridge.sinks.mlflow.tracking_uri"] == "http://bob:***@tracker:5000"
 
 
+def _refuse(constant):
+    raise ValueError(f"not JSON: {constant}")
+
+
+def test_artifacts_are_strict_json_with_nonfinite_values(shared_sqlite, tmp_path):
+    run = replace(mlflow_run(tmp_path, params={"warmup": math.inf}),
+                  metadata={"final loss": math.nan, "best": -math.inf, "nested": {"x": [math.nan]}})
+    sink = MlflowSink(tracking_uri=shared_sqlite)
+    sink.open(run)
+    sink.write(make_records(range(1, 3)), [Event("anomaly", 2, 0, 1.0, {"value": math.nan})])
+    sink.close(FINISHED)
+    client = MlflowClient(shared_sqlite)
+    run_id = only_run(client, run.experiment).info.run_id
+    meta = json.loads(artifact_text(client, run_id, "run.json", tmp_path), parse_constant=_refuse)  # strict parse
+    assert (meta["final loss"], meta["best"], meta["nested"]) == ("nan", "-inf", {"x": ["nan"]})
+    for line in artifact_text(client, run_id, "events.jsonl", tmp_path).splitlines():
+        json.loads(line, parse_constant=_refuse)
+    assert yaml.safe_load(artifact_text(client, run_id, "config/resolved.yaml", tmp_path))["params"]["warmup"] == math.inf
+
+
 @pytest.mark.parametrize("status", [FAILED, KILLED])
 def test_final_status(uri, tmp_path, status):
     run = mlflow_run(tmp_path)

@@ -284,6 +284,30 @@ def test_resume_adds_a_file_and_never_writes_a_step_twice(tmp_path):
     assert [v for _, v in got] == [np.float32(v) for v in expected]
 
 
+def test_a_replay_writes_exactly_the_steps_each_directory_lacks(tmp_path):
+    """Holes (a failed write left the rank dir without steps 4-6 and the run dir without 8-9), not only the tail:
+    a replay of steps 1-12 writes each missing step once, in the directory that lacks it, and nothing else."""
+    records = make_records(range(1, 13), world_size=1)
+    first = TensorBoardSink()
+    first.open(tb_run(tmp_path))
+    first.write([r for r in records if r.step in (1, 2, 3, 7, 8, 9)], [])
+    first.write([Record(r.step, 0, r.time, {k: v for k, v in r.values.items() if not is_global_metric(k)})
+                 for r in records if r.step == 10], [])  # step 10's global metrics did not reach the run dir
+    first.close(KILLED)
+    for _ in range(2):  # the second replay finds nothing missing
+        again = TensorBoardSink()
+        again.open(tb_run(tmp_path))
+        again.write(records, [])
+        again.close(KILLED)
+    rank_dir = os.path.join(tb_root(tmp_path), "rank_0")
+    for folder, name in ((rank_dir, "train/loss"), (tb_root(tmp_path), "train/global_loss")):
+        got = sorted(series(load(folder), name))  # the filled steps come from the replay's own (later) file
+        assert [s for s, _ in got] == list(range(1, 13)), (folder, [s for s, _ in got])  # every step, each once
+        assert [v for _, v in got] == [np.float32(r.values[name]) for r in records]
+    assert len(glob.glob(os.path.join(tb_root(tmp_path), "rank_0", "events.out.tfevents.*"))) == 2, \
+        "the second replay added no file"
+
+
 def test_everything_written_is_readable_before_close(tmp_path):
     sink = TensorBoardSink()
     sink.open(tb_run(tmp_path))

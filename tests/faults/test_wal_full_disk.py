@@ -18,7 +18,8 @@ from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from msbridge.sinks.base import Event
+from msbridge.run.outcome import RunOutcome
+from msbridge.sinks.base import FINISHED, Event
 from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.runlog import encode_record, read_rank_file
 
@@ -130,6 +131,10 @@ def test_past_the_bound_the_oldest_lines_become_one_gap_event_in_every_sink(tmp_
     assert kinds.index(("event", 29)) == kinds.index(("metrics", 10)) + 1, "the gap sits where its lines were"
     assert [e.kind for e in dispatcher.raised] == ["gap"]
     assert sum("dropping the oldest" in w for w in warnings_of(caplog)) == 1, "said once, not per batch"
+    lost = dispatcher.undelivered["jsonl"]  # the run's outcome: exit 3, the loss counted
+    assert lost.startswith(f"19 record(s) and 0 event(s) of steps 11-29 lost from {path} (the disk is full"), lost
+    assert RunOutcome(FINISHED, dispatcher.undelivered).exit_code == 3
+    assert any(w == f"msbridge: jsonl: {lost}" for w in warnings_of(caplog)), "said at close, in one line"
 
     acc = EventAccumulator(str(tb_logdir / "r1" / "rank_0"), size_guidance={"tensors": 0})
     acc.Reload()
@@ -158,6 +163,8 @@ def test_lines_still_held_at_close_are_a_gap_for_the_other_sinks(tmp_path, shim,
     assert (gap["first_step"], gap["last_step"], gap["records"]) == (6, 10, 5)
     assert [e.kind for e in dispatcher.raised] == ["gap"]
     assert any("could not take 5 record(s) and 0 event(s) of steps 6-10" in w for w in warnings_of(caplog))
+    assert dispatcher.undelivered["jsonl"].startswith("5 record(s) and 0 event(s) of steps 6-10 lost from")
+    assert RunOutcome(FINISHED, dispatcher.undelivered).exit_code == 3  # though nothing reached the file
 
 
 def test_a_disk_full_from_the_start_gets_the_header_first(tmp_path, shim):

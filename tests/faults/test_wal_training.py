@@ -54,9 +54,12 @@ def check_run(monitor: BridgeMonitor, disk: Path, tb_logdir: Path, dropped: bool
     meta = json.loads((Path(monitor.run_dir) / "run.json").read_text())
     assert meta["outcome"]["status"] == "FINISHED" and monitor.steps_recorded == STEPS
     if not dropped:
-        assert gaps == []
+        assert gaps == [] and monitor.outcome.exit_code == 0 and meta["outcome"]["not delivered"] == "none"
         return
     (gap,) = gaps
+    assert monitor.outcome.exit_code == 3  # the records the log lost are in the outcome
+    lost = meta["outcome"]["not delivered"]["jsonl"]
+    assert lost.startswith(f"{gap['records']} record(s) and 0 event(s) of steps {gap['first_step']}-{gap['last_step']}")
     assert FULL_AT < gap["first_step"] <= gap["last_step"] <= FREE_AT and gap["records"] > 0
     assert f"gap {gap}" in meta["outcome"]["anomalies"]
     assert f"gap {gap}" in (Path(monitor.run_dir) / "README.md").read_text()
@@ -73,7 +76,7 @@ def test_a_real_tmpfs_fills_up_during_training(tmp_path, monkeypatch, caplog, bo
         filler = []
         monitor = train_on(disk, tmp_path / "tb", lambda: filler.append(fill(disk)), lambda: os.remove(filler[0]))
         check_run(monitor, disk, tmp_path / "tb", dropped=bound == 10)
-    full = [r.getMessage() for r in caplog.records if "the disk is full" in r.getMessage()]
+    full = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
     assert len(full) == 1, "a full disk is said once, not per step"
     assert "rank_0.jsonl: the disk is full (0 B free in " in full[0]
 

@@ -1,0 +1,156 @@
+"""A sqlite MLflow store is made once and whole (``_mlflow_store``): real MLflow, real processes, real kill -9.
+
+Concurrent first runs (3 and 8 processes on one new experiment) each get their whole history; a
+``kill -9`` at 20 random moments (of MLflow's child process while it makes the store, of it at any
+moment, of a job's whole process group, and of an older msbridge's unlocked store creation) leaves a
+store the next run in the same experiment works with, with no manual step.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from helpers.runs import make_records, make_run
+from mlflow.tracking import MlflowClient
+from msbridge.adapters._mlflow_process import ClientProcess
+from msbridge.adapters._mlflow_store import half_made
+from msbridge.adapters._mlflow_fields import RUN_ID_TAG
+from msbridge.adapters.mlflow_sink import MlflowSink
+
+from msbridge.sinks.base import FINISHED
+
+JOB = os.path.join(os.path.dirname(__file__), "mlflow_store_job.py")
+STEPS = 30
+#: What an msbridge before the lock did: MLflow makes the store in place, with nobody else held off.
+UNLOCKED = "import sys; from mlflow.tracking import MlflowClient; MlflowClient(sys.argv[1]).search_experiments()"
+
+
+def _uri(root):
+    return f"sqlite:///{root}/exp/mlflow.db"
+
+
+def _assert_whole_run(root, name, steps=STEPS):
+    """The run ``name`` holds every metric of every step 1..steps (coverage first, then values), and the store
+    has no leftover of a migration or of a creation."""
+    db = os.path.join(root, "exp", "mlflow.db")
+    assert half_made(db) == "", db
+    assert not glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*"))
+    client = MlflowClient(_uri(root))
+    experiment = client.get_experiment_by_name("exp")
+    found = client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = 'id-{name}'")
+    assert len(found) == 1, name
+    expected = make_records(range(1, steps + 1))
+    for key in expected[0].values:
+        history = sorted((m.step, m.value) for m in client.get_metric_history(found[0].info.run_id, key))
+        assert [s for s, _ in history] == list(range(1, steps + 1)), (name, key)
+        want = [r.values[key] for r in expected]
+        assert all(abs(got - w) <= 1e-9 * max(1.0, abs(w)) for (_, got), w in zip(history, want)), (name, key)
+    assert found[0].info.status == FINISHED
+
+
+def _next_run_works(root, name):
+    """The next run in the experiment, in this process with the real sink: delivered whole, nothing undelivered."""
+    run = make_run(root, name=name)
+    os.makedirs(run.run_dir, exist_ok=True)
+    sink = MlflowSink(backoff_initial=0.2, backoff_max=1.0, close_timeout=60.0)
+    sink.open(run)
+    sink.write(make_records(range(1, STEPS + 1)), [])
+    sink.close(FINISHED)
+    assert sink.undelivered == "", sink.undelivered
+    _assert_whole_run(root, name)
+
+
+@pytest.mark.parametrize("processes", [3, pytest.param(8, marks=pytest.mark.slow)])
+def test_concurrent_first_runs_make_the_store_once(tmp_path, processes):
+    go = tmp_path / "go"
+    jobs = [subprocess.Popen([sys.executable, JOB, str(tmp_path), f"r{i}", str(STEPS), str(go)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(processes)]
+    time.sleep(1.0)  # every job has its sink open and MLflow's child started: they reach the new store together
+    go.touch()
+    outputs = [job.communicate(timeout=600) for job in jobs]
+    for job, (out, err) in zip(jobs, outputs):
+        assert job.returncode == 0, err[-2000:]
+        assert out.strip() == "undelivered:", err[-2000:]
+        assert "unreachable" not in err, err[-2000:]
+    for i in range(processes):
+        _assert_whole_run(tmp_path, f"r{i}")
+    assert len(MlflowClient(_uri(tmp_path)).search_experiments()) == 2  # Default and exp, each made once
+
+
+def test_a_half_made_store_that_holds_runs_is_repaired_and_keeps_them(tmp_path):
+    _next_run_works(tmp_path, "before")
+    with sqlite3.connect(tmp_path / "exp" / "mlflow.db") as db:  # what a kill inside MLflow's table copy leaves
+        db.execute("CREATE TABLE _alembic_tmp_tags AS SELECT * FROM tags")
+    assert half_made(str(tmp_path / "exp" / "mlflow.db")).startswith("leftover migration tables _alembic_tmp_tags")
+    _next_run_works(tmp_path, "after")
+    _assert_whole_run(tmp_path, "before")
+
+
+def _wait_for(predicate, limit=120.0):
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "what the kill waits for never came"
+        time.sleep(0.005)
+
+
+def _kill_child(root, rng, in_creation):
+    """Kill MLflow's child process while it makes the store (``in_creation``) or at a random moment."""
+    client = ClientProcess()
+    client.connect(_uri(root), {})
+    started = threading.Thread(target=lambda: _quiet(lambda: client.create_experiment("exp")), daemon=True)
+    started.start()
+    if in_creation:
+        _wait_for(lambda: glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*")) or not started.is_alive())
+        time.sleep(rng.uniform(0.0, 0.5))
+    else:
+        time.sleep(rng.uniform(0.0, 4.0))
+    proc = client._proc
+    if proc is not None:
+        proc.kill()
+    started.join(60)
+    return bool(glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*")))  # killed before its rename
+
+
+def _quiet(call):
+    try:
+        call()
+    except Exception:  # the kill: the call ends with ConnectionError
+        pass
+
+
+def _kill_group(command, rng, limit):
+    """Start ``command`` in its own process group and kill -9 the whole group at a random moment."""
+    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(rng.uniform(0.0, limit))
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(60)
+
+
+@pytest.mark.slow
+def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_path):
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    in_creation = 0
+    for moment in range(20):
+        kind = moment % 4
+        root = tmp_path / (f"k{moment}" if kind != 1 or moment % 8 == 1 else f"k{moment - 4}")  # some reuse a store
+        os.makedirs(root / "exp", exist_ok=True)
+        if kind == 0:
+            in_creation += _kill_child(str(root), rng, in_creation=True)
+        elif kind == 1:
+            _kill_child(str(root), rng, in_creation=False)
+        elif kind == 2:  # the training process and its MLflow child, at once
+            _kill_group([sys.executable, JOB, str(root), f"killed{moment}", str(STEPS)], rng, 5.0)
+        else:  # an older msbridge's store creation, with no lock and in place
+            _kill_group([sys.executable, "-c", UNLOCKED, _uri(root)], rng, 4.0)
+        _next_run_works(str(root), f"next{moment}")
+    assert in_creation, f"no kill came while a store was being made (seed {seed})"
