@@ -29,6 +29,7 @@ from .compose import plain as thaw
 from .fields import STRAGGLER_DEFAULTS, SYSTEM_INTERVAL_S, check_values, normalise_sinks, straggler_settings
 from .interpolate import interpolate
 from .keys import Assignment, Note
+from .limits import drop_huge_ints
 from .mindformers_entry import ENTRY_NAME
 from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .prepare import Prepared, Source, prepare
@@ -313,7 +314,10 @@ def _checked(prepared: Prepared) -> Config:
         ConfigError: every problem found, including those found while preparing.
     """
     notes, problems, label = list(prepared.notes), list(prepared.problems), prepared.label
-    tree, ref_problems, failed, written = interpolate(prepared.tree)
+    tree, problems_of_ints, huge = drop_huge_ints(prepared.tree)  # a dict or --set may hold one
+    tree, ref_problems, failed, written = interpolate(tree)
+    problems += problems_of_ints
+    failed |= huge
     values, winners, mapped = canonicalize(tree, failed, prepared.sections)
     problems += ref_problems + mapped.problems
     notes += mapped.notes

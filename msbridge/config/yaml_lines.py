@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from .limits import MAX_INT_DIGITS, huge_int_problem, int_digits, is_huge_int
+
 Path = Tuple[Any, ...]
 
 #: A config file larger than this is refused unread: msbridge and training YAMLs are kilobytes.
@@ -99,12 +101,20 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: Any) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._nodes = 0
+
+    def compose_document(self) -> Any:
+        self._nodes = 0  # the limit is per document
+        return super().compose_document()
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise LimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            if self._nodes > MAX_VALUES:  # counted while composing: a huge file stops here, not after
+                raise LimitError(None, None, f"more than {MAX_VALUES} keys and items", self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -122,6 +132,12 @@ _Loader.add_implicit_resolver(
 )
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STD = "tag:yaml.org,2002:"
+#: The only tags msbridge reads: plain data. Any other (``!!python/...``, ``!Ref``) is refused.
+_SCALAR_TAGS = frozenset(_STD + t for t in ("null", "bool", "int", "float", "binary", "timestamp", "str"))
+_INT_TAG = _STD + "int"
+#: Characters an integer scalar may have before it is refused unconstructed (its digits are checked after).
+_MAX_INT_TEXT = 4 * MAX_INT_DIGITS
 _INVALID = object()  # a scalar its tag could not construct (already reported)
 
 
@@ -145,6 +161,8 @@ class _Walker:
             return None
         self._stack.add(id(node))
         try:
+            if not isinstance(node, yaml.ScalarNode) and not self.allowed(node, path):
+                return _INVALID
             if isinstance(node, yaml.MappingNode):
                 return self.mapping(node, path)
             if isinstance(node, yaml.SequenceNode):
@@ -158,10 +176,33 @@ class _Walker:
         finally:
             self._stack.discard(id(node))
 
+    def allowed(self, node: yaml.Node, path: Path) -> bool:
+        """Whether ``node``'s tag is plain data; an unknown tag is a problem (its value is not read)."""
+        tags = _SCALAR_TAGS if isinstance(node, yaml.ScalarNode) else \
+            {_STD + "seq"} if isinstance(node, yaml.SequenceNode) else {_STD + "map"}
+        if node.tag in tags:
+            return True
+        tag = node.tag.replace(_STD, "!!")
+        self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: the YAML tag {tag!r} is not "
+                             "allowed; a config holds plain data (mappings, lists, strings, numbers, true/false, "
+                             "null, dates)")
+        return False
+
     def construct(self, node: yaml.Node, path: Path) -> Any:
         """The scalar's value; one its tag cannot hold (``!!int x``, ``2024-02-30``) is a problem and ``_INVALID``."""
+        if not self.allowed(node, path):
+            return _INVALID
+        if node.tag == _INT_TAG and len(node.value) > _MAX_INT_TEXT:
+            self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: "
+                                 f"{huge_int_problem(len(node.value))}")
+            return _INVALID
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
+            if is_huge_int(value):
+                self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: "
+                                     f"{huge_int_problem(int_digits(value))}")
+                return _INVALID
+            return value
         except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
             self.loader.recursive_objects.pop(node, None)
             reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
