@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any, List, Mapping, Sequence
@@ -119,24 +120,50 @@ def _mask_query_secrets(text: str) -> str:
 
 def mask_command(argv: Sequence[str]) -> str:
     """A command line as one string, with the values of secret-looking options masked:
-    ``--set mlflow.token=abc``, ``--password=abc`` and ``--api-key abc`` alike.
+    ``--set mlflow.token=abc``, ``--password=abc`` and ``--api-key abc`` alike. A config written on the
+    command line (``--config '{"api_key": "abc"}'``, ``--set 'params={hf_token: abc}'``) is masked as a file
+    is: parsed, every secret masked, written back as JSON; one that does not parse but names a secret is
+    masked whole.
 
     Example:
         >>> mask_command(["train.py", "--set", "params.hf_token=abc", "--api-key", "xyz", "--lr", "0.1"])
         'train.py --set params.hf_token=*** --api-key *** --lr 0.1'
+        >>> mask_command(["train.py", "--config", '{"model": "m", "api_key": "xyz"}'])
+        'train.py --config {"model": "m", "api_key": "***"}'
     """
     out: List[str] = []
     for arg in argv:
-        key, sep, _ = str(arg).partition("=")
+        key, sep, value = str(arg).partition("=")
         name = key.lstrip("-").rsplit(".", 1)[-1]
         if out and out[-1].startswith("-") and "=" not in out[-1] and is_secret_key(out[-1].lstrip("-")) \
                 and not str(arg).startswith("-"):
             out.append(MASK)
         elif sep and name and is_secret_key(name):
             out.append(f"{key}={MASK}")
+        elif _inline_config(str(arg)):
+            out.append(_mask_inline(str(arg)))
+        elif sep and _inline_config(value):
+            out.append(f"{key}={_mask_inline(value, name)}")
         else:
             out.append(mask_text(str(arg)))
     return " ".join(out)
+
+
+def _inline_config(text: str) -> bool:
+    return text.lstrip()[:1] in ("{", "[")
+
+
+def _mask_inline(text: str, key: str = "") -> str:
+    """A mapping or list written as JSON/YAML flow text, masked as a file is (see ``mask_command``)."""
+    from .config.yaml_lines import yaml_value  # the loader with the config file's limits
+
+    try:
+        value = yaml_value(text)
+    except ValueError:
+        words = re.findall(r"[A-Za-z0-9_.-]+", text)
+        return MASK if any(is_secret_key(word) for word in words) else mask_text(text)
+    masked = mask_secrets(value, key)
+    return json.dumps(masked, default=str, ensure_ascii=False) if masked != value else mask_text(text)
 
 
 def mask_secrets(value: Any, key: Any = "", secret: bool = False) -> Any:

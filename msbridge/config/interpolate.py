@@ -21,6 +21,7 @@ import re
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
 from ..errors import did_you_mean
+from ..masking import is_secret_key, mask_text
 from .yaml_lines import MAX_FILE_BYTES, MAX_VALUES, Path, Tree, format_path
 
 _REF = re.compile(r"(\$?)\$\{([^${}]*)\}")
@@ -76,6 +77,7 @@ class _Resolver:
         self.active: Set[str] = set()
         self.done: Dict[str, Tuple[Any, Tuple[int, int]]] = {}  # key -> (resolved value, its size)
         self.references = 0
+        self.secrets: List[Tuple[str, Any]] = []  # (reference, value) of each secret-looking key followed
         self.values, self.chars = MAX_RESOLVED_VALUES, MAX_RESOLVED_CHARS  # what resolved values may still add
 
     def charge(self, size: Tuple[int, int]) -> None:
@@ -143,6 +145,8 @@ class _Resolver:
                 shown = " -> ".join(trail + [ref])
                 raise _Unresolved(f"${{{ref}}}: {_dotted(path + (part,))!r} is not defined{hint} ({shown})")
             node, path = node[key], path + (key,)
+        if any(is_secret_key(part) for part in path if isinstance(part, str)):
+            self.secrets.append((ref, node))
         return self.node(node, path, trail + [ref])
 
 
@@ -153,6 +157,20 @@ def _check_braces(value: str) -> None:
         shown = value if len(value) <= 80 else value[:77] + "..."
         raise _Unresolved(f"{shown!r} has a ${{ that no }} closes (or one ${{...}} inside another); write "
                           "${key.path}, or $${ for a literal ${")
+
+
+def _check_secrets(path: Path, resolved: Any, secrets: List[Tuple[str, Any]]) -> None:
+    """Refuse a value under a key that does not look secret which now shows a secret it referred to
+    (``run_name: r-${params.api_key}``): masking goes by key names, so it would be written unmasked."""
+    if not secrets or any(is_secret_key(part) for part in path if isinstance(part, str)) \
+            or isinstance(resolved, (Mapping, list)):
+        return
+    shown = mask_text(_text(resolved))
+    for ref, secret in secrets:
+        if not isinstance(secret, (Mapping, list)) and _text(secret) and _text(secret) in shown:
+            raise _Unresolved(f"${{{ref}}} puts a secret into a setting whose name does not look like one, so it "
+                              "would be written unmasked (a run name becomes directory names, file headers and "
+                              "tracker runs); remove the reference")
 
 
 def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]]:
@@ -175,7 +193,9 @@ def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]
             return [walk(v, path + (i,)) for i, v in enumerate(value)]
         if isinstance(value, str) and "${" in value:
             try:
+                resolver.secrets = []
                 resolved = resolver.string(value, path, [])
+                _check_secrets(path, resolved, resolver.secrets)
                 written[path] = value
                 return resolved
             except _OverLimit as exc:
