@@ -95,11 +95,27 @@ class LimitError(yaml.MarkedYAMLError):
     """A document over one of the loader's limits (nesting, expanded size)."""
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e-4`` as a float, as YAML 1.2 does, and composes ``MAX_DEPTH`` levels at most."""
+try:  # libyaml's parser (C) makes the events; composing stays in Python, where the limits are counted
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # PyYAML built without libyaml: its own parser, about three times slower
+    _Parser = None
+
+
+class _Loader(yaml.composer.Composer, *((_Parser,) if _Parser else (yaml.reader.Reader, yaml.scanner.Scanner,
+              yaml.parser.Parser)), yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """A safe loader that reads ``1e-4`` as a float, as YAML 1.2 does, and composes at most ``MAX_DEPTH``
+    levels and ``MAX_VALUES`` nodes (counted as they are composed, so a huge file stops there)."""
 
     def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
+        if _Parser:
+            _Parser.__init__(self, stream)
+        else:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
         self._depth = 0
         self._nodes = 0
 
@@ -121,6 +137,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.yaml_constructors = dict(yaml.SafeLoader.yaml_constructors)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -335,6 +352,8 @@ def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
         line = f":{mark.line + 1}" if mark else ""
         if isinstance(exc, LimitError):
             problems.append(f"{filename}{line}: {exc.problem}; refused")
+        elif "maximum nesting depth" in str(exc.problem):  # libyaml's own bound (1000), met before ours
+            problems.append(f"{filename}{line}: nested deeper than {MAX_DEPTH} levels; refused")
         else:
             problems.append(f"{filename}{line}: YAML syntax error: {exc.problem or exc.context}")
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other controls)
