@@ -342,11 +342,12 @@ _STEP = re.compile(rb'"type":"metrics","step":(\d+)')  # as encode_record writes
 
 
 def last_step(path: str) -> int:
-    """The highest step of a metrics line in a jsonl file (0 when none)."""
+    """The highest step of a metrics line in a jsonl file (0 when none); a step readers refuse (above
+    ``MAX_STEP``) does not count."""
     best = 0
     with open(path, "rb") as fh:
         for line in fh:
             match = _STEP.search(line)
-            if match:
+            if match and len(match.group(1)) <= 16 and int(match.group(1)) <= MAX_STEP:
                 best = max(best, int(match.group(1)))
     return best
