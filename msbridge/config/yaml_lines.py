@@ -8,8 +8,12 @@ floats (YAML 1.2), not as strings as plain PyYAML does.
 
 A file is loaded within limits, so a broken or hostile one is a problem with
 its file and line, never a hang or a traceback: ``MAX_FILE_BYTES``, UTF-8 text,
-``MAX_DEPTH`` levels of nesting and ``MAX_VALUES`` keys and items once aliases
-and merge keys are expanded (an alias bomb stops there in milliseconds).
+``MAX_DEPTH`` levels of nesting and ``MAX_VALUES`` keys and items, counted while
+composing (a huge file stops at its limit) and again once aliases and merge keys
+are expanded (an alias bomb stops there in milliseconds); plain data tags only
+(``!!python/...``, ``!Ref`` are refused unread) and integers of at most
+``limits.MAX_INT_DIGITS`` digits. libyaml (C) makes the parse events when PyYAML
+has it; composing, where the limits are counted, is PyYAML's own.
 
 Example:
     >>> docs, problems = parse_yaml("a:\\n  b: 1e-4\\n", "run.yaml")

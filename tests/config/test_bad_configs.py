@@ -226,3 +226,27 @@ def test_bad_config_through_the_console_script(tmp_path, name):
     assert out.returncode == 1, out.stdout + out.stderr
     assert expected in out.stdout and "Traceback" not in out.stdout + out.stderr
     assert time.perf_counter() - start < 30
+
+
+def test_a_read_only_existing_run_dir_fails_config_check(tmp_path, capsys, monkeypatch):
+    """A run dir named before the run (no {timestamp}) that exists read-only: refused before training.
+    A read-only mount, because root writes through file modes."""
+    run_dir = tmp_path / "exp" / "r1"
+    run_dir.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(run_dir)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        os.chmod(run_dir, 0o555)
+        if os.access(run_dir, os.W_OK):
+            pytest.skip(f"cannot make a read-only dir here (root, and mount says: {mounted.stderr.strip()})")
+    try:
+        (tmp_path / "run.yaml").write_text(f"experiment: exp\nrun_name: r1\nexperiment_dir: {tmp_path / 'exp'}\n")
+        monkeypatch.chdir(tmp_path)
+        assert main(["config", "check", "run.yaml"]) == 1
+        out = capsys.readouterr().out
+        assert f"run.yaml:2: run_name: the run dir '{run_dir}' exists and cannot be written (" in out
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        else:
+            os.chmod(run_dir, 0o755)
