@@ -60,6 +60,7 @@ def drop_huge_ints(tree: "Tree") -> Tuple["Tree", List[str], Set["Path"]]:
     and their paths (later checks skip them, as they skip an unresolved reference).
 
     Example:
+        >>> from msbridge.config.yaml_lines import Tree
         >>> tree, problems, failed = drop_huge_ints(Tree({"params": {"seed": 10 ** 100}}))
         >>> tree.data, failed
         ({'params': {'seed': None}}, {('params', 'seed')})

@@ -28,7 +28,7 @@ def _misspelt(name: str) -> str:
 
 
 def hostile_files() -> Dict[str, Case]:
-    """The configs a fault run found tracebacks, hangs and wrong acceptance in, and their relatives."""
+    """The configs a fault run found tracebacks and hangs in (huge numbers, regexes, bombs), and their relatives."""
     doubling = "params:\n  a0: xxxxxxxxxxxxxxxx\n" + "".join(
         f"  a{i}: ${{params.a{i - 1}}}${{params.a{i - 1}}}\n" for i in range(1, 60))
     list_bomb = "params:\n  a0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + "".join(
@@ -63,6 +63,12 @@ def hostile_files() -> Dict[str, Case]:
                                 "run.yaml:50000: more than 100000 keys and items; refused"),
         "200k-list-items": ("params:\n  l: [" + ", ".join(["1"] * 200_000) + "]\n",
                             "run.yaml:2: more than 100000 keys and items; refused"),
+    }
+
+
+def wrongly_accepted() -> Dict[str, Case]:
+    """Values that were accepted and failed later (during training, or never): options, tags, secrets in names."""
+    return {
         "close-timeout-inf": ("sinks:\n  mlflow:\n    close_timeout: .inf\n",
                               "run.yaml:3: sinks.mlflow.close_timeout: expected a finite number > 0, got inf"),
         "close-timeout-zero": ("sinks:\n  mlflow:\n    close_timeout: 0\n",
@@ -164,7 +170,7 @@ def mlflow_option_values() -> Dict[str, Case]:
 def generated_cases() -> Dict[str, Case]:
     """All generated cases (names are unique across the families)."""
     out: Dict[str, Case] = {}
-    for family in (hostile_files(), value_cases(), misspelt_keys(), mlflow_option_values()):
+    for family in (hostile_files(), wrongly_accepted(), value_cases(), misspelt_keys(), mlflow_option_values()):
         assert not set(out) & set(family)
         out.update(family)
     return out
