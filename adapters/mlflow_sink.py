@@ -42,7 +42,7 @@ import yaml
 from ..errors import MissingDependencyError, exception_text
 from ..masking import mask_secrets, mask_text
 from ..names import HISTOGRAM
-from ..paths import free_space
+from ..paths import free_space, tracking_uri_problem
 from ..sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
 from ..sinks.options import Option
 from ..sinks.runlog import encode_event, rank_file, read_rank_file
@@ -100,14 +100,17 @@ class MlflowSink(Sink):
     name = "mlflow"
     ranks = "global"
     options = {
-        "tracking_uri": Option(str, None, "MLflow tracking URI; default sqlite:///{experiment_dir}/mlflow.db"),
+        "tracking_uri": Option(str, None, "MLflow tracking URI; default sqlite:///{experiment_dir}/mlflow.db",
+                               valid=tracking_uri_problem),
         "experiment": Option(str, None, "MLflow experiment name; default the msbridge experiment"),
         "run_name": Option(str, None, "MLflow run name; default the msbridge run name"),
         "artifact_location": Option(str, None, "artifact root of an experiment this sink creates; default "
                                                "mlartifacts/ beside a sqlite file, the server's choice otherwise"),
         "http_timeout": Option(float, None, "seconds one HTTP request may take (MLFLOW_HTTP_REQUEST_TIMEOUT)", 0),
-        "http_retries": Option(int, None, "MLflow's own retries of a request (MLFLOW_HTTP_REQUEST_MAX_RETRIES)", 0),
-        "backoff_initial": Option(float, 1.0, "seconds to wait after a failed attempt; doubles on each failure", 0),
+        "http_retries": Option(int, None, "MLflow's own retries of a request (MLFLOW_HTTP_REQUEST_MAX_RETRIES)", 0,
+                               high=100),
+        "backoff_initial": Option(float, 1.0, "seconds to wait after a failed attempt; doubles on each failure", 0,
+                                  at_most="backoff_max"),
         "backoff_max": Option(float, 60.0, "the longest wait between attempts, in seconds", 0),
         "close_timeout": Option(float, 30.0, "seconds close keeps retrying to deliver what is left; the close "
                                              "ends within it plus 5 s", low=0, low_open=True, high=MAX_CLOSE_TIMEOUT),

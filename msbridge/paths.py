@@ -29,9 +29,10 @@ import re
 import shutil
 import time
 import unicodedata
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
+from .masking import is_secret_key
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 _SAFE_ASCII = re.compile(r"[A-Za-z0-9._+=@,-]")
@@ -58,7 +59,13 @@ def lookup(path: str, *scopes: Mapping[str, Any]) -> Any:
 
 
 def render_template(template: str, *scopes: Mapping[str, Any], what: str = "run_name") -> str:
-    """Fill ``{dotted.key}`` fields from the scopes; an unknown key is a ConfigError."""
+    """Fill ``{dotted.key}`` fields from the scopes; an unknown key, or one that names a secret
+    (``{api_key}``: the name becomes a directory, a header and a tracker's run name), is a ConfigError."""
+    secret = next((m.group(1) for m in _FIELD.finditer(template)
+                   if any(is_secret_key(part) for part in m.group(1).split("."))), None)
+    if secret is not None:
+        raise ConfigError(f"{what}: {template!r} references {{{secret}}}, which looks like a secret; a name is "
+                          "written unmasked into directory names, file headers and trackers, so it may not hold one")
 
     def fill(match: "re.Match[str]") -> str:
         try:
@@ -116,6 +123,47 @@ def render_output_dir(template: str, experiment: str, run_name: str, rank: int, 
         raise ConfigError(f"output_dir: unknown placeholder {exc} in {template!r}; "
                           f"use {', '.join('{' + k + '}' for k in values)}") from None
     return os.path.abspath(os.path.expanduser(path))
+
+
+#: The URI schemes MLflow 3 reads a tracking store from (``postgresql+psycopg2`` counts as ``postgresql``);
+#: a plugin adds its own through the ``mlflow.tracking_store`` entry point.
+MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                  "databricks-uc", "uc")
+
+
+def tracking_uri_problem(uri: Any) -> Optional[str]:
+    """What is wrong with ``uri`` as an MLflow tracking URI, or None: it must have a scheme MLflow accepts
+    (``http`` and ``https`` with a host), or be a path (one with a ``/``, or one word without spaces).
+
+    Example:
+        >>> tracking_uri_problem("sqlite:///runs/mlflow.db") is None, tracking_uri_problem("./mlruns") is None
+        (True, True)
+        >>> tracking_uri_problem("htp://host:5000")[:40]
+        "scheme 'htp' is not one MLflow reads (ht"
+    """
+    if not isinstance(uri, str) or not uri:
+        return None  # the Option's type check speaks for it
+    scheme, sep, rest = uri.partition(":")
+    if not sep or "/" in scheme or len(scheme) == 1:  # no scheme (a one-letter one would be a drive)
+        if "/" in uri or uri.startswith(("~", ".")) or not re.search(r"\s", uri):
+            return None
+        return (f"{uri!r} is neither a URI (such as http://127.0.0.1:5000 or sqlite:///mlflow.db) nor a path "
+                "(a path with spaces needs a /)")
+    base = scheme.split("+", 1)[0].lower()
+    if base in ("http", "https") and not rest.lstrip("/").split("/", 1)[0]:
+        return f"{uri!r} names no host; write {base}://HOST:PORT"
+    if base in MLFLOW_SCHEMES or base in _plugin_schemes():
+        return None
+    return (f"scheme {scheme!r} is not one MLflow reads ({', '.join(MLFLOW_SCHEMES)}, or a path)"
+            f"{did_you_mean(base, MLFLOW_SCHEMES)}")
+
+
+def _plugin_schemes() -> Tuple[str, ...]:
+    from importlib.metadata import entry_points
+    try:
+        return tuple(ep.name for ep in entry_points(group="mlflow.tracking_store"))
+    except Exception:  # a broken distribution's metadata: the built-in schemes still hold
+        return ()
 
 
 #: The experiment dir when neither ``experiment_dir`` nor a placed ``output_dir`` says otherwise.

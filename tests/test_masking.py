@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import logging
+import random
+import re
+import time
 
 import pytest
 
@@ -60,3 +63,44 @@ def test_secret_options_on_a_command_line_are_masked():
             "--uri", "http://u:p2@h", "--set", "tokenizer.type=T", "--use-auth", "--verbose"]
     assert mask_command(argv) == ("train.py --set mlflow.token=*** --password=*** --api-key *** --lr 0.1 "
                                   "--uri http://u:***@h --set tokenizer.type=T --use-auth --verbose")
+
+
+# The regexes mask_text used before it was made linear (they are quadratic on long runs): the reference.
+_OLD_URI = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@\s]+)@")
+_OLD_QUERY = re.compile(r"(?P<key>[?&;](?:[^=&\s]*(?:token|password|passwd|secret|api[_-]?key|signature|credential)"
+                        r"[^=&\s]*))=(?P<val>[^&\s\"'#]+)", re.I)
+
+
+def _old_mask(text):
+    text = _OLD_URI.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    return _OLD_QUERY.sub(lambda m: f"{m['key']}={MASK}", text)
+
+
+def test_linear_masking_masks_exactly_what_the_regexes_it_replaced_masked():
+    pieces = ["a", "1", "+", ":", "/", "@", " ", "\n", "?", "&", ";", "=", "token", "://", "h", "#", "'", "Password",
+              "x:", "http://", "API-KEY", '"']
+    rng = random.Random(28)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 16))) for _ in range(30_000)]
+    changed = [t for t in texts if _old_mask(t) != t]
+    assert len(changed) > 1_000  # the sample exercises both rules, not only text left alone
+    assert [t for t in texts if mask_text(t) != _old_mask(t)] == []
+
+
+def _seconds(text):
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        mask_text(text)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("unit", ["x", "a://b:", "?;", "http://u:p@h/?token=1&", "a1", "=", "https://h/x?a=b&"])
+def test_masking_is_linear_in_the_length_of_the_text(unit):
+    """A 1 MB value costs about ten times a 100 kB one (quadratic: a hundred times), and well under a second."""
+    small = unit * (100_000 // len(unit))
+    big = small * 10
+    assert mask_text(big).count(MASK) == 10 * mask_text(small).count(MASK) or MASK not in mask_text(small)
+    small_s, big_s = _seconds(small), _seconds(big)
+    assert big_s < 2.0, f"{big_s:.2f} s for 1 MB"
+    assert big_s < 30 * max(small_s, 1e-3), (small_s, big_s)

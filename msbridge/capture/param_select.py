@@ -23,11 +23,12 @@ Example:
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ..config.limits import compile_user_regex
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class ParamSelector:
 
     def __init__(self, pattern: str, group: Optional[str] = None) -> None:
         self.pattern = pattern
-        self.regex = re.compile(pattern)
-        self.group = re.compile(group) if group else None
+        self.regex = compile_user_regex(pattern)
+        self.group = compile_user_regex(group) if group else None
         if self.group is not None and self.group.groups != 1:
             raise ValueError(f"layer_norms_group {group!r} must have exactly one capturing group "
                              f"(it has {self.group.groups})")

@@ -12,11 +12,11 @@ Example:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
+from .limits import compile_user_regex, huge_int_problem, int_digits, is_huge_int
 from .yaml_lines import Path
 
 Check = Callable[[Any], Optional[str]]
@@ -75,17 +75,18 @@ def _regex(value: Any) -> Optional[str]:
     if not isinstance(value, str):
         return f"expected null or a regular expression over parameter names, got {value!r}"
     try:
-        re.compile(value)
-    except re.error as exc:
-        return f"{value!r} is not a valid regular expression: {exc}"
+        compile_user_regex(value)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
 def _group_regex(value: Any) -> Optional[str]:
     problem = _regex(value)
-    if problem or value is None or re.compile(value).groups == 1:
+    if problem or value is None:
         return problem
-    return f"{value!r} must have exactly one capturing group, the layer's name (it has {re.compile(value).groups})"
+    groups = compile_user_regex(value).groups
+    return None if groups == 1 else f"{value!r} must have exactly one capturing group, the layer's name (it has {groups})"
 
 
 #: ``system: true`` samples npu-smi this often (seconds).
@@ -272,6 +273,9 @@ def check_values(values: Mapping[str, Any]) -> List[Tuple[Path, str]]:
     problems: List[Tuple[Path, str]] = []
     for name, spec in FIELDS.items():
         if name not in values:
+            continue
+        if is_huge_int(values[name]):  # its repr would fail (Python prints at most 4,300 digits)
+            problems.append(((name,), huge_int_problem(int_digits(values[name]))))
             continue
         if name in _NESTED:
             problems.extend(_NESTED[name](values[name]))

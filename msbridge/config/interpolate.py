@@ -21,16 +21,44 @@ import re
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
 from ..errors import did_you_mean
-from .yaml_lines import Path, Tree, format_path
+from ..masking import is_secret_key, mask_text
+from .yaml_lines import MAX_FILE_BYTES, MAX_VALUES, Path, Tree, format_path
 
 _REF = re.compile(r"(\$?)\$\{([^${}]*)\}")
 _WHOLE = re.compile(r"^\$\{([^${}]*)\}$")
+
+
+#: References one config may follow, and what resolving them may produce in all (as a file may hold).
+MAX_REFERENCES = 10_000
+MAX_RESOLVED_VALUES = MAX_VALUES
+MAX_RESOLVED_CHARS = MAX_FILE_BYTES
 
 
 class _Unresolved(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class _OverLimit(_Unresolved):
+    """Resolving went past a limit: the whole resolution stops (a ``${}`` bomb)."""
+
+
+def _size(value: Any, values: int, chars: int) -> Tuple[int, int]:
+    """Keys and items, and characters, in ``value``; counting stops once past ``values`` or ``chars``."""
+    count = length = 0
+    todo = [value]
+    while todo and count <= values and length <= chars:
+        item = todo.pop()
+        count += 1
+        if isinstance(item, str):
+            length += len(item)
+        elif isinstance(item, Mapping):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return count, length
 
 
 def _dotted(path: Path) -> str:
@@ -47,7 +75,16 @@ class _Resolver:
     def __init__(self, data: Mapping[Any, Any]) -> None:
         self.data = data
         self.active: Set[str] = set()
-        self.done: Dict[str, Any] = {}
+        self.done: Dict[str, Tuple[Any, Tuple[int, int]]] = {}  # key -> (resolved value, its size)
+        self.references = 0
+        self.secrets: List[Tuple[str, Any]] = []  # (reference, value) of each secret-looking key followed
+        self.values, self.chars = MAX_RESOLVED_VALUES, MAX_RESOLVED_CHARS  # what resolved values may still add
+
+    def charge(self, size: Tuple[int, int]) -> None:
+        self.values, self.chars = self.values - size[0], self.chars - size[1]
+        if self.values < 0 or self.chars < 0:
+            raise _OverLimit(f"resolving its ${{...}} makes the config larger than {MAX_RESOLVED_VALUES:_} keys "
+                             f"and items and {MAX_RESOLVED_CHARS // 2 ** 20} MiB of text (a ${{}} bomb?); refused")
 
     def node(self, value: Any, path: Path, trail: List[str]) -> Any:
         if isinstance(value, Mapping):
@@ -61,7 +98,9 @@ class _Resolver:
     def string(self, value: str, path: Path, trail: List[str]) -> Any:
         key = _dotted(path)
         if key in self.done:
-            return copy.deepcopy(self.done[key])
+            result, size = self.done[key]
+            self.charge(size)  # before the copy is made
+            return copy.deepcopy(result)
         trail = trail if trail and trail[-1] == key else trail + [key]
         if key in self.active:
             raise _Unresolved(f"reference cycle: {' -> '.join(trail)}")
@@ -71,10 +110,13 @@ class _Resolver:
             if whole:
                 result = self.follow(whole.group(1).strip(), trail)
             else:
+                _check_braces(value)
                 result = _REF.sub(lambda m: self.embed(m, trail), value)
         finally:
             self.active.discard(key)
-        self.done[key] = result
+        size = _size(result, self.values, self.chars)
+        self.charge(size)
+        self.done[key] = (result, size)
         return result
 
     def embed(self, match: "re.Match[str]", trail: List[str]) -> str:
@@ -87,6 +129,9 @@ class _Resolver:
         return _text(value)
 
     def follow(self, ref: str, trail: List[str]) -> Any:
+        self.references += 1
+        if self.references > MAX_REFERENCES:
+            raise _OverLimit(f"more than {MAX_REFERENCES:_} ${{...}} references to follow; refused")
         node: Any = self.data
         path: Path = ()
         for part in ref.split("."):
@@ -100,7 +145,32 @@ class _Resolver:
                 shown = " -> ".join(trail + [ref])
                 raise _Unresolved(f"${{{ref}}}: {_dotted(path + (part,))!r} is not defined{hint} ({shown})")
             node, path = node[key], path + (key,)
+        if any(is_secret_key(part) for part in path if isinstance(part, str)):
+            self.secrets.append((ref, node))
         return self.node(node, path, trail + [ref])
+
+
+def _check_braces(value: str) -> None:
+    """Refuse a ``${`` that no ``}`` closes (``'lr=${params.lr'``) or one nested in another."""
+    rest = _REF.sub("", value).replace("$${", "")
+    if "${" in rest:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise _Unresolved(f"{shown!r} has a ${{ that no }} closes (or one ${{...}} inside another); write "
+                          "${key.path}, or $${ for a literal ${")
+
+
+def _check_secrets(path: Path, resolved: Any, secrets: List[Tuple[str, Any]]) -> None:
+    """Refuse a value under a key that does not look secret which now shows a secret it referred to
+    (``run_name: r-${params.api_key}``): masking goes by key names, so it would be written unmasked."""
+    if not secrets or any(is_secret_key(part) for part in path if isinstance(part, str)) \
+            or isinstance(resolved, (Mapping, list)):
+        return
+    shown = mask_text(_text(resolved))
+    for ref, secret in secrets:
+        if not isinstance(secret, (Mapping, list)) and _text(secret) and _text(secret) in shown:
+            raise _Unresolved(f"${{{ref}}} puts a secret into a setting whose name does not look like one, so it "
+                              "would be written unmasked (a run name becomes directory names, file headers and "
+                              "tracker runs); remove the reference")
 
 
 def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]]:
@@ -123,9 +193,14 @@ def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]
             return [walk(v, path + (i,)) for i, v in enumerate(value)]
         if isinstance(value, str) and "${" in value:
             try:
+                resolver.secrets = []
                 resolved = resolver.string(value, path, [])
+                _check_secrets(path, resolved, resolver.secrets)
                 written[path] = value
                 return resolved
+            except _OverLimit as exc:
+                exc.message = _where(tree, path) + exc.message  # the value whose resolving went over
+                raise
             except _Unresolved as exc:
                 where = tree.origin_of(path)
                 problems.append(f"{where}: {format_path(path)}: {exc.message}" if where
@@ -133,4 +208,21 @@ def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]
                 failed.add(path)
         return value
 
-    return Tree(walk(tree.data, ()), dict(tree.origins)), problems, failed, written
+    try:
+        return Tree(walk(tree.data, ()), dict(tree.origins)), problems, failed, written
+    except _OverLimit as exc:  # nothing is resolved: every value with a reference is skipped by later checks
+        return tree, [exc.message], set(_referring(tree.data)), {}
+
+
+def _referring(value: Any, path: Path = ()) -> List[Path]:
+    """The path of every string in ``value`` that holds a ``${``."""
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _referring(v, path + (k,))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _referring(v, path + (i,))]
+    return [path] if isinstance(value, str) and "${" in value else []
+
+
+def _where(tree: Tree, path: Path) -> str:
+    where = tree.origin_of(path)
+    return (f"{where}: " if where else "") + f"{format_path(path)}: "

@@ -24,12 +24,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 from ..alerts.spec import AlertSpec, plain_section
 from ..errors import ConfigError
 from ..health.spec import HealthSpec, resolve_health
-from ..paths import experiment_dir_template, render_template
+from ..paths import experiment_dir_template, render_experiment_dir, render_output_dir, render_template
 from .canonical import canonicalize
 from .compose import plain as thaw
 from .fields import STRAGGLER_DEFAULTS, SYSTEM_INTERVAL_S, check_values, normalise_sinks, straggler_settings
 from .interpolate import interpolate
 from .keys import Assignment, Note
+from .limits import drop_huge_ints
 from .mindformers_entry import ENTRY_NAME
 from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .prepare import Prepared, Source, prepare
@@ -280,7 +281,30 @@ def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
         checker.problem(("output_dir",), f"{EXPERIMENT_DIR} may only start output_dir: {output_dir!r}")
         return
     filled = output_dir.replace(EXPERIMENT_DIR, experiment_dir_template(experiment_dir, output_dir), 1)
+    before = len(checker.problems)
     checker.directory(("output_dir",), output_dir, ("experiment_dir",) + OUTPUT_PLACEHOLDERS, checked_as=filled)
+    existing = _existing_run_dir(full) if len(checker.problems) == before else None
+    problem = writable_problem(existing) if existing else None
+    if problem:  # said at the setting that names this dir (output_dir, else run_name or experiment_dir)
+        key = next((k for k in ("output_dir", "run_name", "experiment_dir", "experiment")
+                    if checker.source((k,))[0] is not None), "output_dir")
+        checker.problem((key,), f"the run dir {existing!r} exists and cannot be written "
+                                f"({problem.rsplit(': ', 1)[-1]})")
+
+
+def _existing_run_dir(full: Dict[str, Any]) -> Optional[str]:
+    """Rank 0's run dir when its name is known before the run (no ``{timestamp}``) and it already exists."""
+    if "{timestamp}" in full["output_dir"] + str(full["run_name"]) or not isinstance(full["experiment"], str) \
+            or not isinstance(full["run_name"], str) or not isinstance(full["params"], Mapping):
+        return None
+    try:
+        name = render_template(full["run_name"], full["params"], full, {"rank": 0})
+        experiment_dir = render_experiment_dir(experiment_dir_template(full["experiment_dir"], full["output_dir"]),
+                                               full["experiment"])
+        run_dir = render_output_dir(full["output_dir"], full["experiment"], name, 0, "", experiment_dir)
+    except (ConfigError, ValueError, KeyError, IndexError):
+        return None  # the template's own problem is reported where it is checked
+    return run_dir if os.path.isdir(run_dir) else None
 
 
 def _provenance(source: str, tree: Tree, winners: Dict[Path, Assignment], written: Dict[Path, str],
@@ -322,7 +346,10 @@ def _checked(prepared: Prepared) -> Config:
         ConfigError: every problem found, including those found while preparing.
     """
     notes, problems, label = list(prepared.notes), list(prepared.problems), prepared.label
-    tree, ref_problems, failed, written = interpolate(prepared.tree)
+    tree, problems_of_ints, huge = drop_huge_ints(prepared.tree)  # a dict or --set may hold one
+    tree, ref_problems, failed, written = interpolate(tree)
+    problems += problems_of_ints
+    failed |= huge
     values, winners, mapped = canonicalize(tree, failed, prepared.sections)
     problems += ref_problems + mapped.problems
     notes += mapped.notes

@@ -8,8 +8,12 @@ floats (YAML 1.2), not as strings as plain PyYAML does.
 
 A file is loaded within limits, so a broken or hostile one is a problem with
 its file and line, never a hang or a traceback: ``MAX_FILE_BYTES``, UTF-8 text,
-``MAX_DEPTH`` levels of nesting and ``MAX_VALUES`` keys and items once aliases
-and merge keys are expanded (an alias bomb stops there in milliseconds).
+``MAX_DEPTH`` levels of nesting and ``MAX_VALUES`` keys and items, counted while
+composing (a huge file stops at its limit) and again once aliases and merge keys
+are expanded (an alias bomb stops there in milliseconds); plain data tags only
+(``!!python/...``, ``!Ref`` are refused unread) and integers of at most
+``limits.MAX_INT_DIGITS`` digits. libyaml (C) makes the parse events when PyYAML
+has it; composing, where the limits are counted, is PyYAML's own.
 
 Example:
     >>> docs, problems = parse_yaml("a:\\n  b: 1e-4\\n", "run.yaml")
@@ -25,6 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
+
+from .limits import MAX_INT_DIGITS, huge_int_problem, int_digits, is_huge_int
 
 Path = Tuple[Any, ...]
 
@@ -94,24 +100,49 @@ class LimitError(yaml.MarkedYAMLError):
     """A document over one of the loader's limits (nesting, expanded size)."""
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads ``1e-4`` as a float, as YAML 1.2 does, and composes ``MAX_DEPTH`` levels at most."""
+try:  # libyaml's parser (C) makes the events; composing stays in Python, where the limits are counted
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # PyYAML built without libyaml: its own parser, about three times slower
+    _Parser = None
+
+
+class _Loader(yaml.composer.Composer, *((_Parser,) if _Parser else (yaml.reader.Reader, yaml.scanner.Scanner,
+              yaml.parser.Parser)), yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """A safe loader that reads ``1e-4`` as a float, as YAML 1.2 does, and composes at most ``MAX_DEPTH``
+    levels and ``MAX_VALUES`` nodes (counted as they are composed, so a huge file stops there)."""
 
     def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
+        if _Parser:
+            _Parser.__init__(self, stream)
+        else:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
         self._depth = 0
+        self._nodes = 0
+
+    def compose_document(self) -> Any:
+        self._nodes = 0  # the limit is per document
+        return super().compose_document()
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise LimitError(None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            if self._nodes > MAX_VALUES:  # counted while composing: a huge file stops here, not after
+                raise LimitError(None, None, f"more than {MAX_VALUES} keys and items", self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.yaml_constructors = dict(yaml.SafeLoader.yaml_constructors)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -123,6 +154,12 @@ _Loader.add_implicit_resolver(
 )
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_STD = "tag:yaml.org,2002:"
+#: The only tags msbridge reads: plain data. Any other (``!!python/...``, ``!Ref``) is refused.
+_SCALAR_TAGS = frozenset(_STD + t for t in ("null", "bool", "int", "float", "binary", "timestamp", "str"))
+_INT_TAG = _STD + "int"
+#: Characters an integer scalar may have before it is refused unconstructed (its digits are checked after).
+_MAX_INT_TEXT = 4 * MAX_INT_DIGITS
 _INVALID = object()  # a scalar its tag could not construct (already reported)
 
 
@@ -146,6 +183,8 @@ class _Walker:
             return None
         self._stack.add(id(node))
         try:
+            if not isinstance(node, yaml.ScalarNode) and not self.allowed(node, path):
+                return _INVALID
             if isinstance(node, yaml.MappingNode):
                 return self.mapping(node, path)
             if isinstance(node, yaml.SequenceNode):
@@ -159,10 +198,33 @@ class _Walker:
         finally:
             self._stack.discard(id(node))
 
+    def allowed(self, node: yaml.Node, path: Path) -> bool:
+        """Whether ``node``'s tag is plain data; an unknown tag is a problem (its value is not read)."""
+        tags = _SCALAR_TAGS if isinstance(node, yaml.ScalarNode) else \
+            {_STD + "seq"} if isinstance(node, yaml.SequenceNode) else {_STD + "map"}
+        if node.tag in tags:
+            return True
+        tag = node.tag.replace(_STD, "!!")
+        self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: the YAML tag {tag!r} is not "
+                             "allowed; a config holds plain data (mappings, lists, strings, numbers, true/false, "
+                             "null, dates)")
+        return False
+
     def construct(self, node: yaml.Node, path: Path) -> Any:
         """The scalar's value; one its tag cannot hold (``!!int x``, ``2024-02-30``) is a problem and ``_INVALID``."""
+        if not self.allowed(node, path):
+            return _INVALID
+        if node.tag == _INT_TAG and len(node.value) > _MAX_INT_TEXT:
+            self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: "
+                                 f"{huge_int_problem(len(node.value))}")
+            return _INVALID
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
+            if is_huge_int(value):
+                self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: "
+                                     f"{huge_int_problem(int_digits(value))}")
+                return _INVALID
+            return value
         except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
             self.loader.recursive_objects.pop(node, None)
             reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -295,6 +357,8 @@ def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
         line = f":{mark.line + 1}" if mark else ""
         if isinstance(exc, LimitError):
             problems.append(f"{filename}{line}: {exc.problem}; refused")
+        elif "maximum nesting depth" in str(exc.problem):  # libyaml's own bound (1000), met before ours
+            problems.append(f"{filename}{line}: nested deeper than {MAX_DEPTH} levels; refused")
         else:
             problems.append(f"{filename}{line}: YAML syntax error: {exc.problem or exc.context}")
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, other controls)

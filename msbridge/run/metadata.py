@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..masking import mask_command, mask_secrets, mask_text
 from ..paths import free_space
+from ..sinks.base import json_safe
 
 log = logging.getLogger("msbridge")
 
@@ -129,10 +131,10 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     versions = ", ".join(f"{k} {v}" for k, v in meta.get("versions", {}).items() if v)
     git = meta.get("git") or {}
     lines = [
-        f"# {run_name}",
+        f"# {_one_line(run_name)}",
         "",
         f"- run id: `{run_id}`",
-        f"- command: `{meta.get('command', '')}`",
+        f"- command: `{_one_line(str(meta.get('command', '')))}`",
         f"- started: {meta.get('start_time')}; expected steps: {meta.get('expected_steps') or 'unknown'}",
         f"- world size: {meta.get('world_size')} ({meta.get('parallel_mode')}); host: {meta.get('host')}",
         f"- versions: {versions}",
@@ -150,8 +152,21 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     if outcome:
         lines += ["", "## Outcome", ""]
         lines += [f"- {key}: {value}" for key, value in outcome.items()]
-    lines += ["", "## Resolved config", "", "```json", json.dumps(meta.get("config", {}), indent=2, default=str), "```", ""]
+    lines += ["", "## Resolved config", "", "```json", _strict_json(meta.get("config", {})), "```", ""]
     return mask_text("\n".join(lines))
+
+
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with each line break or control character as one space (a README heading stays one line)."""
+    return _BREAKS.sub(" ", text)
+
+
+def _strict_json(value: Any) -> str:
+    """``value`` as strict JSON (every parser reads it): NaN and infinities as the strings ``"nan"``, ``"inf"``."""
+    return json.dumps(json_safe(value), indent=2, default=str, allow_nan=False)
 
 
 def write_outcome(run_dir: str, meta: Mapping[str, Any], outcome: Mapping[str, Any]) -> Dict[str, Any]:
@@ -173,7 +188,7 @@ def write_run_files(run_dir: str, meta: Mapping[str, Any], readme: str) -> bool:
     target = run_dir
     try:
         os.makedirs(run_dir, exist_ok=True)
-        for name, text in ((RUN_JSON, json.dumps(mask_secrets(dict(meta)), indent=2, default=str)),
+        for name, text in ((RUN_JSON, _strict_json(mask_secrets(dict(meta)))),
                            (README, mask_text(readme))):
             target = os.path.join(run_dir, name)
             _atomic_write(target, text)

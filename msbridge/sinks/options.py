@@ -20,8 +20,9 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import did_you_mean
 
@@ -34,8 +35,10 @@ _WORDS = {bool: "true or false", int: "an int", float: "a number", str: "a strin
 class Option:
     """One option: its type (bool, int, float or str), default, meaning and allowed values.
 
-    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high`` excluded);
-    ``choices`` lists the allowed values.
+    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high`` excluded); a float is
+    always finite. ``choices`` lists the allowed values. ``at_most`` names another option of the same
+    declaration this one may not exceed (``check_options`` checks the pair, defaults included);
+    ``valid`` is a further check of a well-typed value, returning the problem or None.
 
     Example:
         >>> Option(float, 10.0, "seconds close keeps retrying", 0).check(-1)
@@ -51,6 +54,8 @@ class Option:
     low_open: bool = False
     high: Optional[float] = None
     choices: Tuple[Any, ...] = ()
+    at_most: Optional[str] = None
+    valid: Optional[Callable[[Any], Optional[str]]] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.type not in _KINDS:
@@ -82,6 +87,8 @@ class Option:
             return None
         if not self._typed(value):
             return "type"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "finite"
         if self.choices and value not in self.choices:
             return "choices"
         if self.type is str and not value:
@@ -90,11 +97,17 @@ class Option:
             return "low"
         if self.high is not None and not value < self.high:
             return "high"
+        if self.valid is not None and value is not None and self.valid(value):
+            return "valid"
         return None
 
     def check(self, value: Any) -> Optional[str]:
         """``None`` if ``value`` is valid, else the whole expectation: ``"expected an integer >= 1, got 0"``."""
-        return None if self._fault(value) is None else f"expected {self.kind}, got {value!r}"
+        fault = self._fault(value)
+        if fault == "valid":
+            return self.valid(value)  # type: ignore[misc]
+        kind = self.kind.replace("a number", "a finite number", 1) if fault == "finite" else self.kind
+        return None if fault is None else f"expected {kind}, got {value!r}"
 
     def problem(self, value: Any) -> Optional[str]:
         """``None`` if ``value`` is valid, else the rule it breaks: ``"must be >= 1, got 0"``."""
@@ -111,6 +124,10 @@ class Option:
             return f"must be {'>' if self.low_open else '>='} {self.low}, got {value!r}"
         if fault == "high":
             return f"must be < {self.high}, got {value!r}"
+        if fault == "finite":
+            return f"must be a finite number, got {value!r}"
+        if fault == "valid":
+            return self.valid(value)  # type: ignore[misc]
         return None
 
 
@@ -127,6 +144,21 @@ def check_options(declared: Mapping[str, Option], given: Mapping[str, Any]) -> L
         message = option.check(value)
         if message:
             problems.append((str(key), message))
+    return problems + _relation_problems(declared, given, {key for key, _ in problems})
+
+
+def _relation_problems(declared: Mapping[str, Option], given: Mapping[str, Any],
+                       broken: "set[str]") -> List[Tuple[str, str]]:
+    """Each ``at_most`` pair whose values (given or default, both valid) are the wrong way round."""
+    problems: List[Tuple[str, str]] = []
+    for key, option in declared.items():
+        other = option.at_most
+        if other is None or key in broken or other in broken or (key not in given and other not in given):
+            continue
+        value, limit = given.get(key, option.default), given.get(other, declared[other].default)
+        if value is not None and limit is not None and value > limit:
+            said = "" if other in given else " (its default)"
+            problems.append((str(key), f"must be <= {other}, which is {limit!r}{said}; got {value!r}"))
     return problems
 
 

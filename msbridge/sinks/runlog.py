@@ -136,10 +136,28 @@ def _int(obj: Dict[str, Any], key: str, default: Any = _MISSING) -> int:
     raise _BadLine(f'"{key}" is {_what(value)}, not an integer')
 
 
+#: The steps and ranks a line may name: what TensorBoard, MLflow and numpy hold exactly (an int64, a
+#: float64 integer), so a reader never overflows on one.
+MAX_STEP = 2 ** 53
+MAX_RANK = 10_000_000
+
+
+def _bounded(obj: Dict[str, Any], key: str, high: int) -> int:
+    """``_int`` from 0 to ``high``: a step or a rank."""
+    value = _int(obj, key)
+    if not 0 <= value <= high:
+        shown = str(value) if abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+        raise _BadLine(f'"{key}" is {shown}, outside 0 .. {high:_}')
+    return value
+
+
 def _float(obj: Dict[str, Any], key: str, default: Any = _MISSING) -> float:
     value = obj.get(key, default)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        number = float(value) if not isinstance(value, int) or abs(value) < 2 ** 1000 else math.inf
+        if math.isfinite(number):
+            return number
+        raise _BadLine(f'"{key}" is {value!r:.40}, not a finite number')
     raise _BadLine(f'"{key}" is {_what(value)}, not a number')
 
 
@@ -152,7 +170,10 @@ def _values(raw: Any) -> Dict[str, float]:
         if value is None:
             out[name] = math.nan
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = float(value)
+            number = float(value) if not isinstance(value, int) or abs(value) < 2 ** 1000 else math.inf
+            if not math.isfinite(number):  # a bare NaN/Infinity or 1e999: the writer says null instead
+                raise _BadLine(f'"values"."{name}" is {value!r:.40}, not a finite number or null')
+            out[name] = number
         else:
             raise _BadLine(f'"values"."{name}" is {_what(value)}, not a number or null')
     return out
@@ -169,8 +190,9 @@ def _decode(text: str, path: str, lineno: int) -> Dict[str, Any]:
     version = obj.get("schema_version")
     if obj.get("type") == "header":  # every reader relies on these three
         version = _int(obj, "schema_version")
-        for key, default in (("rank", 0), ("world_size", 1)):
-            _int(obj, key, default)
+        if not 0 <= _int(obj, "rank", 0) < MAX_RANK or not 1 <= _int(obj, "world_size", 1) <= MAX_RANK:
+            raise _BadLine(f'"rank" {obj.get("rank", 0)!r:.40} or "world_size" {obj.get("world_size", 1)!r:.40} '
+                           f"is outside 0 .. {MAX_RANK:_}")
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise RunLogError(
             f"{path}:{lineno}: written with jsonl schema version {version}, but this msbridge "
@@ -186,14 +208,16 @@ def _add(log: "RankLog", obj: Dict[str, Any]) -> None:
         log.header = obj
     elif kind == "metrics":
         values = _values(obj.get("values"))
-        log.records.append(Record(_int(obj, "step"), _int(obj, "rank"), _float(obj, "time"), values))
+        log.records.append(Record(_bounded(obj, "step", MAX_STEP), _bounded(obj, "rank", MAX_RANK),
+                                  _float(obj, "time"), values))
     elif kind == "event":
         name, detail = obj.get("kind", _MISSING), obj.get("detail", {})
         if not isinstance(name, str):
             raise _BadLine(f'"kind" is {_what(name)}, not a string')
         if not isinstance(detail, dict):
             raise _BadLine(f'"detail" is {_what(detail)}, not an object')
-        log.events.append(Event(name, _int(obj, "step"), _int(obj, "rank"), _float(obj, "time", 0.0), detail))
+        log.events.append(Event(name, _bounded(obj, "step", MAX_STEP), _bounded(obj, "rank", MAX_RANK),
+                                _float(obj, "time", 0.0), detail))
     elif not isinstance(kind, str):
         raise _BadLine(f'"type" is {_what(kind)}, not "header", "metrics" or "event"')
     # another string: a line kind from a later msbridge of the same schema, left out
@@ -208,6 +232,7 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
     with open(path, "rb") as fh:
         lines = fh.read().split(b"\n")
     log = RankLog(path=path, header={})
+    seen: Dict[int, int] = {}  # step -> line (strict)
     tail = len(lines) - 1  # a file that ends cleanly leaves b"" here; anything else was cut
     for i, raw in enumerate(lines):
         if not raw.strip():
@@ -217,7 +242,10 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
-            _add(log, _decode(text, path, i + 1))
+            obj = _decode(text, path, i + 1)
+            _add(log, obj)
+            if strict and obj.get("type") == "metrics":
+                _refuse_repeat(seen, log.records[-1].step, path, i + 1)
         except _BadLine as bad:
             if i == tail:
                 log.truncated += 1  # the writer was killed mid-line
@@ -226,10 +254,48 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
             else:
                 log.skipped.append((i + 1, str(bad)))
     if not log.header:
-        raise RunLogError(f"{path}: no header line; not an msbridge jsonl file")
+        _salvage_header(log, strict)
     if log.skipped:
         _warn_skipped(path, log.skipped)
     return log
+
+
+_RANK_FILE = re.compile(r"rank_(\d+)\.jsonl$")
+
+
+def _salvage_header(log: RankLog, strict: bool) -> None:
+    """A file whose header line is garbled: rebuild the header from the lines after it (their rank, the
+    file's name), so its intact lines stay readable. Nothing to rebuild from (or ``strict``): RunLogError."""
+    first = log.skipped[0][0] if log.skipped else None
+    if not (log.records or log.events) or strict or first != 1:
+        raise RunLogError(f"{log.path}: no header line; not an msbridge jsonl file")
+    named = _RANK_FILE.search(os.path.basename(log.path))
+    ranks = {r.rank for r in log.records} | {e.rank for e in log.events}
+    rank = int(named.group(1)) if named else min(ranks)
+    files = len(glob.glob(os.path.join(os.path.dirname(log.path), "rank_*.jsonl")))
+    log.header = {"type": "header", "schema_version": SCHEMA_VERSION, "rank": rank,
+                  "world_size": max(files, rank + 1), "salvaged": True, **_run_names(log.path)}
+    log.skipped[0] = (1, f"{log.skipped[0][1]} (the header; rebuilt from the {len(log.records)} metrics lines "
+                         "after it)")
+
+
+def _run_names(path: str) -> Dict[str, Any]:
+    """The run id, name and experiment from the run.json beside ``metrics/`` ({} when it cannot be read)."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(path)), "run.json"), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return {k: meta[k] for k in ("run_id", "run_name", "experiment") if isinstance(meta, dict) and
+            isinstance(meta.get(k), str)}
+
+
+def _refuse_repeat(seen: Dict[int, int], step: int, path: str, lineno: int) -> None:
+    """``strict``: a step written twice in one rank file is refused (a resumed run that rewrote steps)."""
+    if step in seen:
+        raise RunLogError(f"{path}:{lineno}: step {step} is written twice (first at line {seen[step]}); "
+                          "without --strict both lines are read")
+    seen[step] = lineno
 
 
 def _warn_skipped(path: str, skipped: List[Tuple[int, str]]) -> None:
@@ -276,11 +342,12 @@ _STEP = re.compile(rb'"type":"metrics","step":(\d+)')  # as encode_record writes
 
 
 def last_step(path: str) -> int:
-    """The highest step of a metrics line in a jsonl file (0 when none)."""
+    """The highest step of a metrics line in a jsonl file (0 when none); a step readers refuse (above
+    ``MAX_STEP``) does not count."""
     best = 0
     with open(path, "rb") as fh:
         for line in fh:
             match = _STEP.search(line)
-            if match:
+            if match and len(match.group(1)) <= 16 and int(match.group(1)) <= MAX_STEP:
                 best = max(best, int(match.group(1)))
     return best

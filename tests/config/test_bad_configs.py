@@ -1,12 +1,15 @@
 """A corpus of broken and hostile configs: each one is a clear problem with its file:line and key.
 
-Every case goes through ``msbridge config check`` in-process, under a time limit: no
-traceback, no hang, exit 1, and every problem line names where (``file:line`` or
-``--set``) and what (the key, or what is wrong with the file). A few also go through
-the real console script.
+Every case goes through the API (``load_config``, all cases in one fresh interpreter that
+measures each: at most 5 s and a peak RSS under 1 GB) and through ``msbridge config check``
+in-process, under the same time limit: no traceback, no hang, never accepted, and every
+problem line names where (``file:line`` or ``--set``) and what (the key, and the nearest
+valid key for a misspelt one, or what is wrong with the file). A few also go through the
+real console script. Most cases are generated (``bad_config_cases.py``).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -14,12 +17,16 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from bad_config_cases import generated_cases
 from msbridge.cli.main import main
 
-LIMIT_S = 5.0  # per case; the slowest (a 1000-deep flow list) takes about 0.6 s
+LIMIT_S = 5.0  # per case; the slowest (150k keys, refused at the 50,000th) takes about 2 s
+LIMIT_RSS_MB = 1024
+CORPUS_RUNNER = Path(__file__).resolve().parents[1] / "helpers" / "config_corpus.py"
 
 
 def _bomb(levels: int = 9, width: int = 10) -> str:
@@ -64,9 +71,10 @@ CASES = {
     "list-as-key": ("? [a, b]\n: 1\n", "run.yaml:1: top level: a key must be a scalar"),
     "bad-date": ("params:\n  start: 2024-02-30\n", "run.yaml:2: params.start: '2024-02-30' is not a valid !!timestamp"),
     "bad-int-tag": ("flush_steps: !!int many\n", "run.yaml:1: flush_steps: 'many' is not a valid !!int"),
-    "python-tag": ("flush_steps: !!python/name:os.system\n", "run.yaml:1: flush_steps: '' is not a valid !!python/name:os.system: could not determine a constructor"),
-    "python-apply-tag": ("flush_steps: !!python/object/apply:os.system [ls]\n",  # nothing runs: a plain list
-                         "run.yaml:1: flush_steps: expected an integer >= 1, got ['ls']"),
+    "python-tag": ("flush_steps: !!python/name:os.system\n",
+                   "run.yaml:1: flush_steps: the YAML tag '!!python/name:os.system' is not allowed"),
+    "python-apply-tag": ("flush_steps: !!python/object/apply:os.system [ls]\n",  # nothing runs, nothing is read
+                         "run.yaml:1: flush_steps: the YAML tag '!!python/object/apply:os.system' is not allowed"),
     "bad-binary": ("params:\n  blob: !!binary abc\n", "run.yaml:2: params.blob: 'abc' is not a valid !!binary"),
     "merge-a-number": ("params:\n  <<: 5\n", "run.yaml:2: YAML syntax error"),
     "directory": (None, "run.yaml: not a regular file"),
@@ -123,8 +131,12 @@ CASES = {
     "set-no-equals": ("flush_steps: 5\n", "--set 'flush_steps': expected KEY=VALUE", {}, ["flush_steps"]),
     "set-bad-value": ("flush_steps: 5\n", "--set: flush_steps: expected an integer >= 1, got 'x'", {}, ["flush_steps=x"]),
 }
-CLI_CASES = ["alias-bomb", "not-utf8", "self-include", "empty", "nul-byte"]
+CASES.update(generated_cases())
+CLI_CASES = ["alias-bomb", "not-utf8", "self-include", "empty", "nul-byte", "hex-int-6000-digits", "list-bomb",
+             "150k-keys-in-params", "python-apply-list", "backoff-initial-above-max", "run-name-secret-template",
+             "regex-1000-nested-groups"]
 WHERE = re.compile(r"^  (run\.yaml|other\.yaml)(:\d+)?: |^  --set")
+API_WHERE = re.compile(r"^(run\.yaml|other\.yaml)(:\d+)?: |^--set")
 
 
 def _write_case(tmp_path, name):
@@ -156,7 +168,35 @@ def time_limit(seconds):
 
 
 def test_the_corpus_is_big_enough():
-    assert len(CASES) >= 50
+    assert len(CASES) >= 150
+
+
+@pytest.fixture(scope="module")
+def api_results(tmp_path_factory):
+    """Every case through ``load_config`` in one fresh interpreter: name -> what ``config_corpus.py`` measured."""
+    root = tmp_path_factory.mktemp("corpus")
+    for name in CASES:
+        case = root / name
+        case.mkdir()
+        _, sets = _write_case(case, name)
+        (case / "sets.json").write_text(json.dumps(sets[1::2]))
+    done = subprocess.run([sys.executable, str(CORPUS_RUNNER), str(root)], capture_output=True, text=True,
+                          timeout=60 + 10 * len(CASES), env=dict(os.environ, GLOG_v="3"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert sorted(results) == sorted(CASES)
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_config_through_the_api_within_time_and_memory(api_results, name):
+    expected = CASES[name][1]
+    result = api_results[name]
+    assert result["outcome"] == "problems", result  # not accepted, no traceback, no timeout
+    assert result["seconds"] < LIMIT_S and result["peak_rss_mb"] < LIMIT_RSS_MB, result
+    problems = result["problems"]
+    assert all(API_WHERE.match(line) for line in problems), problems
+    assert any(expected in line for line in problems), problems
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -186,3 +226,27 @@ def test_bad_config_through_the_console_script(tmp_path, name):
     assert out.returncode == 1, out.stdout + out.stderr
     assert expected in out.stdout and "Traceback" not in out.stdout + out.stderr
     assert time.perf_counter() - start < 30
+
+
+def test_a_read_only_existing_run_dir_fails_config_check(tmp_path, capsys, monkeypatch):
+    """A run dir named before the run (no {timestamp}) that exists read-only: refused before training.
+    A read-only mount, because root writes through file modes."""
+    run_dir = tmp_path / "exp" / "r1"
+    run_dir.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(run_dir)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        os.chmod(run_dir, 0o555)
+        if os.access(run_dir, os.W_OK):
+            pytest.skip(f"cannot make a read-only dir here (root, and mount says: {mounted.stderr.strip()})")
+    try:
+        (tmp_path / "run.yaml").write_text(f"experiment: exp\nrun_name: r1\nexperiment_dir: {tmp_path / 'exp'}\n")
+        monkeypatch.chdir(tmp_path)
+        assert main(["config", "check", "run.yaml"]) == 1
+        out = capsys.readouterr().out
+        assert f"run.yaml:2: run_name: the run dir '{run_dir}' exists and cannot be written (" in out
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        else:
+            os.chmod(run_dir, 0o755)

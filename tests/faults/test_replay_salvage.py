@@ -103,6 +103,16 @@ def test_strict_refuses_a_bad_line_naming_it(trained, tmp_path, capsys, command)
     (b'[1, 2]', "a list, not a JSON object"),
     (b'{"type":"metrics","step":3,\xff\xfe}', "not UTF-8 (byte 27 of the line)"),
     (b"[" * 100000 + b"]" * 100000, "not a JSON line"),
+    (b'{"type":"metrics","step":' + b"1" + b"0" * 30 + b',"rank":0,"time":1.0,"values":{}}',
+     '"step" is an integer of 31 digits, outside 0 .. 9_007_199_254_740_992'),
+    (b'{"type":"metrics","step":-5,"rank":0,"time":1.0,"values":{}}', '"step" is -5, outside 0 .. '),
+    (b'{"type":"event","kind":"anomaly","step":-1,"rank":0,"detail":{}}', '"step" is -1, outside 0 .. '),
+    (b'{"type":"metrics","step":3,"rank":-1,"time":1.0,"values":{}}', '"rank" is -1, outside 0 .. 10_000_000'),
+    (b'{"type":"metrics","step":3,"rank":0,"time":1.0,"values":{"train/loss":Infinity}}',
+     '"values"."train/loss" is inf, not a finite number or null'),
+    (b'{"type":"metrics","step":3,"rank":0,"time":1.0,"values":{"train/loss":1e999}}',
+     '"values"."train/loss" is inf, not a finite number or null'),
+    (b'{"type":"metrics","step":3,"rank":0,"time":NaN,"values":{}}', '"time" is nan, not a finite number'),
 ])
 def test_wrong_types_are_a_clear_reason_never_a_traceback(tmp_path, line, reason):
     sink = JsonlSink()
@@ -128,3 +138,60 @@ def test_a_bad_header_is_still_a_refusal(tmp_path):
     path.write_text('{"type":"header","schema_version":1,"rank":"0"}\n')
     with pytest.raises(RunLogError, match="no header line"):
         read_run(str(tmp_path))
+
+
+def _edit_log(trained: Path, tmp_path: Path, edit) -> Path:
+    run_dir = tmp_path / "salvage" / "clean"
+    shutil.copytree(trained, run_dir)
+    wal = run_dir / "metrics" / "rank_0.jsonl"
+    wal.write_text("".join(edit(wal.read_text().splitlines(keepends=True))))
+    return run_dir
+
+
+@pytest.mark.parametrize("step", [10 ** 30, -5])
+@pytest.mark.parametrize("command", [["diagnose"], ["plot"], ["replay", "--to", "tensorboard"],
+                                     ["replay", "--to", "mlflow"]])
+def test_an_out_of_range_step_is_one_line_naming_it_in_every_tool(trained, tmp_path, caplog, capsys, step, command):
+    """Before: tracebacks in diagnose, plot and replay --to tensorboard, and "unreachable" from replay --to mlflow."""
+    def edit(lines):
+        obj = json.loads(lines[5])
+        assert obj["step"] == 5
+        lines[5] = lines[5].replace('"step":5,', f'"step":{step},', 1)
+        return lines
+
+    run_dir = _edit_log(trained, tmp_path, edit)
+    caplog.set_level(logging.WARNING, logger="msbridge")
+    extra = ["--out", str(tmp_path / "plot.png")] if command == ["plot"] else []
+    assert main([command[0], str(run_dir), *command[1:], *extra]) == 0
+    out = capsys.readouterr()
+    (warning,) = salvage_warnings(caplog)
+    assert f"rank_0.jsonl:6: \"step\" is " in warning and "outside 0 .. 9_007_199_254_740_992" in warning
+    assert "Traceback" not in out.out + out.err and "unreachable" not in out.out + out.err + caplog.text
+    if command[0] == "replay":
+        assert f"replayed {STEPS - 1} records" in out.out
+
+
+def test_a_garbled_header_is_rebuilt_from_the_lines_after_it(trained, tmp_path, caplog, capsys):
+    run_dir = _edit_log(trained, tmp_path, lambda lines: ['{"type":"header","schema_ver\n'] + lines[1:])
+    caplog.set_level(logging.WARNING, logger="msbridge")
+    run = read_run(str(run_dir))
+    log = run.ranks[0]
+    assert [r.step for r in log.records] == list(range(1, STEPS + 1))
+    original = json.loads((trained / "run.json").read_text())
+    assert log.header["salvaged"] is True and log.header["rank"] == 0 and log.header["world_size"] == 1
+    assert log.header["run_name"] == original["run_name"] and log.header["run_id"] == original["run_id"]
+    assert log.skipped[0][0] == 1 and "the header; rebuilt from the 40 metrics lines after it" in log.skipped[0][1]
+    for command in (["diagnose"], ["replay", "--to", "tensorboard"]):
+        assert main([command[0], str(run_dir), *command[1:]]) == 0
+    assert "replayed 40 records" in capsys.readouterr().out
+    with pytest.raises(RunLogError, match="rank_0.jsonl:1: not a JSON line"):
+        read_run(str(run_dir), strict=True)
+
+
+@pytest.mark.parametrize("command", [["replay", "--to", "tensorboard"], ["plot"], ["diagnose"]])
+def test_strict_refuses_a_step_written_twice(trained, tmp_path, capsys, command):
+    run_dir = _edit_log(trained, tmp_path, lambda lines: lines[:8] + [lines[7]] + lines[8:])
+    assert [r.step for r in read_run(str(run_dir)).ranks[0].records].count(7) == 2  # read as written without it
+    assert main([command[0], str(run_dir), *command[1:], "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "rank_0.jsonl:9: step 7 is written twice (first at line 8)" in err and "Traceback" not in err

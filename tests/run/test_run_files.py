@@ -76,3 +76,27 @@ def test_an_unwritable_run_dir_is_told_not_raised(tmp_path, caplog):
     blocker.write_text("")
     assert write_run_files(str(blocker / "run"), META, "# r\n") is False
     assert "cannot write" in caplog.text
+
+
+def test_run_json_and_the_readme_config_are_strict_json(tmp_path):
+    meta = {"run_name": "r", "config": {"params": {"a": float("nan"), "b": float("inf"), "c": [float("-inf"), 1.5]}}}
+    assert write_run_files(str(tmp_path), meta, metadata.render_readme("r", "id", meta, {}, str(tmp_path))) is True
+
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    data = json.loads((tmp_path / RUN_JSON).read_text(), parse_constant=refuse)
+    assert data["config"]["params"] == {"a": "nan", "b": "inf", "c": ["-inf", 1.5]}
+    readme = (tmp_path / README).read_text()
+    block = readme.split("```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(block, parse_constant=refuse)["params"]["a"] == "nan"
+
+
+def test_a_line_break_in_the_run_name_or_command_keeps_the_readme_heading_one_line(tmp_path):
+    meta = {"command": "train.py --note 'a\nb'"}
+    readme = metadata.render_readme("run\n# injected\r\nheading", "id", meta, {}, str(tmp_path))
+    lines = readme.splitlines()
+    assert lines[0] == "# run # injected heading"
+    assert [line for line in lines if line.startswith("#")] == ["# run # injected heading", "## Sinks",
+                                                               "## Look at it", "## Resolved config"]
+    assert "- command: `train.py --note 'a b'`" in lines

@@ -50,7 +50,14 @@ def test_only_plain_types_can_be_declared():
      "must be < 1, got 1.0"),
     (Option(float, 0.98, "d", low=0, low_open=True, high=1), 0, "expected a number > 0 and < 1, got 0",
      "must be > 0, got 0"),
-    (Option(float, 1.0, "f", 0), math.nan, "expected a number >= 0, got nan", "must be >= 0, got nan"),
+    (Option(float, 1.0, "f", 0), math.nan, "expected a finite number >= 0, got nan", "must be a finite number, got nan"),
+    (Option(float, 1.0, "f", 0), math.inf, "expected a finite number >= 0, got inf", "must be a finite number, got inf"),
+    (Option(float, None, "f", 0, low_open=True), -math.inf, "expected null or a finite number > 0, got -inf",
+     "must be a finite number, got -inf"),
+    (Option(int, None, "r", 0, high=100), 10 ** 12, "expected null or an integer >= 0 and < 100, got 1000000000000",
+     "must be < 100, got 1000000000000"),
+    (Option(str, None, "u", valid=lambda v: None if v.startswith("http") else "not http"), "ftp://x", "not http",
+     "not http"),
     (Option(int, 5, "i", 1), True, "expected an integer >= 1, got True", "expected an int, got True"),
     (Option(str, "debug", "p", choices=("debug", "production")), "debugg", "expected one of debug, production, "
      "got 'debugg'", "must be one of debug, production, got 'debugg'; did you mean 'debug'?"),
@@ -60,6 +67,17 @@ def test_only_plain_types_can_be_declared():
 def test_one_rule_two_wordings(option, value, whole, rule):
     """One rule for sinks and health checks: ``check`` says the whole expectation, ``problem`` the broken rule."""
     assert (option.check(value), option.problem(value)) == (whole, rule)
+
+
+def test_an_at_most_pair_is_checked_with_defaults_and_names_both_options():
+    declared = {"initial": Option(float, 1.0, "i", 0, at_most="most"), "most": Option(float, 60.0, "m", 0)}
+    assert check_options(declared, {"initial": 100, "most": 10}) == [
+        ("initial", "must be <= most, which is 10; got 100")]
+    assert check_options(declared, {"initial": 100}) == [("initial", "must be <= most, which is 60.0 (its default); "
+                                                                     "got 100")]
+    assert check_options(declared, {"most": 0.5}) == [("initial", "must be <= most, which is 0.5; got 1.0")]
+    assert check_options(declared, {"initial": 5, "most": 5}) == []
+    assert check_options(declared, {"initial": "x", "most": 1}) == [("initial", "expected a number >= 0, got 'x'")]
 
 
 def test_unknown_options_suggest_or_list_the_declared_ones():
