@@ -115,6 +115,7 @@ class Config:
     reduce_ranks: Optional[Tuple[int, ...]] = None
     collective_timeout_s: float = 60.0
     straggler: Mapping[str, Any] = field(default_factory=lambda: dict(STRAGGLER_DEFAULTS))
+    per_rank_curves: Union[str, Tuple[int, ...]] = "auto"
     sweep_id: Optional[str] = None
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -126,6 +127,8 @@ class Config:
         object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
         object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
         object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
+        if not isinstance(self.per_rank_curves, str):
+            object.__setattr__(self, "per_rank_curves", tuple(int(r) for r in self.per_rank_curves))
         for name in ("health", "params"):
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
         if isinstance(self.system, Mapping):

@@ -35,8 +35,8 @@ from msbridge.metrics.rank_timing import (
     StepTimer,
     StragglerWatch,
     own_step_times,
-    rank_step_time,
 )
+from msbridge.names import rank_step_time
 from msbridge.sinks.base import FAILED, FINISHED
 
 
@@ -117,7 +117,7 @@ def test_a_ranks_own_step_time_leaves_out_its_wait_for_the_others():
 
 
 def test_only_a_rank_slow_in_k_consecutive_windows_is_a_straggler():
-    watch = StragglerWatch(4, margin=0.15, windows=3)
+    watch = StragglerWatch(4, margin=0.15, windows=3, curves=range(4))
     normal = [(13, 12, 1)] * 4
     slow3 = normal[:3] + [(13, 9, 4)]  # rank 3: 30% slower than the others every window
     events = []
