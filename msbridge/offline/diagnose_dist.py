@@ -84,8 +84,8 @@ def check_stragglers(run: RunLog) -> List[Diagnosis]:
     log = run.ranks[min(run.ranks)]
     ranks, steps, by_step, names = _own_times(run)
     if len(ranks) < 2:
-        raise Skip(f"no per-rank step times ({OWN_STEP_TIME} in each rank's file, or dist/step_time_ms/rank_* in "
-                   "rank 0's): a single-process run, or one recorded before msbridge carried each rank's timing")
+        raise Skip(f"no per-rank step times ({OWN_STEP_TIME}): a single-process run, or one recorded before "
+                   "msbridge carried each rank's timing")
     own = np.array([[by_step[s].get(r, math.nan) for r in ranks] for s in steps], dtype=np.float64)
     margin, windows = _settings(run)
     median = np.array([median_of_others(row) for row in own])

@@ -307,6 +307,7 @@ class ColumnLog:
         self._steps, self._ranks, self._times = array("q"), array("q"), array("d")
         self._rows: Dict[str, array] = {}  # name -> indices of the records holding it
         self._values: Dict[str, array] = {}
+        self._view: Optional[_ColumnRecords] = None
 
     @property
     def rank(self) -> int:
@@ -339,9 +340,17 @@ class ColumnLog:
     def metric_names(self) -> List[str]:
         return list(self._rows)
 
+    def steps(self) -> "np.ndarray":
+        """Every record's step, in file order."""
+        import numpy as np
+
+        return np.frombuffer(self._steps, dtype=np.int64)
+
     @property
     def records(self) -> "_ColumnRecords":
-        return _ColumnRecords(self)
+        if self._view is None or len(self._view) != len(self._steps):
+            self._view = _ColumnRecords(self)
+        return self._view
 
 
 class _ColumnRecords(Sequence):
@@ -352,23 +361,34 @@ class _ColumnRecords(Sequence):
 
         self._log = log
         n = len(log._steps)
-        self._dense = {}
-        for name, rows in log._rows.items():
-            column = np.full(n, np.nan)
-            present = np.zeros(n, dtype=bool)
-            index = np.frombuffer(rows, dtype=np.int64)
-            column[index], present[index] = np.frombuffer(log._values[name], dtype=np.float64), True
-            self._dense[name] = (column, present)
+        self._names = list(log._rows)
+        self._matrix = np.full((n, len(self._names)), np.nan)
+        self._present = np.zeros((n, len(self._names)), dtype=bool)
+        for j, name in enumerate(self._names):
+            index = np.frombuffer(log._rows[name], dtype=np.int64)
+            self._matrix[index, j] = np.frombuffer(log._values[name], dtype=np.float64)
+            self._present[index, j] = True
+        self._full = self._present.all(axis=1)
 
     def __len__(self) -> int:
         return len(self._log._steps)
+
+    def __iter__(self) -> Iterator[Record]:
+        log, names, chunk = self._log, self._names, 8192
+        for start in range(0, len(self), chunk):
+            stop = min(start + chunk, len(self))
+            rows = self._matrix[start:stop].tolist()
+            for i, row in zip(range(start, stop), rows):
+                values = dict(zip(names, row)) if self._full[i] else \
+                    {n: v for n, v, p in zip(names, row, self._present[i]) if p}
+                yield Record(log._steps[i], log._ranks[i], log._times[i], values)
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = range(len(self))[i]
         log = self._log
-        values = {name: float(col[i]) for name, (col, present) in self._dense.items() if present[i]}
+        values = {n: float(v) for n, v, p in zip(self._names, self._matrix[i], self._present[i]) if p}
         return Record(log._steps[i], log._ranks[i], log._times[i], values)
 
 
