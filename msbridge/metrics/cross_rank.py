@@ -82,17 +82,20 @@ def _metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int],
     dense = bool(finite.all())
     with np.errstate(invalid="ignore", divide="ignore"):
         kept = by_step if dense else np.where(finite, by_step, 0.0)
-        out = {GLOBAL_LOSS: kept @ weights / weights.sum()}
-        counts = finite.sum(axis=0)
-        means = kept.sum(axis=0) / counts if not dense else by_step.mean(axis=0)
-        if not dense:
+        out = {GLOBAL_LOSS: np.einsum("ij,j->i", kept, weights) / weights.sum()}  # einsum: no BLAS threads
+        if dense:
+            means = by_step.mean(axis=0)
+            tie = means
+        else:
+            counts = finite.sum(axis=0)
+            means = kept.sum(axis=0) / counts
+            tie = np.where(counts > 0, means, 0.0)
             out[GLOBAL_LOSS] = np.where(finite.all(axis=1), out[GLOBAL_LOSS], np.nan)
         if curves:
             index = {r: i for i, r in enumerate(ranks)}
             out.update({rank_loss(r): by_step[:, index[r]].copy() for r in curves if r in index})
         stats, deviation = spread_by_step(by_step, finite, LOSS_SPREAD, nonfinite=True)  # sorts by_step
         out.update(stats)
-        tie = np.where(counts > 0, means, 0.0)
         out[OUTLIER_RANK] = np.full(by_step.shape[0], _outlier(deviation, finite, dense, stats[LOSS_SPREAD + "_std"],
                                                                 tie, ranks))
     return out, means
