@@ -26,7 +26,7 @@ import numpy as np
 from ..capture.window import Window
 from ..health.runner import Verdict
 from ..metrics.cross_rank import Reducer
-from ..metrics.payload import ANOMALY_CHECK, ANOMALY_STEP, HEADER, TIMING, Slots, check_index, pack
+from ..metrics.payload import ANOMALY_CHECK, ANOMALY_STEP, HEADER, TIMING, Slots, pack
 from ..metrics.stream import Stream
 from ..names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.base import Event, Record
@@ -65,7 +65,7 @@ class VirtualJob:
         >>> job = VirtualJob(ranks=4096, window=100)
         >>> flushes = job.run(windows=5)
         >>> len({n for f in flushes for r in f.records for n in r.values})
-        36
+        38
     """
 
     ranks: int
