@@ -5,7 +5,8 @@ The run is rank 0 of a data-parallel job as msbridge writes it: 20 metrics a ste
 grad norm, lr, loss scale, overflow, epoch, throughput, the health counters, the global loss and its spread,
 host RSS) in flush windows of 100 steps through the real ``JsonlSink``, with events (anomalies and their
 recoveries, stragglers, a checkpoint), and the ``run.json`` a run has. Peak memory is each child's own
-``ru_maxrss`` (the rusage ``os.wait4`` returns for it, as ``resource.getrusage`` reports it).
+``ru_maxrss`` (the rusage ``os.wait4`` returns for it, as ``resource.getrusage`` reports it); the run is built
+in a child of its own, so the timing process stays small and passes no peak on to the children it times.
 
 Example:
     $ python -m msbridge.cli.bench_long --steps 500000 --out /tmp/msbridge-long
@@ -134,7 +135,11 @@ def timed(name: str, argv: Sequence[str], cwd: str, timeout: float) -> Dict[str,
 def run_bench(root: str, steps: int, timeout: float = 3600.0, only: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Build the run, then time each command; returns the report (also written to ``root/bench_long.json``)."""
     started = time.perf_counter()
-    run_dir = build_run(root, steps)
+    # In a child: a parent that held the run would pass its peak RSS on to every child it spawns (Linux keeps
+    # ru_maxrss across execve), so the children's peaks would read at least the builder's.
+    subprocess.run([sys.executable, "-m", "msbridge.cli.bench_long", "--build-only", "--steps", str(steps),
+                    "--out", root], check=True)
+    run_dir = os.path.join(root, EXPERIMENT, RUN_NAME)
     report: Dict[str, Any] = {"steps": steps, "metrics": len(columns(10)), "build_s": round(time.perf_counter() - started, 1),
                               "jsonl_mb": round(os.path.getsize(os.path.join(run_dir, "metrics", "rank_0.jsonl")) / 1e6, 1),
                               "load_before": os.getloadavg(), "rows": []}
@@ -178,8 +183,12 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--steps", type=int, default=500_000)
     parser.add_argument("--out", default="./bench_long", help="where the run, the stores and bench_long.json go")
     parser.add_argument("--only", default="", help="comma-separated commands to time (default: all)")
+    parser.add_argument("--build-only", action="store_true", help="write the run and stop (what the bench runs first)")
     args = parser.parse_args(list(argv) or None)
     os.makedirs(args.out, exist_ok=True)
+    if args.build_only:
+        print(build_run(os.path.abspath(args.out), args.steps))
+        return 0
     report = run_bench(os.path.abspath(args.out), args.steps, only=[o for o in args.only.split(",") if o] or None)
     print(json.dumps({"steps": report["steps"], "build_s": report["build_s"], "jsonl_mb": report["jsonl_mb"],
                       "load": [report["load_before"], report["load_after"]], "targets": report["targets"]}, indent=1))
