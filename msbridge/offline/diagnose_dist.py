@@ -72,7 +72,7 @@ def _own_times(run: RunLog) -> Tuple[List[int], List[int], Dict[int, Dict[int, f
         return sorted(own), sorted(by_step), by_step, {r: OWN_STEP_TIME for r in own}
     log = run.ranks[min(run.ranks)]
     names = {int(m.group(1)): n for n in log.metric_names() if (m := _RANK_TIME.match(n))}
-    for rec in log.records:
+    for rec in log.records if names else ():
         for r, name in names.items():
             if name in rec.values:
                 by_step.setdefault(rec.step, {})[r] = rec.values[name]
