@@ -182,6 +182,12 @@ class Reducer:
         self.watchdog = Watchdog(timeout_s, on_timeout)
         self.timer = StepTimer()
         self.curves = curve_ranks(per_rank_curves, group)
+        if not isinstance(per_rank_curves, str) and is_global:
+            missing = sorted(set(int(r) for r in per_rank_curves) - set(self.curves))
+            if missing:
+                log.warning("msbridge: per_rank_curves: rank(s) %s are not in the reduction group (ranks 0-%d%s), "
+                            "so rank 0 logs no loss curve for them", missing, world_size - 1,
+                            "" if ranks is None else ", reduce_ranks")
         self._stragglers = StragglerWatch(world_size, **straggler_settings(straggler or {}),
                                           curves=curve_ranks(per_rank_curves, range(world_size)))
         self._outliers = OutlierWatch()

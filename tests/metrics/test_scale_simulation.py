@@ -95,3 +95,9 @@ def test_explicit_per_rank_curves_and_none():
     assert names == {rank_loss(3), rank_loss(77), "dist/step_time_ms/rank_3", "dist/step_time_ms/rank_77"}
     small = VirtualJob(ranks=8, per_rank_curves="none", plant=Plant()).run(1)
     assert not [n for f in small for r in f.records for n in r.values if "/rank_" in n]
+
+
+def test_per_rank_curves_naming_a_rank_outside_the_job_says_so(caplog):
+    with caplog.at_level("WARNING", logger="msbridge"):
+        VirtualJob(ranks=8, per_rank_curves=[1, 12])
+    assert "per_rank_curves: rank(s) [12] are not in the reduction group (ranks 0-7)" in caplog.text
