@@ -165,7 +165,8 @@ class BridgeMonitor(Callback):
 
             self._reducer = make_reducer(self.run, batch_size, cfg.flush_steps, cfg.reduce_ranks,
                                          cfg.collective_timeout_s, on_timeout=self._on_collective_timeout,
-                                         straggler=cfg.straggler, loss_metrics=cfg.global_loss)
+                                         straggler=cfg.straggler, loss_metrics=cfg.global_loss,
+                                         per_rank_curves=cfg.per_rank_curves)
             if self.health.every_step:
                 # Ranks meet in one collective per flush, never per step: a stop lands at the flush.
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "

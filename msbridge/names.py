@@ -3,8 +3,11 @@
     train/loss  train/loss_ema  train/grad_norm  train/lr  train/loss_scale
     train/overflow  train/epoch
     perf/step_time_ms  perf/samples_per_s  perf/tokens_per_s  perf/monitor_overhead
-    global (rank 0 only): train/global_loss  dist/loss_min  dist/loss_max
-    dist/loss_std  dist/outlier_rank  dist/loss/rank_{r}
+    distributed, every rank (per flush): perf/own_step_time_ms  perf/data_wait_ms
+    global (rank 0 only), per step: train/global_loss  dist/loss_{min,max,mean,std,p5,p50,p95}
+    dist/loss_nonfinite_ranks  dist/outlier_rank  (dist/loss/rank_{r}: per_rank_curves only)
+    global, per flush window: dist/step_time_ms_{min,max,mean,std,p5,p50,p95}  dist/slowest_rank
+    dist/data_wait_ms_{min,max,mean,std,p5,p50,p95}  (dist/step_time_ms/rank_{r}: per_rank_curves only)
     model internals: grad_norm/{param}  weight_norm/{param}  optimizer/{state}_norm/{param}
     attention/max_logit/{layer}  attention/max_logit_max  attention/max_logit_mean  (from mindformers)
     histogram event tags: weights/{param}  grads/{param}
@@ -38,6 +41,14 @@ LOSS_MIN = "dist/loss_min"
 LOSS_MAX = "dist/loss_max"
 LOSS_STD = "dist/loss_std"
 OUTLIER_RANK = "dist/outlier_rank"
+LOSS_SPREAD = "dist/loss"  # the base of dist/loss_{min,max,mean,std,p5,p50,p95,nonfinite_ranks}
+STEP_TIME_SPREAD = "dist/step_time_ms"  # each rank's own step time, per flush window
+DATA_WAIT_SPREAD = "dist/data_wait_ms"  # each rank's longest data wait, per flush window
+SLOWEST_RANK = "dist/slowest_rank"
+#: Each rank's own timing of the window (distributed runs), in its own stream: its step time without its wait
+#: for slower ranks, and its median data wait.
+OWN_STEP_TIME = "perf/own_step_time_ms"
+DATA_WAIT = "perf/data_wait_ms"
 
 
 # Model internals (``layer_norms``): one series per parameter, or per layer with ``layer_norms_group``.
@@ -97,6 +108,16 @@ def max_logit_name(layer: str) -> str:
 def rank_loss(rank: int) -> str:
     """Name of one rank's local loss as the global rank logs it, so the curves overlay."""
     return f"dist/loss/rank_{rank}"
+
+
+def spread_name(base: str, stat: str) -> str:
+    """One statistic across ranks: ``spread_name("dist/loss", "p95")`` is ``dist/loss_p95``."""
+    return f"{base}_{stat}"
+
+
+def rank_step_time(rank: int) -> str:
+    """One rank's own step time (ms, window median) as the global rank logs it (``per_rank_curves``)."""
+    return f"dist/step_time_ms/rank_{rank}"
 
 
 def is_global_metric(name: str) -> bool:

@@ -18,14 +18,14 @@ import os
 
 from ..offline.diagnose import diagnose
 from ..offline.series import run_notes
-from ..sinks.runlog import read_run
+from ..sinks.runlog import read_run_columns
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``msbridge plot RUN_DIR [-o FILE.png]``: notes first, then the PNG's path (the last line)."""
     from ..offline.plot import plot_run
 
-    run = read_run(args.run_dir, strict=args.strict)
+    run = read_run_columns(args.run_dir, strict=args.strict)
     output = args.output or os.path.join(args.run_dir, "plot.png")
     for note in run_notes(run):
         print(f"[msbridge] note: {note}")
@@ -35,7 +35,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """``msbridge diagnose RUN_DIR [--format text|json]``: exit code 0 whatever it finds."""
-    report = diagnose(read_run(args.run_dir, strict=args.strict))
+    report = diagnose(read_run_columns(args.run_dir, strict=args.strict))
     print(json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_text())
     return 0
 

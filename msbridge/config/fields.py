@@ -116,6 +116,12 @@ def _ranks(value: Any) -> Optional[str]:
     return f"expected null or a non-empty list of ranks (integers from 0 to {MAX_RANKS - 1:_}), got {value!r}"
 
 
+def _curves(value: Any) -> Optional[str]:
+    if value in ("auto", "none") or (isinstance(value, (list, tuple)) and _ranks(value) is None):
+        return None
+    return f"expected 'auto', 'none' or a non-empty list of ranks (integers from 0 to {MAX_RANKS - 1:_}), got {value!r}"
+
+
 def _tags(value: Any) -> Optional[str]:
     if not isinstance(value, Mapping):
         return f"expected a mapping of tag -> value, got {value!r}"
@@ -180,6 +186,9 @@ FIELDS: Dict[str, Field] = {
                        "straggler; default {margin: 0.15, windows: 3}"),
     "alerts": Field("mapping", lambda v: None,  # checked key by key (_NESTED); docs/alerts.md
                     "chat/webhook alerts: {targets: [{type, url, secret}], on: [...], stall_seconds}"),
+    "per_rank_curves": Field("'auto', 'none' or list of int", _curves,
+                             "ranks whose own loss and step time rank 0 also logs (dist/loss/rank_{r}); auto: "
+                             "every rank up to 16 ranks, none above (each rank's own files always have its curves)"),
     "sweep_id": Field("str or null", _text(optional=True), "groups the runs of one sweep"),
     "tags": Field("mapping", _tags, "tags for trackers (values become strings)"),
     "params": Field("mapping", _mapping, "the training job's hyperparameters, logged, not interpreted"),

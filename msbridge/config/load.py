@@ -119,6 +119,7 @@ class Config:
     collective_timeout_s: float = 60.0
     straggler: Mapping[str, Any] = field(default_factory=lambda: dict(STRAGGLER_DEFAULTS))
     alerts: Mapping[str, Any] = field(default_factory=dict)
+    per_rank_curves: Union[str, Tuple[int, ...]] = "auto"
     sweep_id: Optional[str] = None
     tags: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -131,6 +132,8 @@ class Config:
         object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
         object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
         object.__setattr__(self, "alerts", _frozen(plain_section(thaw(self.alerts or {}))))
+        if not isinstance(self.per_rank_curves, str):
+            object.__setattr__(self, "per_rank_curves", tuple(int(r) for r in self.per_rank_curves))
         for name in ("health", "params"):
             object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
         if isinstance(self.system, Mapping):

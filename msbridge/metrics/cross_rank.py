@@ -10,17 +10,23 @@ pipeline stage under pipeline parallelism):
 - ``train/global_loss``: the group's losses averaged with each rank's batch size
   as weight, i.e. the loss over every sample of the step. NaN when any group
   rank's loss is NaN or inf at that step (the job's loss *is* non-finite then);
-- ``dist/loss_min``, ``dist/loss_max``, ``dist/loss_std`` (population std across
-  ranks, unweighted): over the finite losses of the step;
-- ``dist/loss/rank_{r}``: every group rank's loss, so the curves overlay;
+- ``dist/loss_min``, ``_max``, ``_mean``, ``_std`` (population std across ranks,
+  unweighted), ``_p5``, ``_p50``, ``_p95``: over the finite losses of the step, and
+  ``dist/loss_nonfinite_ranks``, how many group ranks' losses are not finite
+  (``spread``): the same number of series at any world size;
+- ``dist/loss/rank_{r}``: the loss of each rank ``per_rank_curves`` picks (every
+  rank up to 16 ranks by default), so the curves overlay;
 - ``dist/outlier_rank``: one rank per window (the same value at each of its
   steps). Each rank scores the mean over the window of ``|loss - mean| / std``
   (per step, across ranks; non-finite losses and steps where all ranks agree are
   left out); the highest score wins, a tie (always the case with 2 ranks) goes to
   the rank with the higher mean loss. NaN when no rank deviates.
 
-and, per window, the timing metrics and ``straggler`` events (``rank_timing``)
-and ``blame`` events (``rank_health``). Other ranks add nothing global.
+and, per window, the timing metrics and ``straggler``/``rank_stall`` events
+(``rank_timing``), ``rank_outlier`` events (``spread``) and ``blame`` events
+(``rank_health``). Every rank adds its own ``perf/own_step_time_ms`` and
+``perf/data_wait_ms`` to its own last record of the window; other ranks add
+nothing global.
 
 Example:
     >>> reducer = make_reducer(run, batch_size=8, capacity=100)   # on every rank, after init()
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -41,59 +47,75 @@ from ..capture.window import Window
 from ..config.fields import straggler_settings
 from ..errors import ConfigError
 from ..health.runner import Stop, Verdict
-from ..names import GLOBAL_LOSS, LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
+from ..names import DATA_WAIT, GLOBAL_LOSS, LOSS, LOSS_SPREAD, OUTLIER_RANK, OWN_STEP_TIME, rank_loss
 from ..sinks.base import Event, Record, RunInfo
 from .payload import BATCH, FIRST, HEADER, LAST, TIMING, WINDOW_SLOTS, N, Slots, pack, unpack_step
 from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event
-from .rank_timing import StepTimer, StragglerWatch
+from .rank_timing import StepTimer, StragglerWatch, own_step_times
+from .spread import Curves, OutlierWatch, curve_ranks, spread_by_step
 
 log = logging.getLogger("msbridge")
 
 TimeoutHook = Callable[[Window], None]
 
 
-def cross_rank_metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int]) -> Dict[str, np.ndarray]:
+def cross_rank_metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int],
+                       curves: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
     """Per-step global and spread metrics from the group's losses (``[len(ranks), steps]``).
 
-    ``weights`` are the ranks' batch sizes. See the module docstring for the definitions.
+    ``weights`` are the ranks' batch sizes; ``curves`` the ranks that keep a ``dist/loss/rank_{r}`` curve
+    (None: ``per_rank_curves: auto``). See the module docstring for the definitions.
 
     Example:
         >>> cross_rank_metrics(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([1.0, 1.0]), [0, 1])["train/global_loss"]
         array([2., 3.])
     """
-    with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf in branches np.where throws away
-        return _metrics(np.asarray(losses, dtype=np.float64), np.asarray(weights, dtype=np.float64), ranks)
+    return _metrics(losses, weights, ranks, curve_ranks("auto", ranks) if curves is None else curves)[0]
 
 
-def _metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int]) -> Dict[str, np.ndarray]:
-    finite = np.isfinite(losses)
-    count = finite.sum(axis=0)
-    some = count > 0
-    kept = np.where(finite, losses, 0.0)
-    mean = np.where(some, kept.sum(axis=0) / np.maximum(count, 1), np.nan)
-    deviation = np.where(finite, losses - mean, 0.0)
-    std = np.where(some, np.sqrt((deviation ** 2).sum(axis=0) / np.maximum(count, 1)), np.nan)
-    out = {
-        GLOBAL_LOSS: np.where(finite.all(axis=0), (weights[:, None] * kept).sum(axis=0) / weights.sum(), np.nan),
-        LOSS_MIN: np.where(some, np.where(finite, losses, np.inf).min(axis=0), np.nan),
-        LOSS_MAX: np.where(some, np.where(finite, losses, -np.inf).max(axis=0), np.nan),
-        LOSS_STD: std,
-        OUTLIER_RANK: np.full(losses.shape[1], _outlier(losses, finite, deviation, std, ranks)),
-    }
-    out.update({rank_loss(r): losses[i] for i, r in enumerate(ranks)})
-    return out
+def _metrics(losses: np.ndarray, weights: np.ndarray, ranks: Sequence[int],
+             curves: Sequence[int]) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """The metrics, and each rank's mean finite loss over the window (NaN: none). Works on one row per step."""
+    by_step = np.array(np.asarray(losses).T, dtype=np.float64, order="C")
+    weights = np.asarray(weights, dtype=np.float64)
+    finite = np.isfinite(by_step)
+    dense = bool(finite.all())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kept = by_step if dense else np.where(finite, by_step, 0.0)
+        out = {GLOBAL_LOSS: np.einsum("ij,j->i", kept, weights) / weights.sum()}  # einsum: no BLAS threads
+        if dense:
+            means = by_step.mean(axis=0)
+            tie = means
+        else:
+            counts = finite.sum(axis=0)
+            means = kept.sum(axis=0) / counts
+            tie = np.where(counts > 0, means, 0.0)
+            out[GLOBAL_LOSS] = np.where(finite.all(axis=1), out[GLOBAL_LOSS], np.nan)
+        if curves:
+            index = {r: i for i, r in enumerate(ranks)}
+            out.update({rank_loss(r): by_step[:, index[r]].copy() for r in curves if r in index})
+        stats, deviation = spread_by_step(by_step, finite, LOSS_SPREAD, nonfinite=True)  # sorts by_step
+        out.update(stats)
+        out[OUTLIER_RANK] = np.full(by_step.shape[0], _outlier(deviation, finite, dense, stats[LOSS_SPREAD + "_std"],
+                                                                tie, ranks))
+    return out, means
 
 
-def _outlier(losses: np.ndarray, finite: np.ndarray, deviation: np.ndarray, std: np.ndarray,
+def _outlier(deviation: np.ndarray, finite: np.ndarray, dense: bool, std: np.ndarray, mean_loss: np.ndarray,
              ranks: Sequence[int]) -> float:
-    spread = np.nan_to_num(std) > 0
-    scored = finite & spread[None, :]
-    z = np.where(scored, np.abs(deviation) / np.where(spread, std, 1.0), 0.0)
-    steps = scored.sum(axis=1)
-    score = np.where(steps > 0, z.sum(axis=1) / np.maximum(steps, 1), 0.0)
+    """The rank with the highest mean ``|loss - mean| / std`` over the window (``[steps, ranks]``)."""
+    spread_ = np.nan_to_num(std) > 0
+    if dense and spread_.all():
+        z = np.abs(deviation, out=deviation)
+        z /= std[:, None]
+        score = z.mean(axis=0)
+    else:
+        scored = finite & spread_[:, None]
+        z = np.where(scored, np.abs(deviation) / np.where(spread_, std, 1.0)[:, None], 0.0)
+        steps = scored.sum(axis=0)
+        score = np.where(steps > 0, z.sum(axis=0) / np.maximum(steps, 1), 0.0)
     if not (score > 0).any():
         return float("nan")
-    mean_loss = np.where(finite, losses, 0.0).sum(axis=1) / np.maximum(finite.sum(axis=1), 1)
     tied = score >= score.max() * (1 - 1e-6)
     return float(ranks[int(np.argmax(np.where(tied, mean_loss, -np.inf)))])
 
@@ -131,6 +153,10 @@ class Reducer:
             without one the timeout is only logged.
         straggler: ``{margin, windows}`` of ``rank_timing.StragglerWatch`` (the ``straggler`` setting).
         loss_metrics: add the cross-rank loss metrics to the global rank's records (``global_loss``).
+        per_rank_curves: ``"auto"`` (one curve per rank up to ``spread.AUTO_CURVES_MAX_RANKS`` ranks),
+            ``"none"`` or a list of ranks: whose loss and step time the global rank also logs one by one.
+        gather: ``gather(payload) -> table`` (one row per rank); None: the real AllGather over the world
+            group (``capture.collective``). The scale simulation hands in a stand-in for thousands of ranks.
 
     Example:
         >>> reducer = Reducer(rank=0, world_size=2, is_global=True, batch_size=8, capacity=100)
@@ -142,7 +168,8 @@ class Reducer:
     def __init__(self, rank: int, world_size: int, is_global: bool, batch_size: Optional[int], capacity: int,
                  ranks: Optional[Sequence[int]] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_timeout: Optional[TimeoutHook] = None, straggler: Optional[Mapping[str, Any]] = None,
-                 loss_metrics: bool = True) -> None:
+                 loss_metrics: bool = True, per_rank_curves: Curves = "auto",
+                 gather: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
         group = sorted(set(range(world_size) if ranks is None else (int(r) for r in ranks)))
         bad = [r for r in group if not 0 <= r < world_size]
         if not group or bad:
@@ -154,9 +181,21 @@ class Reducer:
         self.loss_metrics = loss_metrics
         self.watchdog = Watchdog(timeout_s, on_timeout)
         self.timer = StepTimer()
-        self._stragglers = StragglerWatch(world_size, **straggler_settings(straggler or {}))
+        self.curves = curve_ranks(per_rank_curves, group)
+        if not isinstance(per_rank_curves, str) and is_global:
+            missing = sorted(set(int(r) for r in per_rank_curves) - set(self.curves))
+            if missing:
+                log.warning("msbridge: per_rank_curves: rank(s) %s are not in the reduction group (ranks 0-%d%s), "
+                            "so rank 0 logs no loss curve for them", missing, world_size - 1,
+                            "" if ranks is None else ", reduce_ranks")
+        self._stragglers = StragglerWatch(world_size, **straggler_settings(straggler or {}),
+                                          curves=curve_ranks(per_rank_curves, range(world_size)))
+        self._outliers = OutlierWatch()
         self._blame = Blame(quiet_steps=self.capacity)
-        self._op = gather_op()
+        if gather is None:
+            op = gather_op()
+            gather = lambda payload: all_gather(op, payload)  # noqa: E731
+        self._all_gather = gather
         self._warned: Set[int] = set()
 
     @property
@@ -188,6 +227,7 @@ class Reducer:
                 slots.n, slots.first, slots.last = len(steps), int(steps[0]), int(steps[-1])
                 parts.append(self._gather(slots, loss[start:start + self.capacity]))
         table = parts[0][0]
+        self._own_timing(verdict.records, table)
         events: List[Event] = []
         agreed = agree_stop(table)
         last = int(window.steps[-1])
@@ -195,16 +235,29 @@ class Reducer:
             events.append(stop_event(agreed, last, self.rank, ranks_stopping(table)))
             stop = health_stop(agreed, stop, self.rank)
         if self.is_global:
-            events += self._global(window, verdict.records, table, np.hstack([p[1] for p in parts])[self.ranks])
+            losses = parts[0][1] if len(parts) == 1 else np.hstack([p[1] for p in parts])
+            if len(self.ranks) < self.world_size:
+                losses = losses[self.ranks]
+            events += self._global(window, verdict.records, table, losses)
         return Agreement(Verdict(list(verdict.records), list(verdict.events) + events), stop)
 
+    def _own_timing(self, records: Sequence[Record], table: np.ndarray) -> None:
+        """This rank's own step time and data wait of the window onto its last record (every rank)."""
+        own = float(own_step_times(table[:, TIMING:HEADER])[self.rank])
+        wait = float(table[self.rank, TIMING + 2])
+        if records:
+            records[-1].values.update((k, v) for k, v in ((OWN_STEP_TIME, own), (DATA_WAIT, wait)) if np.isfinite(v))
+
     def _global(self, window: Window, records: Sequence[Record], table: np.ndarray, losses: np.ndarray) -> List[Event]:
-        """The global rank's share: the cross-rank metrics onto ``records``, straggler and blame events."""
+        """The global rank's share: the cross-rank metrics onto ``records``; straggler, stall, outlier and
+        blame events."""
         batches = table[self.ranks, BATCH].astype(np.float64)
         weights = batches if (batches > 0).all() else np.ones(len(self.ranks))
-        window.global_scalars.update(cross_rank_metrics(losses, weights, self.ranks))
+        metrics, means = _metrics(losses, weights, self.ranks, self.curves)
+        window.global_scalars.update(metrics)
         first, last = int(window.steps[0]), int(window.steps[-1])
         timing, events = self._stragglers.observe(table[:, TIMING:HEADER], first, last, self.rank)
+        events += self._outliers.observe(means, self.ranks, window.steps, self.rank)
         events += self._blame.observe(table, losses, self.ranks, window.steps, self.rank)
         if self.loss_metrics:
             columns = list(window.global_scalars.items())
@@ -219,10 +272,12 @@ class Reducer:
         rank's steps differ)."""
         k = slots.n
         payload = pack(slots, loss, self.capacity)
-        table = all_gather(self._op, payload)
-        losses = table[:, HEADER:HEADER + k].astype(np.float64)
+        table = self._all_gather(payload)
+        losses = table[:, HEADER:HEADER + k]  # float32, as gathered: read, never written in place
         if self.is_global:
             same = (table[:, WINDOW_SLOTS] == payload[WINDOW_SLOTS]).all(axis=1)
+            if not same.all():
+                losses = losses.astype(np.float64)
             for r in np.flatnonzero(~same):
                 losses[r] = np.nan
                 if r not in self._warned:

@@ -40,23 +40,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..health.runner import make_event
+from ..names import DATA_WAIT_SPREAD, SLOWEST_RANK, STEP_TIME_SPREAD, rank_step_time, spread_name
 from ..sinks.base import Event
 from .payload import TIMING_FIELDS
+from .spread import spread, stall_event
 
 STRAGGLER = "straggler"
-STEP_TIME_MIN, STEP_TIME_MEDIAN, STEP_TIME_MAX = "dist/step_time_ms_min", "dist/step_time_ms_median", \
-    "dist/step_time_ms_max"
-SLOWEST_RANK, DATA_WAIT_MAX = "dist/slowest_rank", "dist/data_wait_ms_max"
-
-
-def rank_step_time(rank: int) -> str:
-    """One rank's own step time (ms, window median) as the global rank logs it."""
-    return f"dist/step_time_ms/rank_{rank}"
+STEP_TIME_MIN, STEP_TIME_MEDIAN, STEP_TIME_MAX = (spread_name(STEP_TIME_SPREAD, s) for s in ("min", "p50", "max"))
+DATA_WAIT_MAX = spread_name(DATA_WAIT_SPREAD, "max")
 
 
 class StepTimer:
@@ -152,12 +148,15 @@ def median_of_others(values: np.ndarray) -> np.ndarray:
 
 
 class StragglerWatch:
-    """On the global rank: the ``dist/step_time_*`` metrics of each window and the ``straggler`` events.
+    """On the global rank: the ``dist/step_time_ms_*`` and ``dist/data_wait_ms_*`` spread of each window (the
+    ranks' own step times and longest data waits), the slowest rank, and the ``straggler`` and ``rank_stall``
+    events.
 
     Args:
         world_size: every rank is timed (not only the reduction group).
         margin: a rank is slow in a window when its own step time exceeds the other ranks' median by this fraction.
         windows: consecutive slow windows that make it a straggler.
+        curves: the ranks whose own step time is also logged as ``dist/step_time_ms/rank_{r}`` (``per_rank_curves``).
 
     Example:
         >>> watch = StragglerWatch(4, margin=0.15, windows=3)
@@ -166,31 +165,34 @@ class StragglerWatch:
         3.0
     """
 
-    def __init__(self, world_size: int, margin: float, windows: int) -> None:
+    def __init__(self, world_size: int, margin: float, windows: int, curves: Sequence[int] = ()) -> None:
         self.margin, self.windows = float(margin), int(windows)
+        self.curves = [int(r) for r in curves]
         self.streak = np.zeros(world_size, dtype=np.int64)
         self._since = np.zeros(world_size, dtype=np.int64)
 
     def observe(self, timing: np.ndarray, first_step: int, last_step: int,
                 rank: int) -> Tuple[Dict[str, float], List[Event]]:
-        """The window's metrics (for its last step) and any straggler event; ``rank`` stamps the event."""
+        """The window's metrics (for its last step) and any straggler or stall event; ``rank`` stamps them."""
         own = own_step_times(timing)
         finite = np.isfinite(own)
         if not finite.any():
             return {}, []
         others = median_of_others(own)
-        metrics = {STEP_TIME_MIN: float(own[finite].min()), STEP_TIME_MEDIAN: float(np.median(own[finite])),
-                   STEP_TIME_MAX: float(own[finite].max()),
-                   SLOWEST_RANK: float(np.argmax(np.where(finite, own, -np.inf))),
-                   DATA_WAIT_MAX: float(np.nanmax(timing[:, 3])) if np.isfinite(timing[:, 3]).any() else math.nan}
-        metrics.update({rank_step_time(r): float(v) for r, v in enumerate(own)})
+        wait_max = timing[:, 3].astype(np.float64)
+        metrics = {name: float(v[0]) for name, v in spread(own[:, None], STEP_TIME_SPREAD).items()}
+        metrics[SLOWEST_RANK] = float(np.argmax(np.where(finite, own, -np.inf)))
+        if np.isfinite(wait_max).any():
+            metrics.update((name, float(v[0])) for name, v in spread(wait_max[:, None], DATA_WAIT_SPREAD).items())
+        metrics.update({rank_step_time(r): float(own[r]) for r in self.curves if r < len(own)})
+        stall = stall_event(own, wait_max, first_step, last_step, rank)
         with np.errstate(invalid="ignore"):
             slow = (others > 0) & (own > others * (1 + self.margin))
         self._since = np.where(slow & (self.streak == 0), first_step, self._since)
         self.streak = np.where(slow, self.streak + 1, 0)
         events = [self._event(r, own, float(others[r]), timing[r], last_step, rank)
                   for r in np.flatnonzero(self.streak == self.windows)]
-        return metrics, events
+        return metrics, events + ([stall] if stall is not None else [])
 
     def _event(self, r: int, own: np.ndarray, others: float, timing: np.ndarray, step: int, rank: int) -> Event:
         fields = dict(zip(TIMING_FIELDS, (float(v) for v in timing)))

@@ -302,7 +302,8 @@ def diagnose(run: RunLog) -> Report:
         'loss spiked and recovered at step(s) 150, 220'
     """
     log = run.ranks[min(run.ranks)]
-    all_steps = [r.step for lg in run.ranks.values() for r in lg.records]
+    all_steps = [s for lg in run.ranks.values()  # a streamed ColumnLog has its steps as one array
+                 for s in (lg.steps().tolist() if hasattr(lg, "steps") else [r.step for r in lg.records])]
     report = Report(run.run_dir, str(log.header.get("run_name", "")), list(run.ranks),
                     (min(all_steps, default=0), max(all_steps, default=0)), notes=run_notes(run),
                     events=[{"kind": e.kind, "step": e.step, "rank": e.rank, "detail": dict(e.detail)}

@@ -1,7 +1,8 @@
 """The distributed readings of ``msbridge diagnose``: chronic stragglers, and which rank went wrong first.
 
-- ``straggler``: from the global rank's per-window ``dist/step_time_ms/rank_{r}``
-  (each rank's own step time: its step without the wait for others). A rank
+- ``straggler``: from each rank's own file, its per-window ``perf/own_step_time_ms``
+  (its step without the wait for others); for a run with rank 0's file only, from
+  rank 0's ``dist/step_time_ms/rank_{r}`` (``per_rank_curves``). A rank
   whose own step time is above the other ranks' median by more than the run's
   ``straggler.margin`` in at least ``straggler.windows`` consecutive windows is
   chronic; a one-off stall is not. The evidence: slow windows, longest streak,
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..config.fields import straggler_settings
 from ..metrics.rank_timing import median_of_others
-from ..names import GRAD_NORM, LOSS, OVERFLOW
+from ..names import GRAD_NORM, LOSS, OVERFLOW, OWN_STEP_TIME
 from ..sinks.runlog import RunLog
 from .report import Diagnosis, Skip
 
@@ -59,20 +60,32 @@ def _streaks(slow: np.ndarray) -> List[Tuple[int, int]]:
     return out
 
 
+def _own_times(run: RunLog) -> Tuple[List[int], List[int], Dict[int, Dict[int, float]], Dict[int, str]]:
+    """``(ranks, steps, {step: {rank: own step time}}, {rank: series name})``: from every rank's own file, else
+    from rank 0's per-rank curves."""
+    by_step: Dict[int, Dict[int, float]] = {}
+    own = {r: log for r, log in run.ranks.items() if OWN_STEP_TIME in log.metric_names()}
+    if len(own) >= 2:
+        for r, log in own.items():
+            for step, value in log.series(OWN_STEP_TIME):
+                by_step.setdefault(step, {})[r] = value
+        return sorted(own), sorted(by_step), by_step, {r: OWN_STEP_TIME for r in own}
+    log = run.ranks[min(run.ranks)]
+    names = {int(m.group(1)): n for n in log.metric_names() if (m := _RANK_TIME.match(n))}
+    for rec in log.records if names else ():
+        for r, name in names.items():
+            if name in rec.values:
+                by_step.setdefault(rec.step, {})[r] = rec.values[name]
+    return sorted(names), sorted(by_step), by_step, names
+
+
 def check_stragglers(run: RunLog) -> List[Diagnosis]:
     """Ranks slower than the other ranks' median by the margin for ``windows`` consecutive windows or more."""
     log = run.ranks[min(run.ranks)]
-    names = {int(m.group(1)): n for n in log.metric_names() if (m := _RANK_TIME.match(n))}
-    if len(names) < 2:
-        raise Skip("no per-rank step times (dist/step_time_ms/rank_*): a single-process run, or one recorded "
-                   "before msbridge carried each rank's timing")
-    ranks = sorted(names)
-    by_step: Dict[int, Dict[int, float]] = {}
-    for rec in log.records:
-        for r in ranks:
-            if names[r] in rec.values:
-                by_step.setdefault(rec.step, {})[r] = rec.values[names[r]]
-    steps = sorted(by_step)
+    ranks, steps, by_step, names = _own_times(run)
+    if len(ranks) < 2:
+        raise Skip(f"no per-rank step times ({OWN_STEP_TIME}): a single-process run, or one recorded before "
+                   "msbridge carried each rank's timing")
     own = np.array([[by_step[s].get(r, math.nan) for r in ranks] for s in steps], dtype=np.float64)
     margin, windows = _settings(run)
     median = np.array([median_of_others(row) for row in own])

@@ -303,13 +303,19 @@ def draw(run: RunLog, report: Optional[Report] = None) -> Any:
     panels[-1].set_xlabel("training step")
     panels[-1].tick_params(labelbottom=True)
     header = run.header
-    steps = [r.step for log in run.ranks.values() for r in log.records]
+    steps = [s for log in run.ranks.values() for s in _step_range(log)]
     fig.suptitle(f"{header.get('run_name', 'run')}  ({header.get('experiment', '')})\n"
                  f"run {str(header.get('run_id', ''))[:12]} - {len(run.ranks)} rank file(s) of world size "
                  f"{header.get('world_size', 1)} - steps {min(steps)}-{max(steps)} - {events} event(s) - "
                  f"{len(nonfinite)} non-finite step(s)", fontsize=12)
     _footer(axes[-1], lines)
     return fig
+
+
+def _step_range(log: Any) -> List[int]:
+    """The first and last step of a rank's records (none when it has none); columns when streamed."""
+    steps = log.steps() if hasattr(log, "steps") else [r.step for r in log.records]
+    return [int(min(steps)), int(max(steps))] if len(steps) else []
 
 
 def plot_run(run: RunLog, output: str, report: Optional[Report] = None) -> str:

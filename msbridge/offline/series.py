@@ -25,9 +25,12 @@ Series = Tuple[np.ndarray, np.ndarray]  # steps, values
 
 def metric_series(log: RankLog, name: str, finite: bool = True) -> Series:
     """One metric of one rank as (steps, values); only the finite values unless ``finite`` is False."""
-    pairs = log.series(name)
-    steps = np.array([s for s, _ in pairs], dtype=np.int64)
-    values = np.array([v for _, v in pairs], dtype=np.float64)
+    if hasattr(log, "arrays"):  # a streamed ``ColumnLog``: the columns as they are held
+        steps, values = log.arrays(name)
+    else:
+        pairs = log.series(name)
+        steps = np.array([s for s, _ in pairs], dtype=np.int64)
+        values = np.array([v for _, v in pairs], dtype=np.float64)
     keep = np.isfinite(values) if finite else slice(None)
     return steps[keep], values[keep]
 

@@ -35,8 +35,8 @@ from msbridge.metrics.rank_timing import (
     StepTimer,
     StragglerWatch,
     own_step_times,
-    rank_step_time,
 )
+from msbridge.names import rank_step_time
 from msbridge.sinks.base import FAILED, FINISHED
 
 
@@ -117,7 +117,7 @@ def test_a_ranks_own_step_time_leaves_out_its_wait_for_the_others():
 
 
 def test_only_a_rank_slow_in_k_consecutive_windows_is_a_straggler():
-    watch = StragglerWatch(4, margin=0.15, windows=3)
+    watch = StragglerWatch(4, margin=0.15, windows=3, curves=range(4))
     normal = [(13, 12, 1)] * 4
     slow3 = normal[:3] + [(13, 9, 4)]  # rank 3: 30% slower than the others every window
     events = []
@@ -162,3 +162,16 @@ def test_straggler_setting_defaults_merges_and_names_bad_keys():
         load_config({"straggler": {"margn": 0.2, "windows": 0}})
     assert err.value.problems == ["<dict>: straggler.margn: unknown key; did you mean 'margin'?",
                                   "<dict>: straggler.windows: expected an integer >= 1, got 0"]
+
+
+def test_per_rank_curves_setting_auto_none_or_ranks():
+    from msbridge.metrics.spread import AUTO_CURVES_MAX_RANKS, curve_ranks
+
+    assert load_config({}).per_rank_curves == "auto"
+    assert load_config({"per_rank_curves": [3, 1]}).per_rank_curves == (3, 1)
+    assert load_config({}, ["per_rank_curves=none"]).per_rank_curves == "none"
+    with pytest.raises(ConfigError, match=r"per_rank_curves: expected 'auto', 'none' or a non-empty list of ranks"):
+        load_config({"per_rank_curves": "all"})
+    assert curve_ranks("auto", range(AUTO_CURVES_MAX_RANKS)) == list(range(16))
+    assert curve_ranks("auto", range(17)) == [] and curve_ranks("none", range(4)) == []
+    assert curve_ranks((3, 1, 99), [0, 1, 2, 3]) == [1, 3], "only ranks of the group, in rank order"

@@ -183,8 +183,8 @@ def test_json_format_is_well_formed(tmp_path, capsys):
     assert finding["check"] == "nonfinite" and finding["level"] == "high" and finding["steps"] == [160]
     assert out["events"][0]["detail"] == {"check": "nonfinite_loss", "value": "nan"}
     assert out["skipped"] == {"rank_outlier": "only one rank in this run (no per-rank local losses)",
-                              "straggler": "no per-rank step times (dist/step_time_ms/rank_*): a single-process "
-                                           "run, or one recorded before msbridge carried each rank's timing",
+                              "straggler": "no per-rank step times (perf/own_step_time_ms): a single-process run, "
+                                           "or one recorded before msbridge carried each rank's timing",
                               "first_anomaly": "only one rank's file in this run: nothing to compare"}
 
 

@@ -6,6 +6,7 @@ import os
 
 import synthetic_runs as sr
 
+from msbridge.names import OWN_STEP_TIME
 from msbridge.offline.diagnose import diagnose
 from msbridge.sinks.base import Event
 from msbridge.sinks.runlog import read_run
@@ -51,3 +52,24 @@ def test_a_live_blame_event_of_another_check_is_reported(tmp_path):
         "blamed_rank": 1, "check": "loss_spike", "first_step": 150, "same_step_ranks": [1], "then": []}))
     blames = [f for f in findings(tmp_path, scenario, "first_anomaly") if "was first" in f.title]
     assert [(f.ranks, f.steps, f.title) for f in blames] == [([1], [150], "rank 1 was first: loss_spike at step 150")]
+
+
+def test_stragglers_are_read_from_each_ranks_own_file(tmp_path):
+    """A large job's rank 0 keeps no per-rank curves: each rank's own perf/own_step_time_ms is what is read."""
+    scenario = sr.straggler(rank=2, slower=0.3, slow_from=4, stall_rank=1, stall_window=6)
+    own = {step: {int(name.rsplit("_", 1)[1]): v for name, v in values.items()}
+           for step, values in scenario.at_steps.items()}
+    scenario.at_steps = {}
+    run_dir = sr.write_run(tmp_path / "run", scenario)
+    for rank in scenario.ranks:
+        path = os.path.join(run_dir, "metrics", f"rank_{rank}.jsonl")
+        lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+        for line in lines:
+            if line["type"] == "metrics" and line["step"] in own:
+                line["values"][OWN_STEP_TIME] = own[line["step"]][rank]
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+    run = read_run(run_dir)
+    assert not [n for n in run.ranks[0].metric_names() if n.startswith("dist/step_time_ms/")]
+    (found,) = [f for f in diagnose(run).findings if f.check == "straggler"]
+    assert found.ranks == [2] and found.metric == OWN_STEP_TIME and found.steps[0] == 40
