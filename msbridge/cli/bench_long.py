@@ -4,9 +4,9 @@
 The run is rank 0 of a data-parallel job as msbridge writes it: 20 metrics a step (the local loss, its EMA,
 grad norm, lr, loss scale, overflow, epoch, throughput, the health counters, the global loss and its spread,
 host RSS) in flush windows of 100 steps through the real ``JsonlSink``, with events (anomalies and their
-recoveries, stragglers, a checkpoint), and the ``run.json`` a run has. Peak memory is each child's own
-``ru_maxrss`` (the rusage ``os.wait4`` returns for it, as ``resource.getrusage`` reports it); the run is built
-in a child of its own, so the timing process stays small and passes no peak on to the children it times.
+recoveries, stragglers, a checkpoint), and the ``run.json`` a run has. Peak memory is each command's own
+``ru_maxrss``, taken by a small process started for it (``_MEASURE``); the run is built in a child of its
+own, so the timing process stays small.
 
 Example:
     $ python -m msbridge.cli.bench_long --steps 500000 --out /tmp/msbridge-long
@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -107,26 +108,42 @@ def build_run(root: str, steps: int, seed: int = 0) -> str:
     return run_dir
 
 
+#: Runs the command it is given and writes that child's rusage as JSON: a small, freshly started process, so
+#: the command's peak RSS is its own (Linux carries a forking parent's RSS into its child's ``ru_maxrss``
+#: across ``execve``: a command forked straight from a 1 GB test process would read 1 GB).
+_MEASURE = """import json, os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as fh:
+    json.dump({"exit": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime,
+               "maxrss_kb": usage.ru_maxrss}, fh)
+"""
+
+
 def timed(name: str, argv: Sequence[str], cwd: str, timeout: float) -> Dict[str, Any]:
-    """One ``msbridge`` command in a child process: wall seconds, its CPU seconds, its peak RSS (MB, from
-    ``os.wait4``: this child's own rusage), exit code."""
-    log_path = os.path.join(cwd, f"{name}.log")
+    """One ``msbridge`` command in a child process: wall seconds, its CPU seconds, its peak RSS (MB, its own
+    rusage, measured by ``_MEASURE``), exit code (-9 when it ran past ``timeout``)."""
+    log_path, usage_path = os.path.join(cwd, f"{name}.log"), os.path.join(cwd, f"{name}.usage.json")
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "msbridge.cli.main", *argv], cwd=cwd, stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ, GLOG_v="3"))
-        deadline = threading.Timer(timeout, proc.kill)
+        proc = subprocess.Popen([sys.executable, "-c", _MEASURE, usage_path, sys.executable, "-m", "msbridge.cli.main",
+                                 *argv], cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, GLOG_v="3"))
+        deadline = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
         deadline.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         finally:
             deadline.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
+    try:
+        with open(usage_path, encoding="utf-8") as fh:
+            usage = json.load(fh)
+    except (OSError, ValueError):  # killed at the deadline
+        usage = {"exit": -signal.SIGKILL, "cpu_s": float("nan"), "maxrss_kb": float("nan")}
     out = {"what": name, "command": "msbridge " + " ".join(argv), "seconds": round(wall, 2),
-           "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "peak_mb": round(usage.ru_maxrss / 1024, 1),
-           "exit": proc.returncode}
-    if proc.returncode:
+           "cpu_s": round(usage["cpu_s"], 2), "peak_mb": round(usage["maxrss_kb"] / 1024, 1), "exit": usage["exit"]}
+    if out["exit"]:
         with open(log_path, encoding="utf-8") as fh:
             out["error"] = fh.read().strip().splitlines()[-1:]
     return out
