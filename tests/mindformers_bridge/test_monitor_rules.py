@@ -22,6 +22,7 @@ from msbridge.config import load as config_module  # noqa: E402
 from msbridge.config.load import load_config  # noqa: E402
 from msbridge.health.spec import HealthSpec  # noqa: E402
 
+pytestmark = pytest.mark.compat  # also run against the oldest supported pair (.ci/compat.sh)
 VERSION = metadata.version("mindformers")  # the message names the installed one (1.9.0, or 1.6.0 in compat)
 HERE = os.path.dirname(__file__)
 DATA = os.path.join(HERE, "..", "data")
