@@ -22,6 +22,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mindformers"
+#: The trimmed real mindformers run YAMLs (each names its source in its first line).
+RUN_YAMLS = sorted(str(p) for p in (ROOT / "tests" / "data" / "mindformers_runs").glob("*.yaml"))
 # MFLossMonitor: "{ Epoch:[  1/  1], step:[    2/   30], loss:[5.549915/5.547392], per_step_time: 1869ms,
 #                  lr: 0.0033333334, overflow cond: False, loss_scale: 1.0, global_norm: [1.00614]"
 MF_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([-\d.e+]+)/[^\]]*\], per_step_time: \d+ms, "

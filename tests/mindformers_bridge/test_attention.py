@@ -25,9 +25,16 @@ pytest.importorskip("mindformers")
 
 from helpers.mlflow_reads import mlflow_series  # noqa: E402
 from helpers.mlflow_reads import only_run as only_mlflow_run  # noqa: E402
+from mindformers import __version__ as MF_VERSION  # noqa: E402
+from mindformers.tools.register.template import MonitorConfig  # noqa: E402
 
 from msbridge.names import MAX_LOGIT_MAX, MAX_LOGIT_MEAN, max_logit_name  # noqa: E402
 from msbridge.sinks.runlog import read_run  # noqa: E402
+
+HAS_KEY = "max_attention_logit_format" in vars(MonitorConfig)
+needs_logits = pytest.mark.skipif(not HAS_KEY, reason=f"mindformers {MF_VERSION} has no monitor_config."
+                                  "max_attention_logit_format (1.6 and 1.7 lack it), nor MaxLogitsMonitor and the "
+                                  "parallel_core models that track attention logits")
 
 HEADS = 4
 LAYERS = ("decoder.layers.0.self_attention.core_attention", "decoder.layers.1.self_attention.core_attention")
@@ -126,6 +133,7 @@ def read_tensorboard(logdir: str) -> Tuple[Dict[str, Dict[int, float]], Dict[str
     return scalars, per_head
 
 
+@needs_logits
 def test_max_attention_logits_reach_every_sink_as_mindformers_computes_them(tmp_path, mcore_context):
     from mlflow.tracking import MlflowClient
 
@@ -159,6 +167,7 @@ def test_max_attention_logits_reach_every_sink_as_mindformers_computes_them(tmp_
         assert mlflow_series(client, run_id, name) == want, name
 
 
+@needs_logits
 def test_a_model_without_logits_is_said_once_and_nothing_is_read(caplog):
     """A model without ``get_max_attention_logit`` (mindformers' legacy models, such as the example's
     LlamaForCausalLM; here a Dense) has no logits to read: one warning."""
@@ -175,10 +184,28 @@ def test_a_model_without_logits_is_said_once_and_nothing_is_read(caplog):
         ["msbridge: monitor_config.max_attention_logit_format is set, but Dense does not track attention logits "
          "(mindformers computes them in the FlashAttention of its parallel_core models only): "
          "no attention/max_logit/* metrics"]
-    unset = TrainingStateMonitor(origin_epochs=1, dataset_size=4, config={})  # mindformers 1.6/1.7: no such key
-    assert MaxAttentionLogits.from_callbacks([unset], None) is None
 
 
+@pytest.mark.compat  # also on the oldest pair, whose mindformers (1.6) has no such key
+def test_without_max_attention_logit_format_nothing_is_read_or_said(caplog):
+    """Unset, or a mindformers without the key (1.6 and 1.7, whose TrainingStateMonitor ignores it): no reader,
+    no warning."""
+    from mindformers.core.callback.callback import TrainingStateMonitor
+
+    from msbridge.mindformers.attention import MaxAttentionLogits
+
+    net = nn.Dense(2, 2)
+    cell = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params()))
+    monitors = [TrainingStateMonitor(origin_epochs=1, dataset_size=4, config={})]
+    if not HAS_KEY:
+        monitors.append(TrainingStateMonitor(origin_epochs=1, dataset_size=4,
+                                             config={"max_attention_logit_format": "log"}))
+    with caplog.at_level("WARNING", logger="msbridge"):
+        assert [MaxAttentionLogits.from_callbacks([m], cell) for m in monitors] == [None] * len(monitors)
+    assert not [r for r in caplog.records if r.name == "msbridge"]
+
+
+@needs_logits
 def test_a_monitor_running_after_the_reset_says_so_once(caplog, mcore_context):
     """``Trainer(callbacks=[monitor])`` puts MSBridgeMonitor after MaxLogitsMonitor, which zeroes the logits."""
     from mindformers.core.callback.callback import MaxLogitsMonitor, TrainingStateMonitor

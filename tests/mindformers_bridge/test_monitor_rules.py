@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from importlib import metadata
 
 import pytest
 import yaml
@@ -21,6 +22,8 @@ from msbridge.config import load as config_module  # noqa: E402
 from msbridge.config.load import load_config  # noqa: E402
 from msbridge.health.spec import HealthSpec  # noqa: E402
 
+pytestmark = pytest.mark.compat  # also run against the oldest supported pair (.ci/compat.sh)
+VERSION = metadata.version("mindformers")  # the message names the installed one (1.9.0, or 1.6.0 in compat)
 HERE = os.path.dirname(__file__)
 DATA = os.path.join(HERE, "..", "data")
 EXAMPLES = os.path.join(HERE, "..", "..", "examples")
@@ -90,10 +93,10 @@ def test_msbridge_setting_in_monitor_config_says_move_it_with_file_and_line(tmp_
     with pytest.raises(ConfigError) as err:
         load_config(path)
     text = str(err.value)
-    assert "run.yaml:7: monitor_config.interval: mindformers 1.9.0 refuses this key (KeyError: The config " \
+    assert f"run.yaml:7: monitor_config.interval: mindformers {VERSION} refuses this key (KeyError: The config " \
            "'monitor_config' gets an unexpected key: interval); it is an msbridge setting: move it into the " \
            "MSBridgeMonitor entry (" in text and "run.yaml:11, callbacks[1])" in text
-    assert "run.yaml:8: monitor_config.nan_check: mindformers 1.9.0 refuses this key" in text
+    assert f"run.yaml:8: monitor_config.nan_check: mindformers {VERSION} refuses this key" in text
 
 
 def test_mlflow_format_refused_with_the_reason(tmp_path, persistent):
@@ -198,3 +201,13 @@ def test_no_seq_length_says_tokens_per_second_is_off_and_how_to_turn_it_on(tmp_p
     assert cfg.seq_length is None
     said = [str(n) for n in cfg.provenance.notes if "tokens/s is off" in str(n)]
     assert len(said) == 1 and "set seq_length (msbridge's key) to turn it on" in said[0]
+
+
+@pytest.mark.parametrize("key, value", [("max_attention_logit_format", "log"), ("health_checkpoint", None)])
+def test_a_key_of_a_later_mindformers_follows_the_installed_one(tmp_path, persistent, key, value):
+    # mindformers 1.9 has both keys, 1.6 and 1.7 neither (1.8: max_attention_logit_format only)
+    monitor = {"monitor_on": True, key: value}
+    ours, why = _msbridge_accepts(_run_yaml(tmp_path, monitor))
+    theirs, their_why = _mindformers_accepts(monitor)
+    assert ours == theirs == (key in vars(MonitorConfig)), (why, their_why)
+    assert ours or f"monitor_config.{key}: mindformers {VERSION} refuses this key" in why
