@@ -45,8 +45,8 @@ def test_readme_config_then_compare_with_no_flag(tmp_path, capsys, persistent):
     monitor = train(load_config(str(tmp_path / "monitor.yaml")), tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["monitor.yaml", "mounts", "msbridge_runs"]
     exp = tmp_path / "msbridge_runs" / "tiny-lm"
-    assert sorted(os.listdir(exp)) == sorted(["mlflow.db", "mlartifacts", "tensorboard", "summary",
-                                              os.path.basename(monitor.run_dir)])
+    assert sorted(os.listdir(exp)) == sorted(["mlflow.db", "mlflow.db.lock", "mlartifacts", "tensorboard", "summary",
+                                              os.path.basename(monitor.run_dir)])  # .lock: the store's flock
     capsys.readouterr()
     assert main(["compare", "tiny-lm"]) == 0
     table = capsys.readouterr().out.splitlines()
@@ -62,8 +62,8 @@ def test_a_named_output_dir_holds_everything_the_run_writes(tmp_path, persistent
     assert os.listdir(tmp_path / "some" / "dir") == ["x"]
     assert os.listdir(tmp_path / "cwd") == []
     top = {path.split(os.sep)[0] for path in files_under(named)}
-    assert top == {"README.md", "run.json", ".msbridge-rank_0.lock", "metrics", "mlflow.db", "mlartifacts",
-                   "tensorboard", "summary"}
+    assert top == {"README.md", "run.json", ".msbridge-rank_0.lock", "metrics", "mlflow.db", "mlflow.db.lock",
+                   "mlartifacts", "tensorboard", "summary"}
     client = MlflowClient(f"sqlite:///{named}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
@@ -76,7 +76,7 @@ def test_experiment_dir_holds_the_stores_and_by_default_the_runs(tmp_path, persi
                     tmp_path / "cwd")
     exp = tmp_path / "exps" / "e1"
     assert monitor.run_dir == str(exp / "r1")
-    assert sorted(os.listdir(exp)) == ["mlartifacts", "mlflow.db", "r1", "summary", "tensorboard"]
+    assert sorted(os.listdir(exp)) == ["mlartifacts", "mlflow.db", "mlflow.db.lock", "r1", "summary", "tensorboard"]
     assert os.listdir(tmp_path / "cwd") == []
     # A run dir elsewhere keeps its stores in the experiment dir.
     apart = train({"experiment": "e1", "run_name": "r2", "experiment_dir": str(exp_dir),
