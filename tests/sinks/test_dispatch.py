@@ -4,8 +4,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from helpers.runs import make_records, make_run
 
+from msbridge.config.load import load_config
+from msbridge.errors import ConfigError
 from msbridge.sinks.base import CLOSE_GRACE, Sink
 from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.options import Option
@@ -212,13 +215,8 @@ def test_every_sink_is_flushed_first_on_its_own_thread():
 
 
 def test_close_timeout_is_finite_and_positive_and_sets_the_close_bound():
-    import pytest
-
-    from msbridge.config.load import load_config
-    from msbridge.errors import ConfigError
-
-    for bad in (float("inf"), 0, -1):
-        with pytest.raises(ConfigError, match=r"sinks\.mlflow\.close_timeout: expected a number > 0 and < 3600"):
+    for bad, said in ((float("inf"), "a finite number"), (0, "a number"), (-1, "a number")):
+        with pytest.raises(ConfigError, match=rf"sinks\.mlflow\.close_timeout: expected {said} > 0 and < 3600, got"):
             load_config({"sinks": {"jsonl": {}, "mlflow": {"close_timeout": bad}}})
     assert Timed("t", [], close_timeout=150).close_bound == 150 + CLOSE_GRACE  # the close waits 150 s, not 120
     assert Recording("tb", []).close_bound == 10 + CLOSE_GRACE  # a sink without close_timeout
