@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import mindspore as ms
-import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
@@ -42,7 +41,7 @@ from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .masking import mask_text
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
-from .run.outcome import RunOutcome, run_summary
+from .run.outcome import RunOutcome, RunTally
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
@@ -92,15 +91,10 @@ class BridgeMonitor(Callback):
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
         self._offset: Optional[int] = None
-        self._last_end = self._last_flush = self._monitor_s = self._started = 0.0
+        self._last_end = self._last_flush = self._monitor_s = 0.0
         self._last_step = 0
-        self.steps_recorded = 0
-        self.final_loss: Optional[float] = None
-        self.best_loss: Optional[float] = None
-        self.events: List[Event] = []
+        self.tally = RunTally()  # steps recorded, losses, events; status and undelivered once closed
         self._signals = SignalGuard()
-        self._status: Optional[str] = None  # set when the run is closed
-        self._undelivered: Dict[str, str] = {}
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
         self._watchdog = StallWatchdog(self._on_watchdog, 0, self.config.alert_spec.stall_seconds)
@@ -113,6 +107,11 @@ class BridgeMonitor(Callback):
     @property
     def run_dir(self) -> Optional[str]:
         return self.plan.run_dir if self.plan else None
+
+    steps_recorded = property(lambda self: self.tally.steps_recorded, doc="Records built so far on this rank.")
+    final_loss = property(lambda self: self.tally.final_loss, doc="The last recorded step's loss.")
+    best_loss = property(lambda self: self.tally.best_loss, doc="The smallest finite loss recorded.")
+    events = property(lambda self: self.tally.events, doc="Every event of the run so far (health, stalls, ...).")
 
     # -- MindSpore hooks ------------------------------------------------------
     def on_train_begin(self, run_context: Any) -> None:
@@ -151,10 +150,9 @@ class BridgeMonitor(Callback):
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
+        switch_names = ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")
         self._stream = Stream(rank=self.run.rank, batch_size=batch_size, seq_length=cfg.seq_length,
-                              is_global=self.run.is_global,
-                              switches={k: getattr(cfg, k) for k in
-                                        ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")})
+                              is_global=self.run.is_global, switches={k: getattr(cfg, k) for k in switch_names})
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
@@ -167,8 +165,7 @@ class BridgeMonitor(Callback):
                                          cfg.collective_timeout_s, on_timeout=self._on_collective_timeout,
                                          straggler=cfg.straggler, loss_metrics=cfg.global_loss,
                                          per_rank_curves=cfg.per_rank_curves)
-            if self.health.every_step:
-                # Ranks meet in one collective per flush, never per step: a stop lands at the flush.
+            if self.health.every_step:  # ranks meet in one collective per flush, never per step
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "
                             "not at the exact step", self.run.world_size, cfg.flush_steps)
                 self.health.every_step = False
@@ -180,7 +177,7 @@ class BridgeMonitor(Callback):
             self.dispatcher.submit([], [Event("resume", self.run.resumed_from_step, self.run.rank, time.time(), {
                 "last_recorded_step": self.run.resumed_from_step, "run_id": self.run.run_id})])
         self._cb = cb
-        self._last_end = self._last_flush = self._started = time.perf_counter()
+        self._last_end = self._last_flush = self.tally.started = time.perf_counter()
         self._watchdog.rank = self.run.rank
         self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
 
@@ -262,17 +259,15 @@ class BridgeMonitor(Callback):
         if outputs is self._seen_outputs:  # the step itself raised: there are no new outputs
             return
         if step > self._last_step and outputs is not None and step % self._every == 0:
-            now = time.perf_counter()
             self._buffer.append(step, int(param(cb, "cur_epoch_num", 0) or 0), outputs,
-                                (now - self._last_end) / (step - self._last_step), 0.0)
+                                (time.perf_counter() - self._last_end) / (step - self._last_step), 0.0)
             self._last_step = step
 
     # -- flush / close -----------------------------------------------------------
     def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
-        """Convert and check the buffered steps, then hand everything converted to the sinks
-        (non-blocking). ``dispatch=False`` keeps the records for a later flush, unless health
-        emitted an event: that goes out at once, with the records before it. ``reduce=False``
-        skips the cross-rank collective (this rank is ending alone)."""
+        """Convert and check the buffered steps, then hand everything converted to the sinks (non-blocking).
+        ``dispatch=False`` keeps the records for a later flush, unless health emitted an event: that goes out at once,
+        with the records before it. ``reduce=False`` skips the cross-rank collective (this rank is ending alone)."""
         t0 = time.perf_counter()
         budget = self._budget
         window = self._buffer.drain(budget.timed_lr(self._lr) if budget is not None else self._lr)
@@ -291,7 +286,7 @@ class BridgeMonitor(Callback):
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
         records = self._stream.records(window)
-        self.steps_recorded += len(records)
+        self.tally.steps_recorded += len(records)
         verdict = self.health.check(window, records)  # adds health/* counters; may set health.stop
         t2 = time.perf_counter()
         if self._reducer is not None and reduce:  # the ranks' stops, findings and timing meet in one collective
@@ -303,7 +298,7 @@ class BridgeMonitor(Callback):
         self._pending.extend(verdict.records)
         self._pending_events.extend(verdict.events)
         self.events.extend(verdict.events)
-        self._track_loss(window.scalars.get(LOSS))
+        self.tally.track_loss(window.scalars.get(LOSS))
         if dispatch or self._pending_events:
             self._dispatch_pending()
         if budget is not None:
@@ -345,24 +340,18 @@ class BridgeMonitor(Callback):
                 self.dispatcher.submit([], [event])
             dispatcher, self.dispatcher = self.dispatcher, None
             dispatcher.close(status)
-            self.events.extend(dispatcher.raised)  # what a sink finally lost (a jsonl gap): in the outcome
             late = self._signals.interrupt_detail() if interrupted is None else None
-            self._finish(status, dispatcher.undelivered, late)
+            self._finish(status, dispatcher, late)
             self._signals.restore()
 
-    def _finish(self, status: str, undelivered: Mapping[str, str], late: Optional[Mapping[str, Any]] = None) -> None:
-        """The outcome into run.json and README (never raising: this runs inside MindSpore's hooks)."""
-        self._status, self._undelivered = status, dict(undelivered)
+    def _finish(self, status: str, dispatcher: Dispatcher, late: Optional[Mapping[str, Any]] = None) -> None:
+        """The closed ``dispatcher``'s outcome into run.json and README (never raising: this runs inside
+        MindSpore's hooks). ``late``: a signal that arrived while the sinks were closing."""
+        self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
         if self.plan is None:
             return
         try:
-            counts = {"steps recorded": self.steps_recorded, "last step": self._last_step,
-                      "wall time": f"{time.perf_counter() - self._started:.1f} s", "final loss": self.final_loss,
-                      "best loss": self.best_loss, **self.health.summary()}
-            summary = run_summary(status, counts, self.events, undelivered, self.run_dir or "RUN_DIR")
-            if late:
-                summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
-            self.plan.finish(summary)
+            self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late))
         except Exception:
             log.exception("msbridge: could not write the outcome into run.json and README.md")
         release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
@@ -380,8 +369,7 @@ class BridgeMonitor(Callback):
         self.events.append(event)
         dispatcher.submit(stream.records(window), [event])
         dispatcher.close(FAILED)
-        self.events.extend(dispatcher.raised)
-        self._finish(FAILED, dispatcher.undelivered)
+        self._finish(FAILED, dispatcher)
 
     def _on_watchdog(self, event: Event) -> None:
         """Stall watchdog thread: a ``stall`` or ``resumed`` event to every sink and into the outcome."""
@@ -399,20 +387,6 @@ class BridgeMonitor(Callback):
 
     @property
     def outcome(self) -> RunOutcome:
-        """How the run ended: status (None until it has), the sinks that did not receive everything,
-        and ``exit_code`` (what ``msbridge demo`` exits with).
-
-        Example:
-            >>> model.train(1, ds, callbacks=[monitor])
-            >>> sys.exit(monitor.outcome.exit_code)
-        """
-        return RunOutcome(self._status, dict(self._undelivered))
-
-    def _track_loss(self, loss: Optional[np.ndarray]) -> None:
-        if loss is None:
-            return
-        finite = loss[np.isfinite(loss)]
-        self.final_loss = float(loss[-1])
-        if finite.size:
-            best = float(finite.min())
-            self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
+        """How the run ended (``RunOutcome``): status (None until it has), the sinks that did not receive
+        everything, and ``exit_code``, what ``msbridge demo`` exits with: ``sys.exit(monitor.outcome.exit_code)``."""
+        return self.tally.outcome

@@ -101,7 +101,7 @@ def poison(data: ds.Dataset, step: int) -> ds.Dataset:
     return ds.GeneratorDataset(lambda: ((b["x"], b["y"]) for b in batches), ["x", "y"], shuffle=False)
 
 
-def main(argv: Any = None) -> None:
+def parse_args(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True, help="output root; runs go to {out}/dist/dist-{timestamp}")
     p.add_argument("--steps", type=int, default=20)
@@ -129,8 +129,11 @@ def main(argv: Any = None) -> None:
     p.add_argument("--status", action="store_true", help="write each rank's closing status to {out}/status_{rank}.txt")
     p.add_argument("--check-ranks", action="store_true",
                    help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: Any = None) -> None:
+    args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
     ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)

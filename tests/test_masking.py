@@ -87,11 +87,12 @@ def test_linear_masking_masks_exactly_what_the_regexes_it_replaced_masked():
 
 
 def _seconds(text):
+    """The best of 3 of ``mask_text``'s CPU time on this thread (a busy machine does not stretch it)."""
     best = float("inf")
     for _ in range(3):
-        start = time.perf_counter()
+        start = time.thread_time()
         mask_text(text)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.thread_time() - start)
     return best
 
 
@@ -102,5 +103,5 @@ def test_masking_is_linear_in_the_length_of_the_text(unit):
     big = small * 10
     assert mask_text(big).count(MASK) == 10 * mask_text(small).count(MASK) or MASK not in mask_text(small)
     small_s, big_s = _seconds(small), _seconds(big)
-    assert big_s < 2.0, f"{big_s:.2f} s for 1 MB"
+    assert big_s < 2.0, f"{big_s:.2f} CPU s for 1 MB"
     assert big_s < 30 * max(small_s, 1e-3), (small_s, big_s)

@@ -17,6 +17,9 @@
 1 and 2 stay what they are for every ``msbridge`` command: ``config check``
 found problems, and any other msbridge error.
 
+``RunTally`` is the callback's bookkeeping behind it: steps recorded, losses,
+events, and once the run has ended its status and undelivered sinks.
+
 Example:
     >>> RunOutcome(FINISHED, {"mlflow": "2 failed call(s)"}).exit_code
     3
@@ -26,10 +29,13 @@ Example:
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..sinks.base import FAILED, FINISHED, KILLED
+import numpy as np
+
+from ..sinks.base import FAILED, FINISHED, KILLED, Event
 
 EXIT_OK = 0
 EXIT_UNDELIVERED = 3
@@ -78,3 +84,57 @@ def run_summary(status: str, counts: Mapping[str, Any], events: Sequence[Any], u
     anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in events]
     return {"status": status, **counts, "anomalies": "; ".join(anomalies) if anomalies else "none",
             "not delivered": RunOutcome(status, undelivered).not_delivered(run_dir) or "none"}
+
+
+class RunTally:
+    """What a run recorded so far and how it ended: the callback's outcome bookkeeping.
+
+    Example:
+        >>> tally = RunTally()
+        >>> tally.track_loss(np.array([2.5, 2.1, np.nan]))
+        >>> tally.final_loss, tally.best_loss
+        (nan, 2.1)
+        >>> tally.ended(FINISHED, {"mlflow": "2 failed call(s)"})
+        >>> tally.outcome.exit_code
+        3
+    """
+
+    def __init__(self) -> None:
+        self.steps_recorded = 0
+        self.final_loss: Optional[float] = None
+        self.best_loss: Optional[float] = None  # the smallest finite loss
+        self.events: List[Event] = []
+        self.started = time.perf_counter()
+        self.status: Optional[str] = None  # set when the run has ended
+        self.undelivered: Dict[str, str] = {}
+
+    def track_loss(self, loss: Optional[np.ndarray]) -> None:
+        """Take a flush's losses (one per recorded step, in step order; None when the flush had none)."""
+        if loss is None:
+            return
+        finite = loss[np.isfinite(loss)]
+        self.final_loss = float(loss[-1])
+        if finite.size:
+            best = float(finite.min())
+            self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
+
+    def ended(self, status: str, undelivered: Mapping[str, str], raised: Sequence[Event] = ()) -> None:
+        """The run closed with ``status``; ``undelivered`` and ``raised`` (what a sink finally lost,
+        such as a jsonl gap, as events) come from the closed dispatcher."""
+        self.status, self.undelivered = status, dict(undelivered)
+        self.events.extend(raised)
+
+    @property
+    def outcome(self) -> RunOutcome:
+        return RunOutcome(self.status, dict(self.undelivered))
+
+    def summary(self, last_step: int, health: Mapping[str, Any], run_dir: str,
+                late: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """``run_summary`` of the ended run; ``late``: a signal that arrived while the sinks were closing."""
+        counts = {"steps recorded": self.steps_recorded, "last step": last_step,
+                  "wall time": f"{time.perf_counter() - self.started:.1f} s", "final loss": self.final_loss,
+                  "best loss": self.best_loss, **health}
+        summary = run_summary(self.status or FINISHED, counts, self.events, self.undelivered, run_dir)
+        if late:
+            summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"
+        return summary

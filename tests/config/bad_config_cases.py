@@ -70,9 +70,10 @@ def wrongly_accepted() -> Dict[str, Case]:
     """Values that were accepted and failed later (during training, or never): options, tags, secrets in names."""
     return {
         "close-timeout-inf": ("sinks:\n  mlflow:\n    close_timeout: .inf\n",
-                              "run.yaml:3: sinks.mlflow.close_timeout: expected a finite number > 0, got inf"),
+                              "run.yaml:3: sinks.mlflow.close_timeout: expected a finite number > 0 and < 3600, "
+                              "got inf"),
         "close-timeout-zero": ("sinks:\n  mlflow:\n    close_timeout: 0\n",
-                               "run.yaml:3: sinks.mlflow.close_timeout: expected a number > 0, got 0"),
+                               "run.yaml:3: sinks.mlflow.close_timeout: expected a number > 0 and < 3600, got 0"),
         "backoff-initial-above-max": ("sinks:\n  mlflow:\n    backoff_initial: 100\n    backoff_max: 10\n",
                                       "run.yaml:3: sinks.mlflow.backoff_initial: must be <= backoff_max, which is 10"),
         "backoff-initial-above-default-max": ("sinks:\n  mlflow:\n    backoff_initial: 100\n",

@@ -1,4 +1,4 @@
-"""Training on a busy host: 2 and 4 CPU-bound processes beside a real training job with every sink on (jsonl,
+"""Training on a busy host: 2, 4 and 8 CPU-bound processes beside a real training job with every sink on (jsonl,
 TensorBoard, MLflow embedded or through a real ``mlflow server``, MindInsight).
 
 Must hold: when the job's process exits every step is in jsonl (0 malformed lines, no gap); each tracker holds
@@ -72,13 +72,13 @@ def check_under_load(tmp_path: Path, hogs: int, uri: str = "") -> None:
         assert tracker_steps(name, run_dir, uri) == list(range(1, STEPS + 1)), f"{name}: every step, each once"
 
 
-@pytest.mark.parametrize("hogs", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("hogs", [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_every_step_in_jsonl_and_each_tracker_complete_or_named_embedded_mlflow(tmp_path, hogs):
     check_under_load(tmp_path, hogs)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hogs", [2, 4])
+@pytest.mark.parametrize("hogs", [2, 4, 8])
 def test_every_step_in_jsonl_and_each_tracker_complete_or_named_mlflow_server(tmp_path, hogs):
     server = MlflowServer(tmp_path / "server").start()
     try:

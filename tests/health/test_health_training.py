@@ -183,9 +183,10 @@ def test_plateau_early_stops_on_the_smoothed_loss_not_the_raw_one(tmp_path):
 def test_throughput_drop_against_the_post_warmup_baseline(tmp_path):
     class Slow(Callback):
         def on_train_step_end(self, run_context):
-            time.sleep(0.1 if run_context.original_args().cur_step_num > 60 else 0.01)  # 10x slower from step 61
+            time.sleep(0.3 if run_context.original_args().cur_step_num > 60 else 0.01)  # 30x slower from step 61
 
-    # factor 0.2: a shared 2-CPU machine can halve the rate for a few steps; a 10x drop is unmistakable
+    # factor 0.2: a shared 2-CPU machine can halve the rate for a few steps, and a loaded one adds time to every
+    # step: with 30 ms added, a 10x sleep is a drop to 0.31x only; a 30x sleep is 0.12x (0.19x with 60 ms added)
     health = {"warmup_steps": 10, "throughput_drop": {"baseline_steps": 20, "window": 5, "factor": 0.2}}
     mon = monitor(tmp_path, health)
     train([Slow(), mon], data(80))

@@ -4,8 +4,10 @@ Run as a script (a fresh interpreter, so the peak RSS is the corpus's own):
 ``python config_corpus.py CASES_DIR``; each sub-directory of ``CASES_DIR`` is a case with a
 ``run.yaml`` (and ``sets.json``, the ``--set`` values). It prints one JSON line per case:
 ``{"name", "seconds", "peak_rss_mb", "outcome": "problems" | "accepted" | "timeout" | "traceback",
-"problems": [...], "error"}``. The address space is capped (``AS_LIMIT``) so a runaway case fails
-alone instead of taking the machine's memory; each case has ``LIMIT_S`` seconds (SIGALRM).
+"problems": [...], "error"}``, ``seconds`` being the case's CPU time (user + system), which other load on
+the machine does not stretch. The address space is capped (``AS_LIMIT``) so a runaway case fails
+alone instead of taking the machine's memory; each case has ``LIMIT_S`` CPU seconds (SIGPROF) and, against
+a case that hangs without computing, ``HANG_S`` wall seconds (SIGALRM).
 
 Example:
     $ python tests/helpers/config_corpus.py /tmp/corpus
@@ -20,16 +22,18 @@ import sys
 import time
 import traceback
 
-LIMIT_S = 5.0
+LIMIT_S = 5.0  # CPU seconds
+HANG_S = 60.0  # wall seconds: a case waiting on nothing still ends
 AS_LIMIT = 3 << 30  # far above the 1 GB a case may use: only a runaway meets it
 
 
 def _expire(signum, frame):
-    raise TimeoutError(f"still running after {LIMIT_S} s")
+    what = f"{LIMIT_S} CPU s" if signum == signal.SIGPROF else f"{HANG_S} s"
+    raise TimeoutError(f"still running after {what}")
 
 
 def run_case(case_dir: str) -> dict:
-    """One case: load it, say how it ended, how long it took and the peak RSS after it."""
+    """One case: load it, say how it ended, its CPU time and the peak RSS after it."""
     from msbridge.config.load import load_config
     from msbridge.errors import ConfigError
 
@@ -37,8 +41,9 @@ def run_case(case_dir: str) -> dict:
     sets = json.load(open(sets_file)) if os.path.exists(sets_file) else []
     os.chdir(case_dir)
     result = {"name": os.path.basename(case_dir), "problems": [], "error": ""}
-    start = time.perf_counter()
-    signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
+    start = time.process_time()
+    signal.setitimer(signal.ITIMER_PROF, LIMIT_S)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
     try:
         load_config("run.yaml", overrides=sets)
         result["outcome"] = "accepted"
@@ -49,8 +54,9 @@ def run_case(case_dir: str) -> dict:
     except BaseException:  # the corpus must show no traceback: record it for the test to fail on
         result["outcome"], result["error"] = "traceback", traceback.format_exc()[-2000:]
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-    result["seconds"] = time.perf_counter() - start
+    result["seconds"] = time.process_time() - start
     result["peak_rss_mb"] = peak_rss_mb()
     return result
 
@@ -68,6 +74,7 @@ def peak_rss_mb() -> float:
 def main(cases_dir: str) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
     signal.signal(signal.SIGALRM, _expire)
+    signal.signal(signal.SIGPROF, _expire)
     import msbridge.config.load  # noqa: F401  (imported before the first case is timed)
 
     for name in sorted(os.listdir(cases_dir)):

@@ -4,8 +4,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from helpers.runs import make_records, make_run
 
+from msbridge.config.load import load_config
+from msbridge.errors import ConfigError
 from msbridge.sinks.base import CLOSE_GRACE, Sink
 from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.options import Option
@@ -181,11 +184,16 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
 
 
 def test_idle_dispatcher_uses_no_cpu():
+    existing = set(threading.enumerate())
     d = Dispatcher([Recording("jsonl", []), Recording("x", []), Recording("y", [])], RUN)
     time.sleep(0.2)  # every thread started and made its first flush
-    before = time.process_time()
+    # The dispatcher's own threads' CPU clocks: not the process's, which other tests' leftover threads share.
+    threads = [t for t in threading.enumerate() if t not in existing]
+    assert len(threads) >= 3, threads  # a thread per sink
+    clocks = [time.pthread_getcpuclockid(t.ident) for t in threads]
+    before = sum(map(time.clock_gettime, clocks))
     time.sleep(1.0)
-    used = time.process_time() - before
+    used = sum(map(time.clock_gettime, clocks)) - before
     d.close()
     assert used < 0.05, f"idle dispatcher burned {used:.3f} CPU-s in 1 s"
 
@@ -207,13 +215,8 @@ def test_every_sink_is_flushed_first_on_its_own_thread():
 
 
 def test_close_timeout_is_finite_and_positive_and_sets_the_close_bound():
-    import pytest
-
-    from msbridge.config.load import load_config
-    from msbridge.errors import ConfigError
-
-    for bad in (float("inf"), 0, -1):
-        with pytest.raises(ConfigError, match=r"sinks\.mlflow\.close_timeout: expected a number > 0 and < 3600"):
+    for bad, said in ((float("inf"), "a finite number"), (0, "a number"), (-1, "a number")):
+        with pytest.raises(ConfigError, match=rf"sinks\.mlflow\.close_timeout: expected {said} > 0 and < 3600, got"):
             load_config({"sinks": {"jsonl": {}, "mlflow": {"close_timeout": bad}}})
     assert Timed("t", [], close_timeout=150).close_bound == 150 + CLOSE_GRACE  # the close waits 150 s, not 120
     assert Recording("tb", []).close_bound == 10 + CLOSE_GRACE  # a sink without close_timeout
