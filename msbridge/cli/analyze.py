@@ -18,7 +18,7 @@ import os
 
 from ..offline.diagnose import diagnose
 from ..offline.series import run_notes
-from ..sinks.runlog import read_run_columns
+from ..sinks.columns import read_run_columns
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

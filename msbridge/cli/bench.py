@@ -49,18 +49,20 @@ SETUPS: Dict[str, str] = {
     "hist": "msbridge, jsonl + tensorboard, TrainStep ring, histograms '.*' every 100 steps (weights and grads)",
     "e_srv": "msbridge, all sinks, every step, MLflow through `mlflow server` (sqlite)",
     "e_pg": "msbridge, all sinks, every step, MLflow through `mlflow server` (PostgreSQL)",
+    "e_alert": "msbridge, all sinks, every step, alerts to a hung and a refusing webhook (the 2 s stall alerts)",
     "long": "msbridge, all sinks, tiny model, long run",
     "long_a": "no monitoring, tiny model, long run",
 }
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
-BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts"}
+BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts", "e_alert": "e"}
 #: setups whose MLflow sink logs over HTTP to an ``mlflow server`` the bench starts, with this backend.
 SERVER_BACKEND = {"e_srv": "sqlite", "e_pg": "postgresql"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
 DEFAULT_HIDDEN = 32
 TARGETS = {"ratio_e": 0.99, "ratio_e_pg": 0.97, "monitor_us_median": 50.0, "rss_growth_mb": 50.0,
-           "idle_cpu_above_a": 0.02, "ratio_ln": 0.97, "ratio_mem": 0.99, "ratio_sys": 0.99, "ratio_hist": 0.97}
+           "idle_cpu_above_a": 0.02, "ratio_ln": 0.97, "ratio_mem": 0.99, "ratio_sys": 0.99, "ratio_hist": 0.97,
+           "ratio_e_alert": 0.99}
 
 
 def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: float, keep: bool,
@@ -196,7 +198,7 @@ def check_targets(report: Dict[str, Any]) -> Dict[str, Any]:
                              "measured": max((r["idle_cpu_per_s"] - idle_a for r in msb
                                               if r.get("idle_cpu_per_s") is not None), default=None)},
     }
-    for setup in ("ln", "mem", "sys", "hist"):  # model internals and system metrics, when run
+    for setup in ("ln", "mem", "sys", "hist", "e_alert"):  # model internals, system metrics, alerts, when run
         if rows.get(setup, {}).get("ok"):
             out[f"ratio_{setup}"] = {"target": f">= {TARGETS[f'ratio_{setup}']}", "measured": rows[setup]["ratio"]}
     if rows.get("sys", {}).get("ok") and rows["sys"].get("idle_cpu_per_s") is not None:

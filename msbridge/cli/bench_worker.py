@@ -198,6 +198,28 @@ def _with_fake_npu_smi(work: str) -> Any:
     return _msbridge(work, ["jsonl"], system={"interval_s": 1})
 
 
+#: The hung webhook's listening socket of setup ``e_alert``: open, never accepted, for the process's life.
+_HUNG: List[Any] = []
+
+
+def _with_down_alerts(work: str) -> Any:
+    """All sinks, plus alerts to two webhooks that are down: one takes the connection and never answers (a
+    hung chat server), one refuses it. ``stall_seconds: 1`` makes the bench's 2 s stall alert mid-run."""
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    _HUNG.append(hung)
+    refused = socket.socket()  # bound, never listening: a connection to it is refused
+    refused.bind(("127.0.0.1", 0))
+    _HUNG.append(refused)
+    targets = [{"type": "webhook", "url": f"http://127.0.0.1:{hung.getsockname()[1]}/hook"},
+               {"type": "slack", "url": f"http://127.0.0.1:{refused.getsockname()[1]}/hook"}]
+    return _msbridge(work, None, alerts={"targets": targets, "on": ["stall", "failed", "end"],
+                                         "stall_seconds": 1})
+
+
 def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str, Callable[[], List[Any]]]:
     """Setup key -> what builds its callbacks (nothing is built until one is called)."""
     from mindspore.train import LossMonitor
@@ -216,6 +238,7 @@ def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str
         "mem": lambda: [_msbridge(work, ["jsonl"], memory=True)],
         "sys": lambda: [_with_fake_npu_smi(work)],
         "hist": lambda: [_msbridge(work, ["jsonl", "tensorboard"], histograms=".*", histogram_interval=100)],
+        "e_alert": lambda: [_with_down_alerts(work)],
     }
 
 

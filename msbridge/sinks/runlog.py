@@ -30,10 +30,8 @@ import logging
 import math
 import os
 import re
-from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import MsbridgeError
 from .base import SCHEMA_VERSION, Event, Record, RunInfo, json_safe
@@ -231,34 +229,51 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
     A bad line elsewhere (not JSON, wrong types) is skipped with one warning for the file naming
     ``path:line`` and the count, and listed in ``RankLog.skipped``; ``strict`` raises ``RunLogError`` instead.
     """
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
     log = RankLog(path=path, header={})
+    log.records.extend(iter_rank_lines(path, log, strict))
+    return finish_rank_log(log, strict)
+
+
+def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Record]:
+    """Read ``path`` line by line (never the whole file): yield each ``Record`` and put the header, events and
+    bad-line counts into ``into`` (a ``RankLog``, or any object with ``header``, ``events``, ``truncated`` and
+    ``skipped``). ``strict``: a bad line, or a step written twice, raises ``RunLogError``."""
+    scratch = RankLog(path=path, header={})
     seen: Dict[int, int] = {}  # step -> line (strict)
-    tail = len(lines) - 1  # a file that ends cleanly leaves b"" here; anything else was cut
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh):
+            if not raw.strip():
+                continue
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
-            obj = _decode(text, path, i + 1)
-            _add(log, obj)
-            if strict and obj.get("type") == "metrics":
-                _refuse_repeat(seen, log.records[-1].step, path, i + 1)
-        except _BadLine as bad:
-            if i == tail:
-                log.truncated += 1  # the writer was killed mid-line
-            elif strict:
-                raise RunLogError(f"{path}:{i + 1}: {bad} (without --strict the line is skipped)") from None
-            else:
-                log.skipped.append((i + 1, str(bad)))
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
+                _add(scratch, _decode(text, path, i + 1))
+            except _BadLine as bad:
+                if not raw.endswith(b"\n"):
+                    into.truncated += 1  # the writer was killed mid-line
+                elif strict:
+                    raise RunLogError(f"{path}:{i + 1}: {bad} (without --strict the line is skipped)") from None
+                else:
+                    into.skipped.append((i + 1, str(bad)))
+                continue
+            if scratch.records:
+                rec = scratch.records.pop()
+                if strict:
+                    _refuse_repeat(seen, rec.step, path, i + 1)
+                yield rec
+            if scratch.events:
+                into.events.append(scratch.events.pop())
+    into.header = scratch.header
+
+
+def finish_rank_log(log: Any, strict: bool) -> Any:
+    """After ``iter_rank_lines``: a garbled header rebuilt from the lines after it, one warning for the bad lines."""
     if not log.header:
         _salvage_header(log, strict)
     if log.skipped:
-        _warn_skipped(path, log.skipped)
+        _warn_skipped(log.path, log.skipped)
     return log
 
 
@@ -308,8 +323,8 @@ def _warn_skipped(path: str, skipped: List[Tuple[int, str]]) -> None:
                     "line (--strict refuses such a file)", path, first, why, len(skipped), numbers)
 
 
-def read_run(run_dir: str, strict: bool = False) -> RunLog:
-    """Every rank file of a run directory (``strict``: as ``read_rank_file``)."""
+def read_run(run_dir: str, strict: bool = False, reader: Callable[[str, bool], Any] = read_rank_file) -> RunLog:
+    """Every rank file of a run directory, each read by ``reader`` (``strict``: as ``read_rank_file``)."""
     if not os.path.isdir(run_dir):
         raise RunLogError(f"{run_dir}: no such directory")
     paths = glob.glob(os.path.join(run_dir, "metrics", "rank_*.jsonl"))
@@ -317,7 +332,7 @@ def read_run(run_dir: str, strict: bool = False) -> RunLog:
         raise RunLogError(f"{run_dir}: not an msbridge run, metrics/rank_*.jsonl is missing")
     ranks = {}
     for path in paths:
-        log = read_rank_file(path, strict)
+        log = reader(path, strict)
         ranks[log.rank] = log
     return RunLog(run_dir=run_dir, ranks=dict(sorted(ranks.items())))
 
@@ -353,162 +368,3 @@ def last_step(path: str) -> int:
             if match and len(match.group(1)) <= 16 and int(match.group(1)) <= MAX_STEP:
                 best = max(best, int(match.group(1)))
     return best
-
-
-# -- streaming reader: the same lines, held as columns (memory flat in the run's length) -------------------------
-class ColumnLog:
-    """One rank's jsonl file read line by line into columns: what ``RankLog`` offers (``header``, ``events``,
-    ``truncated``, ``skipped``, ``series``, ``metric_names``, ``records``), in about 9 bytes per value instead
-    of a ``Record`` object per step. ``records`` builds each ``Record`` when it is read.
-
-    Example:
-        >>> log = read_rank_columns("runs/long/run-1/metrics/rank_0.jsonl")
-        >>> steps, values = log.arrays("train/loss")
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path, self.header = path, {}
-        self.events: List[Event] = []
-        self.truncated = 0
-        self.skipped: List[Tuple[int, str]] = []
-        self._steps, self._ranks, self._times = array("q"), array("q"), array("d")
-        self._rows: Dict[str, array] = {}  # name -> indices of the records holding it
-        self._values: Dict[str, array] = {}
-        self._view: Optional[_ColumnRecords] = None
-
-    @property
-    def rank(self) -> int:
-        return int(self.header.get("rank", 0))
-
-    def append(self, rec: Record) -> None:
-        i = len(self._steps)
-        self._steps.append(rec.step)
-        self._ranks.append(rec.rank)
-        self._times.append(rec.time)
-        for name, value in rec.values.items():
-            if name not in self._rows:
-                self._rows[name], self._values[name] = array("q"), array("d")
-            self._rows[name].append(i)
-            self._values[name].append(value)
-
-    def arrays(self, name: str) -> Tuple["np.ndarray", "np.ndarray"]:
-        """``(steps, values)`` of one metric as numpy arrays (NaN where the log holds null)."""
-        import numpy as np
-
-        rows = np.frombuffer(self._rows[name], dtype=np.int64) if name in self._rows else np.zeros(0, np.int64)
-        values = np.frombuffer(self._values[name], dtype=np.float64) if name in self._values else np.zeros(0)
-        return np.frombuffer(self._steps, dtype=np.int64)[rows] if len(rows) else rows, values
-
-    def series(self, name: str) -> List[Tuple[int, Optional[float]]]:
-        """As ``RankLog.series``."""
-        steps, values = self.arrays(name)
-        return list(zip(steps.tolist(), values.tolist()))
-
-    def metric_names(self) -> List[str]:
-        return list(self._rows)
-
-    def steps(self) -> "np.ndarray":
-        """Every record's step, in file order."""
-        import numpy as np
-
-        return np.frombuffer(self._steps, dtype=np.int64)
-
-    @property
-    def records(self) -> "_ColumnRecords":
-        if self._view is None or len(self._view) != len(self._steps):
-            self._view = _ColumnRecords(self)
-        return self._view
-
-
-class _ColumnRecords(Sequence):
-    """A ``ColumnLog``'s records, each built when it is read."""
-
-    def __init__(self, log: ColumnLog) -> None:
-        import numpy as np
-
-        self._log = log
-        n = len(log._steps)
-        self._names = list(log._rows)
-        self._matrix = np.full((n, len(self._names)), np.nan)
-        self._present = np.zeros((n, len(self._names)), dtype=bool)
-        for j, name in enumerate(self._names):
-            index = np.frombuffer(log._rows[name], dtype=np.int64)
-            self._matrix[index, j] = np.frombuffer(log._values[name], dtype=np.float64)
-            self._present[index, j] = True
-        self._full = self._present.all(axis=1)
-
-    def __len__(self) -> int:
-        return len(self._log._steps)
-
-    def __iter__(self) -> Iterator[Record]:
-        log, names, chunk = self._log, self._names, 8192
-        for start in range(0, len(self), chunk):
-            stop = min(start + chunk, len(self))
-            rows = self._matrix[start:stop].tolist()
-            for i, row in zip(range(start, stop), rows):
-                values = dict(zip(names, row)) if self._full[i] else \
-                    {n: v for n, v, p in zip(names, row, self._present[i]) if p}
-                yield Record(log._steps[i], log._ranks[i], log._times[i], values)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = range(len(self))[i]
-        log = self._log
-        values = {n: float(v) for n, v, p in zip(self._names, self._matrix[i], self._present[i]) if p}
-        return Record(log._steps[i], log._ranks[i], log._times[i], values)
-
-
-def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Any]:
-    """Read ``path`` line by line (never the whole file): yield each ``Record`` and put the header, events and
-    bad-line counts into ``into`` (a ``RankLog`` or ``ColumnLog``), with the checks of ``read_rank_file``."""
-    scratch = RankLog(path=path, header={})
-    with open(path, "rb") as fh:
-        for i, raw in enumerate(fh):
-            if not raw.strip():
-                continue
-            try:
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
-                _add(scratch, _decode(text, path, i + 1))
-            except _BadLine as bad:
-                if not raw.endswith(b"\n"):
-                    into.truncated += 1  # the writer was killed mid-line
-                elif strict:
-                    raise RunLogError(f"{path}:{i + 1}: {bad} (without --strict the line is skipped)") from None
-                else:
-                    into.skipped.append((i + 1, str(bad)))
-                continue
-            if scratch.records:
-                yield scratch.records.pop()
-            if scratch.events:
-                into.events.append(scratch.events.pop())
-    into.header = scratch.header
-
-
-def read_rank_columns(path: str, strict: bool = False) -> ColumnLog:
-    """``read_rank_file`` streamed into a ``ColumnLog``: memory grows with the values, not with Python objects."""
-    log = ColumnLog(path)
-    for rec in iter_rank_lines(path, log, strict):
-        log.append(rec)
-    if not log.header:
-        raise RunLogError(f"{path}: no header line; not an msbridge jsonl file")
-    if log.skipped:
-        _warn_skipped(path, log.skipped)
-    return log
-
-
-def read_run_columns(run_dir: str, strict: bool = False) -> RunLog:
-    """``read_run`` with every rank file streamed into a ``ColumnLog`` (for plot and diagnose of long runs)."""
-    if not os.path.isdir(run_dir):
-        raise RunLogError(f"{run_dir}: no such directory")
-    paths = glob.glob(os.path.join(run_dir, "metrics", "rank_*.jsonl"))
-    if not paths:
-        raise RunLogError(f"{run_dir}: not an msbridge run, metrics/rank_*.jsonl is missing")
-    ranks: Dict[int, Any] = {}
-    for path in paths:
-        log = read_rank_columns(path, strict)
-        ranks[log.rank] = log
-    return RunLog(run_dir=run_dir, ranks=dict(sorted(ranks.items())))

@@ -9,7 +9,8 @@ import pytest
 import synthetic_runs as sr
 
 from msbridge.offline.diagnose import diagnose
-from msbridge.sinks.runlog import RunLogError, rank_file, read_run, read_run_columns
+from msbridge.sinks.columns import read_run_columns
+from msbridge.sinks.runlog import RunLogError, rank_file, read_run
 
 
 def same_records(a, b):
