@@ -24,15 +24,18 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
+import shlex
 import shutil
+import sys
 import time
 import unicodedata
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .errors import ConfigError, did_you_mean
-from .masking import is_secret_key
+from .masking import is_secret_key, mask_text
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 _SAFE_ASCII = re.compile(r"[A-Za-z0-9._+=@,-]")
@@ -241,3 +244,26 @@ def free_space(path: str) -> str:
     while free >= 1000 and i < len(units) - 1:
         free, i = free / 1000, i + 1
     return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"
+
+
+#: The sinks ``msbridge view`` starts a viewer for.
+VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
+
+
+def msbridge_command() -> str:
+    """This msbridge as a command any shell runs as it is: the ``msbridge`` script of this Python's
+    environment (absolute, so no venv needs activating), else ``python -m msbridge.cli.main``."""
+    script = os.path.join(os.path.dirname(sys.executable), "msbridge")
+    if os.access(script, os.X_OK):
+        return shlex.quote(script)
+    return f"{shlex.quote(sys.executable)} -m msbridge.cli.main"
+
+
+def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[str]:
+    """The exact commands to look at this run, runnable as printed from any directory; viewers bind 127.0.0.1."""
+    exe, run = msbridge_command(), shlex.quote(run_dir)
+    commands = [f"{exe} view {run}"] if any(name in sinks for name in VIEWED_SINKS) else []
+    if importlib.util.find_spec("matplotlib") is not None:
+        commands.append(f"{exe} plot {run}")
+    commands.append(f"{exe} diagnose {run}")
+    return [mask_text(c) for c in commands]

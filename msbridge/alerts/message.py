@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from ..masking import mask_secrets
+from ..paths import view_commands
 from ..sinks.base import Event, RunInfo, json_safe
 
 #: The stall watchdog's event kinds (``msbridge.run.watchdog``).
@@ -110,8 +111,6 @@ def _short(value: Any) -> str:
 def links_for(run: RunInfo) -> Dict[str, str]:
     """The commands that show the run, as its README prints them (they run as printed on the training host):
     ``view`` (when a viewed sink is configured), ``plot`` (with matplotlib), ``diagnose``; and ``run_dir``."""
-    from ..run.metadata import view_commands
-
     commands = view_commands(run.run_dir, run.config.get("sinks") or {})
     return {**{shlex.split(command)[-2]: command for command in commands}, "run_dir": run.run_dir}
 

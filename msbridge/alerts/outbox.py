@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..errors import MsbridgeError
 from ..masking import mask_text
 from .message import Alert
 from .spec import AlertSpec, Target
@@ -123,33 +122,3 @@ def resend(box: Outbox, spec: AlertSpec, post: Post) -> Tuple[int, int]:
             left.append(dict(entry, error=mask_text(error), time=time.time()))
     box.keep_only(left)
     return sent, len(left)
-
-
-def send_kept(run_dir: str, config: Optional[str] = None) -> Tuple[int, int]:
-    """``msbridge replay RUN_DIR --to alerts``: send every rank's kept alerts; returns ``(sent, still kept)``.
-
-    The targets' URLs are not in the run dir (only masked): they are read from ``config`` or, by default,
-    from the config file the run was started with (each outbox line names it).
-
-    Raises:
-        MsbridgeError: nothing was kept, or no config file names the targets.
-    """
-    from ..config.load import load_config
-    from .delivery import deliver
-
-    files = outbox_files(run_dir)
-    if not files:
-        raise MsbridgeError(f"{run_dir}: no alert was kept ({OUTBOX_DIR}/outbox_rank_*.jsonl is absent): "
-                            "nothing to send")
-    sent = left = 0
-    for path in files:
-        box = Outbox(run_dir, path=path)
-        entries = box.entries()
-        source = config or next((e.get("config") for e in entries if e.get("config")), "")
-        if not source or not os.path.isfile(source):
-            raise MsbridgeError(f"{path}: the run's config file ({source or 'a dict, not a file'}) is not there to "
-                                "read alerts.targets from; pass --config FILE")
-        spec = load_config(source).alert_spec
-        done, kept = resend(box, spec, lambda target, alert: deliver(target, alert, spec.retries, spec.timeout_s))
-        sent, left = sent + done, left + kept
-    return sent, left

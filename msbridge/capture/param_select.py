@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config.limits import compile_user_regex
+from ..limits import compile_user_regex
 
 
 @dataclass(frozen=True)

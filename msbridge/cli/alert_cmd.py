@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Optional, Tuple
 
+from ..alerts.delivery import deliver
+from ..alerts.outbox import OUTBOX_DIR, Outbox, outbox_files, resend
+from ..config.load import load_config
 from ..errors import MsbridgeError
 
 #: Read by ``alert test`` when no --config is given.
@@ -19,9 +23,7 @@ DEFAULT_CONFIG = "msbridge.yaml"
 
 def cmd_alert_test(args: argparse.Namespace) -> int:
     """Exit 0 when every target answered, 1 when one did not."""
-    from ..alerts.delivery import deliver
     from ..alerts.message import sample_alert
-    from ..config.load import load_config
 
     path = args.config or DEFAULT_CONFIG
     if not os.path.isfile(path):
@@ -41,7 +43,6 @@ def cmd_alert_test(args: argparse.Namespace) -> int:
 
 def cmd_replay_alerts(run_dir: str, config: str = "") -> int:
     """Send what ``run_dir`` kept; exit 1 while some alert still cannot be sent."""
-    from ..alerts.outbox import send_kept
     from ..offline.replay import mark_delivered
 
     sent, left = send_kept(os.path.abspath(run_dir), config or None)
@@ -51,6 +52,33 @@ def cmd_replay_alerts(run_dir: str, config: str = "") -> int:
         return 1
     mark_delivered(run_dir, "alerts")
     return 0
+
+
+def send_kept(run_dir: str, config: Optional[str] = None) -> Tuple[int, int]:
+    """``msbridge replay RUN_DIR --to alerts``: send every rank's kept alerts; returns ``(sent, still kept)``.
+
+    The targets' URLs are not in the run dir (only masked): they are read from ``config`` or, by default,
+    from the config file the run was started with (each outbox line names it).
+
+    Raises:
+        MsbridgeError: nothing was kept, or no config file names the targets.
+    """
+    files = outbox_files(run_dir)
+    if not files:
+        raise MsbridgeError(f"{run_dir}: no alert was kept ({OUTBOX_DIR}/outbox_rank_*.jsonl is absent): "
+                            "nothing to send")
+    sent = left = 0
+    for path in files:
+        box = Outbox(run_dir, path=path)
+        entries = box.entries()
+        source = config or next((e.get("config") for e in entries if e.get("config")), "")
+        if not source or not os.path.isfile(source):
+            raise MsbridgeError(f"{path}: the run's config file ({source or 'a dict, not a file'}) is not there to "
+                                "read alerts.targets from; pass --config FILE")
+        spec = load_config(source).alert_spec
+        done, kept = resend(box, spec, lambda target, alert: deliver(target, alert, spec.retries, spec.timeout_s))
+        sent, left = sent + done, left + kept
+    return sent, left
 
 
 def add_alert_commands(sub: "argparse._SubParsersAction") -> None:

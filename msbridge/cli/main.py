@@ -67,7 +67,7 @@ def out_overrides(out: str) -> List[str]:
 
 
 def _print_outputs(monitor) -> None:
-    from ..run.metadata import view_commands
+    from ..paths import view_commands
 
     run_dir = monitor.run_dir
     print(f"\n[msbridge] done: {monitor.steps_recorded} steps recorded")

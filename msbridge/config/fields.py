@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
-from .limits import compile_user_regex, huge_int_problem, int_digits, is_huge_int
+from ..limits import compile_user_regex, huge_int_problem, int_digits, is_huge_int
 from .yaml_lines import Path
 
 Check = Callable[[Any], Optional[str]]

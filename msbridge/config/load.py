@@ -30,10 +30,9 @@ from .compose import plain as thaw
 from .fields import STRAGGLER_DEFAULTS, SYSTEM_INTERVAL_S, check_values, normalise_sinks, straggler_settings
 from .interpolate import interpolate
 from .keys import Assignment, Note
-from .limits import drop_huge_ints
 from .mindformers_entry import ENTRY_NAME
 from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
-from .prepare import Prepared, Source, prepare
+from .prepare import Prepared, Source, drop_huge_ints, prepare
 from .yaml_lines import Origin, Path, Tree, format_path
 
 __all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config",

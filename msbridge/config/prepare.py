@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .compose import compose
 from .keys import Note, section_of
 from .mindformers_entry import ENTRY_NAME, entry_sections, find_entry, graft, on_top
-from .yaml_lines import Origin, Path, Tree
+from ..limits import huge_int_problem, int_digits, is_huge_int
+from .yaml_lines import Origin, Path, Tree, format_path
 
 Source = Union[str, "os.PathLike[str]", Mapping[str, Any], None]
 
@@ -89,3 +90,43 @@ def _with_config_file(tree: Tree, index: int, name: Any, label: str) -> Tuple[Tr
         return tree, problems + [f"{origin}: callbacks[{index}].config: {name!r} holds no mapping of msbridge "
                                  "settings"]
     return graft(tree, index, loaded, prefix), problems
+
+
+def drop_huge_ints(tree: Tree) -> Tuple[Tree, List[str], Set[Path]]:
+    """``tree`` with every integer over ``MAX_INT_DIGITS`` digits replaced by None, one problem for each,
+    and their paths (later checks skip them, as they skip an unresolved reference).
+
+    Example:
+        >>> from msbridge.config.yaml_lines import Tree
+        >>> tree, problems, failed = drop_huge_ints(Tree({"params": {"seed": 10 ** 100}}))
+        >>> tree.data, failed
+        ({'params': {'seed': None}}, {('params', 'seed')})
+    """
+    problems: List[str] = []
+    failed: Set[Path] = set()
+
+    def walk(value: Any, path: Path) -> Any:
+        if isinstance(value, Mapping):
+            return {k: walk(v, path + (k,)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, path + (i,)) for i, v in enumerate(value)]
+        if is_huge_int(value):
+            where = tree.origin_of(path)
+            text = f"{format_path(path)}: {huge_int_problem(int_digits(value))}"
+            problems.append(f"{where}: {text}" if where else text)
+            failed.add(path)
+            return None
+        return value
+
+    if not problems_possible(tree.data):
+        return tree, problems, failed
+    return Tree(walk(tree.data, ()), dict(tree.origins)), problems, failed
+
+
+def problems_possible(value: Any) -> bool:
+    """Whether ``value`` holds any integer over the limit (a quick look before copying the tree)."""
+    if isinstance(value, Mapping):
+        return any(problems_possible(v) or is_huge_int(k) for k, v in value.items())
+    if isinstance(value, list):
+        return any(problems_possible(v) for v in value)
+    return is_huge_int(value)

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
-from .limits import MAX_INT_DIGITS, huge_int_problem, int_digits, is_huge_int
+from ..limits import MAX_INT_DIGITS, huge_int_problem, int_digits, is_huge_int
 
 Path = Tuple[Any, ...]
 

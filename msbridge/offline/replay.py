@@ -160,7 +160,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
 
 
 def mark_delivered(run_dir: str, to: str) -> None:
-    """``to`` (``alerts``: ``msbridge.alerts.outbox.send_kept``) received everything: off the outcome's list."""
+    """``to`` (``alerts``: ``msbridge.cli.alert_cmd.send_kept``) received everything: off the outcome's list."""
     meta = _run_json(os.path.abspath(run_dir))
     if isinstance(meta.get("outcome"), Mapping):
         _delivered(run_dir, meta, to)

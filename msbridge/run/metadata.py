@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import json
 import logging
 import os
 import platform
 import re
-import shlex
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from importlib import metadata as importlib_metadata
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, Mapping, Optional, Set, Tuple
 
 from ..masking import mask_command, mask_secrets, mask_text
-from ..paths import free_space
+from ..paths import free_space, view_commands
 from ..sinks.base import json_safe
 
 log = logging.getLogger("msbridge")
@@ -98,29 +96,6 @@ def collect_metadata(config: Mapping[str, Any], world_size: int, expected_steps:
         "git": _git(code_dir or os.path.dirname(script)),
         "config": dict(config),
     })
-
-
-#: Sinks ``msbridge view`` starts a viewer for.
-VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
-
-
-def msbridge_command() -> str:
-    """This msbridge as a command any shell runs as it is: the ``msbridge`` script of this Python's
-    environment (absolute, so no venv needs activating), else ``python -m msbridge.cli.main``."""
-    script = os.path.join(os.path.dirname(sys.executable), "msbridge")
-    if os.access(script, os.X_OK):
-        return shlex.quote(script)
-    return f"{shlex.quote(sys.executable)} -m msbridge.cli.main"
-
-
-def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[str]:
-    """The exact commands to look at this run, runnable as printed from any directory; viewers bind 127.0.0.1."""
-    exe, run = msbridge_command(), shlex.quote(run_dir)
-    commands = [f"{exe} view {run}"] if any(name in sinks for name in VIEWED_SINKS) else []
-    if importlib.util.find_spec("matplotlib") is not None:
-        commands.append(f"{exe} plot {run}")
-    commands.append(f"{exe} diagnose {run}")
-    return [mask_text(c) for c in commands]
 
 
 def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],

@@ -18,10 +18,8 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, List, Mapping, Set, Tuple
+from typing import Any
 
-if TYPE_CHECKING:  # yaml_lines imports this module
-    from .yaml_lines import Path, Tree
 
 #: Digits an integer setting or hyperparameter may have (a seed or a count needs about 20).
 MAX_INT_DIGITS = 40
@@ -53,48 +51,6 @@ def is_huge_int(value: Any) -> bool:
 def huge_int_problem(digits: int) -> str:
     """The message for an integer of ``digits`` digits."""
     return f"an integer of about {digits:_} digits; at most {MAX_INT_DIGITS} are allowed (a typo, or a pasted blob?)"
-
-
-def drop_huge_ints(tree: "Tree") -> Tuple["Tree", List[str], Set["Path"]]:
-    """``tree`` with every integer over ``MAX_INT_DIGITS`` digits replaced by None, one problem for each,
-    and their paths (later checks skip them, as they skip an unresolved reference).
-
-    Example:
-        >>> from msbridge.config.yaml_lines import Tree
-        >>> tree, problems, failed = drop_huge_ints(Tree({"params": {"seed": 10 ** 100}}))
-        >>> tree.data, failed
-        ({'params': {'seed': None}}, {('params', 'seed')})
-    """
-    from .yaml_lines import Tree, format_path
-
-    problems: List[str] = []
-    failed: Set[Path] = set()
-
-    def walk(value: Any, path: "Path") -> Any:
-        if isinstance(value, Mapping):
-            return {k: walk(v, path + (k,)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v, path + (i,)) for i, v in enumerate(value)]
-        if is_huge_int(value):
-            where = tree.origin_of(path)
-            text = f"{format_path(path)}: {huge_int_problem(int_digits(value))}"
-            problems.append(f"{where}: {text}" if where else text)
-            failed.add(path)
-            return None
-        return value
-
-    if not problems_possible(tree.data):
-        return tree, problems, failed
-    return Tree(walk(tree.data, ()), dict(tree.origins)), problems, failed
-
-
-def problems_possible(value: Any) -> bool:
-    """Whether ``value`` holds any integer over the limit (a quick look before copying the tree)."""
-    if isinstance(value, Mapping):
-        return any(problems_possible(v) or is_huge_int(k) for k, v in value.items())
-    if isinstance(value, list):
-        return any(problems_possible(v) for v in value)
-    return is_huge_int(value)
 
 
 def regex_problem(pattern: str) -> str:
