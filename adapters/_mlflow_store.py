@@ -83,7 +83,9 @@ def open_client(uri: str, client_cls: Callable[[str], Any]) -> Any:
 def half_made(path: str) -> str:
     """What is unfinished in the store at ``path`` ("" when it is whole): leftover migration tables, or a
     schema version that is not the head of this MLflow's migrations."""
-    with contextlib.closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=30.0)) as db:
+    # read-write, never creating: a writer killed mid-transaction left a hot journal, which sqlite rolls back on
+    # this first read (read-only, it would refuse: "attempt to write a readonly database"); we hold the lock
+    with contextlib.closing(sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=30.0)) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         leftovers = sorted(t for t in tables if t.startswith(_TMP_PREFIX))
         version = db.execute("SELECT version_num FROM alembic_version").fetchone() \
@@ -141,7 +143,7 @@ def _repair(path: str, problem: str, client_cls: Callable[[str], Any]) -> None:
 
 
 def _holds_runs(path: str) -> bool:
-    with contextlib.closing(sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=30.0)) as db:
+    with contextlib.closing(sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=30.0)) as db:
         try:
             return db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() is not None
         except sqlite3.OperationalError:  # no runs table: nothing to keep

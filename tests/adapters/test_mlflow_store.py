@@ -154,3 +154,25 @@ def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_
             _kill_group([sys.executable, "-c", UNLOCKED, _uri(root)], rng, 4.0)
         _next_run_works(str(root), f"next{moment}")
     assert in_creation, f"no kill came while a store was being made (seed {seed})"
+
+
+_DIES_MID_TRANSACTION = """import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.executemany("INSERT INTO t VALUES (?)", [("x" * 1000,)] * 2000)  # pages change: the rollback journal fills
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_store_whose_writer_died_mid_transaction_is_read_after_its_hot_journal_is_rolled_back(tmp_path):
+    """A writer killed mid-transaction (an older msbridge creating the store in place) leaves a hot journal;
+    read-only, sqlite refuses such a file ("attempt to write a readonly database"): the store check must not."""
+    path = str(tmp_path / "mlflow.db")
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (v TEXT)")
+    subprocess.run([sys.executable, "-c", _DIES_MID_TRANSACTION, path], check=False)
+    assert os.path.getsize(path + "-journal") > 0  # the kill left a hot journal
+    assert half_made(path) == "no schema version"  # read, rolled back, judged: not a traceback
+    assert not os.path.exists(path + "-journal") or os.path.getsize(path + "-journal") == 0
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM t").fetchone() == (0,)  # the dead writer's rows rolled back
