@@ -252,6 +252,43 @@ class Unwritten:
         return f"{what}, {self.events} event(s){status} not written to {self.where} ({self.reason})"
 
 
+class WritesUntilFailed:
+    """For a sink that writes files (TensorBoard, MindInsight): from its first failed write on (a full disk) it
+    writes nothing more and only counts what it is handed (``Unwritten``, its ``undelivered``), so its files hold
+    every step up to the failure, in order, and a replay writes the rest. The sink sets ``self._unwritten`` and
+    defines ``_emit``, ``_flush_files`` and ``_failure_dir``.
+
+    Example:
+        >>> class TensorBoardSink(WritesUntilFailed, Sink): ...
+    """
+
+    _unwritten: Unwritten
+
+    def _write_or_count(self, records: Sequence[Any], events: Sequence[Any]) -> None:
+        if not records and not events:
+            return
+        if self._unwritten:
+            self._unwritten.add(records, events)
+            return
+        try:
+            self._emit(records, events)
+        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
+            self._failed(exc, records, events)
+
+    def _failed(self, exc: OSError, records: Sequence[Any] = (), events: Sequence[Any] = ()) -> None:
+        self._unwritten.fail(self._failure_dir(), exc, self.run.run_dir)
+        self._unwritten.add(records, events)
+        self.undelivered = self._unwritten.text()
+
+    def flush(self) -> None:
+        if self._unwritten:
+            return
+        try:
+            self._flush_files()
+        except OSError as exc:
+            self._failed(exc)
+
+
 def _varint_at(data: bytes, pos: int) -> Tuple[int, int]:
     result = shift = 0
     while True:

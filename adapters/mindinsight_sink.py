@@ -74,6 +74,7 @@ from ..sinks.options import Option
 from ._eventwire import (
     MINDSPORE_VALUE,
     Unwritten,
+    WritesUntilFailed,
     flushed,
     handed_over,
     held_values,
@@ -114,7 +115,7 @@ def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
     return os.path.join(summary_base_dir, f"{safe_component(run_name)}_rank_{rank}")
 
 
-class MindInsightSink(Sink):
+class MindInsightSink(WritesUntilFailed, Sink):
     """Writes this rank's records, events and lineage as a MindInsight train job.
 
     Example:
@@ -192,22 +193,11 @@ class MindInsightSink(Sink):
         self._flush_files()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        if not records and not events:
-            return
-        if self._unwritten:
-            self._unwritten.add(records, events)
-            return
-        try:
-            self._emit(records, events)
-        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
-            self._failed(exc, records, events)
+        self._write_or_count(records, events)
 
-    def _failed(self, exc: OSError, records: Sequence[Record] = (), events: Sequence[Event] = ()) -> None:
+    def _failure_dir(self) -> str:
         """Its files hold the steps before the first failed write, in order: a replay writes the rest."""
-        assert self.run is not None
-        self._unwritten.fail(self.dir, exc, self.run.run_dir)
-        self._unwritten.add(records, events)
-        self.undelivered = self._unwritten.text()
+        return self.dir
 
     def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._summary is None:
@@ -225,15 +215,9 @@ class MindInsightSink(Sink):
         for step, kind in sorted(counts):  # in step order: MindInsight drops later points on a step going back
             self._scalars(step, wall, {f"events/{kind}": counts[step, kind]})
 
-    def flush(self) -> None:
-        if self._summary is None or self._unwritten:
-            return
-        try:
-            self._flush_files()
-        except OSError as exc:
-            self._failed(exc)
-
     def _flush_files(self) -> None:
+        if self._summary is None:  # nothing opened yet
+            return
         for writer, path in zip((self._summary, self._lineage), self._paths):
             flushed(writer.writer, path)
 

@@ -82,7 +82,14 @@ from ..names import (
 from ..paths import safe_component
 from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 from ..sinks.options import Option
-from ._eventwire import Layout, Unwritten, custom_scalars_summary, held_values, histogram_summary
+from ._eventwire import (
+    Layout,
+    Unwritten,
+    WritesUntilFailed,
+    custom_scalars_summary,
+    held_values,
+    histogram_summary,
+)
 from ._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 
 log = logging.getLogger("msbridge")
@@ -132,7 +139,7 @@ def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
             for k, v in flatten(tree, prefix).items() if v is not None}
 
 
-class TensorBoardSink(Sink):
+class TensorBoardSink(WritesUntilFailed, Sink):
     """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
 
     Example:
@@ -235,21 +242,10 @@ class TensorBoardSink(Sink):
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._held:
             records = [rec for rec in records if not self._all_held(rec)]
-        if not records and not events:
-            return
-        if self._unwritten:
-            self._unwritten.add(records, events)
-            return
-        try:
-            self._emit(records, events)
-        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
-            self._failed(exc, records, events)
+        self._write_or_count(records, events)
 
-    def _failed(self, exc: OSError, records: Sequence[Record] = (), events: Sequence[Event] = ()) -> None:
-        assert self.run is not None
-        self._unwritten.fail(self.run_dir(self.run), exc, self.run.run_dir)
-        self._unwritten.add(records, events)
-        self.undelivered = self._unwritten.text()
+    def _failure_dir(self) -> str:
+        return self.run_dir(self.run)
 
     def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._local is None:
@@ -280,14 +276,6 @@ class TensorBoardSink(Sink):
             log.warning("msbridge: tensorboard: metric names that are not valid TensorBoard tags "
                         "are written as: %s", mapping)
         self._flush_files()
-
-    def flush(self) -> None:
-        if self._unwritten:
-            return
-        try:
-            self._flush_files()
-        except OSError as exc:
-            self._failed(exc)
 
     def _flush_files(self) -> None:
         for target in self._files():
