@@ -228,7 +228,7 @@ class Unwritten:
         """The first failure: said once, with the replay command (a later one changes nothing)."""
         if self.reason:
             return
-        from ..paths import free_space
+        from msbridge.paths import free_space
 
         self.where = where
         self.reason = f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}; " \

@@ -16,9 +16,9 @@ import json
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..masking import mask_secrets, mask_text
-from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
-from ..sinks.base import RunInfo, flatten, json_safe
+from msbridge.masking import mask_secrets, mask_text
+from msbridge.names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
+from msbridge.sinks.base import RunInfo, flatten, json_safe
 
 RUN_ID_TAG = "msbridge.run_id"
 NOTE_TAG = "mlflow.note.content"  # the run page's description

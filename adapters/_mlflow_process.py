@@ -46,7 +46,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
-from ..masking import mask_text
+from msbridge.masking import mask_text
 
 #: The child's nice value: under CPU contention it gets a small, never-zero share (see the module docstring).
 NICE = 5
@@ -180,7 +180,7 @@ class _Tracker:
 
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if self._client is None:
-            from ._mlflow_store import open_client
+            from msbridge.adapters._mlflow_store import open_client
 
             self._client = open_client(self.uri, import_client())
         if name != "log_batch":
@@ -201,7 +201,7 @@ class _Tracker:
 
     def _metric_rows(self) -> Any:
         if self._rows is False:  # by the first metrics, MLflow's client has made the store's tables
-            from ._mlflow_sqlite import rows_for
+            from msbridge.adapters._mlflow_sqlite import rows_for
 
             self._rows = rows_for(self.uri)
         return self._rows

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ._mlflow_process import ACTIVE_ONLY
+from msbridge.adapters._mlflow_process import ACTIVE_ONLY
 
 log = logging.getLogger("msbridge")
 

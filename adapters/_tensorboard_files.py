@@ -17,8 +17,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Dict, Mapping
 
-from ..errors import MissingDependencyError
-from ._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, summary_event, version_event
+from msbridge.adapters._eventwire import TENSORBOARD_VALUE, RecordFile, scalar_event, summary_event, version_event
+from msbridge.errors import MissingDependencyError
 
 
 def import_tensorboardx() -> SimpleNamespace:

@@ -32,9 +32,9 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-from ..sinks.base import GAP, Event, Record, RunInfo, Series, Sink
-from ..sinks.options import Option
-from ..sinks.runlog import (
+from msbridge.options import Option
+from msbridge.sinks.base import GAP, Event, Record, RunInfo, Series, Sink
+from msbridge.sinks.runlog import (
     encode_event,
     encode_header,
     encode_record,

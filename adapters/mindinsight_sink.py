@@ -67,11 +67,7 @@ import time
 from collections import Counter
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from ..names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
-from ..paths import safe_component
-from ..sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
-from ..sinks.options import Option
-from ._eventwire import (
+from msbridge.adapters._eventwire import (
     MINDSPORE_VALUE,
     Unwritten,
     WritesUntilFailed,
@@ -83,6 +79,10 @@ from ._eventwire import (
     scalar_event,
     summary_event,
 )
+from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
+from msbridge.options import Option
+from msbridge.paths import safe_component
+from msbridge.sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).

@@ -39,14 +39,7 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from ..errors import MissingDependencyError, exception_text
-from ..masking import mask_secrets, mask_text
-from ..names import HISTOGRAM
-from ..paths import free_space, tracking_uri_problem
-from ..sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
-from ..sinks.options import Option
-from ..sinks.runlog import encode_event, rank_file, read_rank_file
-from ._mlflow_fields import (
+from msbridge.adapters._mlflow_fields import (
     EXPERIMENT_TAGS,
     MAX_PARAM_LENGTH,
     MAX_TAG_LENGTH,
@@ -59,9 +52,16 @@ from ._mlflow_fields import (
     run_params,
     run_tags,
 )
-from ._mlflow_process import ALL_RUNS, ClientProcess
-from ._mlflow_sqlite import full_disk_store
-from ._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
+from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
+from msbridge.adapters._mlflow_sqlite import full_disk_store
+from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
+from msbridge.errors import MissingDependencyError, exception_text
+from msbridge.masking import mask_secrets, mask_text
+from msbridge.names import HISTOGRAM
+from msbridge.options import Option
+from msbridge.paths import free_space, tracking_uri_problem
+from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
+from msbridge.sinks.runlog import encode_event, rank_file, read_rank_file
 
 log = logging.getLogger("msbridge")
 

@@ -63,7 +63,16 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..names import (
+from msbridge.adapters._eventwire import (
+    Layout,
+    Unwritten,
+    WritesUntilFailed,
+    custom_scalars_summary,
+    held_values,
+    histogram_summary,
+)
+from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
+from msbridge.names import (
     GLOBAL_LOSS,
     GRAD_NORM,
     HISTOGRAM,
@@ -79,18 +88,9 @@ from ..names import (
     is_global_metric,
     rank_loss,
 )
-from ..paths import safe_component
-from ..sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
-from ..sinks.options import Option
-from ._eventwire import (
-    Layout,
-    Unwritten,
-    WritesUntilFailed,
-    custom_scalars_summary,
-    held_values,
-    histogram_summary,
-)
-from ._tensorboard_files import EventFile, SharedFile, import_tensorboardx
+from msbridge.options import Option
+from msbridge.paths import safe_component
+from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
 
 log = logging.getLogger("msbridge")
 

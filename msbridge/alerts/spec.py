@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
-from ..sinks.options import Option, check_options
+from ..options import Option, check_options
 
 Path = Tuple[Any, ...]
 

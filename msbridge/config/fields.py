@@ -250,7 +250,7 @@ def _check_alerts(value: Any) -> List[Tuple[Path, str]]:
 
 def _check_sinks(value: Any) -> List[Tuple[Path, str]]:
     """Names against the registry, each sink's options against the sink's own declaration."""
-    from ..sinks.options import check_options
+    from ..options import check_options
     from ..sinks.registry import available, check_available, sink_class
 
     if not isinstance(value, (Mapping, list, tuple, str)) and value is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
-from ..sinks.options import Option
+from ..options import Option
 from .detectors import DETECTORS
 from .detectors.base import ACTIONS, PROFILES, SKIP, STOP_ACTIONS
 

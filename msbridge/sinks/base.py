@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError
-from .options import Option, check_options, with_defaults
+from ..options import Option, check_options, with_defaults
 
 SCHEMA_VERSION = 1
 #: ``{metric: [(step, value), ...]}``: what ``Sink.read_back`` returns.

@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
 
 from ..names import GRAD_NORM, HISTOGRAM, LOSS, SAMPLES_PER_S, STEP_TIME
+from ..options import Option
 from .base import Event, Record, RunInfo, Sink
-from .options import Option
 
 log = logging.getLogger("msbridge")
 

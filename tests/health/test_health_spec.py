@@ -11,7 +11,7 @@ from msbridge import ConfigError
 from msbridge.health.detectors import DETECTORS
 from msbridge.health.detectors.base import ACTIONS, PROFILES, Option
 from msbridge.health.spec import SETTINGS, HealthSpec, health_problems
-from msbridge.sinks.options import Option as SinkOption
+from msbridge.options import Option as SinkOption
 
 
 def test_profiles_set_the_default_actions_and_an_explicit_action_wins():

@@ -9,9 +9,9 @@ from helpers.runs import make_records, make_run
 
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError
+from msbridge.options import Option
 from msbridge.sinks.base import CLOSE_GRACE, Sink
 from msbridge.sinks.dispatch import Dispatcher
-from msbridge.sinks.options import Option
 
 RUN = make_run("/nonexistent")
 

@@ -11,8 +11,8 @@ import pytest
 from helpers.runs import make_records, make_run
 
 from msbridge.errors import ConfigError
+from msbridge.options import Option, check_options
 from msbridge.sinks.base import Event, Sink
-from msbridge.sinks.options import Option, check_options
 from msbridge.sinks.registry import resolve
 
 

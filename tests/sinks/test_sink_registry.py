@@ -11,9 +11,9 @@ import pytest
 from msbridge.config.dialects import FORMAT_VALUES, HANDLERS
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError, MissingDependencyError
+from msbridge.options import Option
 from msbridge.sinks import registry
 from msbridge.sinks.base import Sink
-from msbridge.sinks.options import Option
 
 
 def test_builtins_resolve():
@@ -49,7 +49,7 @@ def test_third_party_sink_through_entry_point(tmp_path, monkeypatch):
     the config checks its options against its own declaration."""
     (tmp_path / "my_sink.py").write_text(textwrap.dedent("""
         from msbridge.sinks.base import Sink
-        from msbridge.sinks.options import Option
+        from msbridge.options import Option
         class MySink(Sink):
             name = "mysink"
             options = {"endpoint": Option(str, None, "where to send the metrics")}

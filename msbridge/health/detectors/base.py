@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 from ...names import GRAD_NORM, LOSS
-from ...sinks.options import Option
+from ...options import Option
 
 #: Finding kinds; also the kinds of the events they become.
 ANOMALY, RECOVERY = "anomaly", "recovery"

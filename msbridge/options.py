@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import did_you_mean
+from .errors import did_you_mean
 
 #: What a valid value of each type is, in the words of ``check`` and of ``problem``.
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
