@@ -45,7 +45,7 @@ def test_a_kill_9_of_the_training_process_takes_the_child_down_quietly(tmp_path)
     try:
         child = int(parent.stdout.readline())
         assert os.getpriority(os.PRIO_PROCESS, child) == NICE
-        assert os.sched_getscheduler(child) == os.SCHED_OTHER, "not SCHED_IDLE: it cannot be starved forever"
+        assert os.sched_getscheduler(child) == os.SCHED_OTHER, "not SCHED_IDLE while it starts: it must not be starved"
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(30)
         took = gone(child, within=10)

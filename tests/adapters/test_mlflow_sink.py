@@ -389,7 +389,7 @@ def test_one_record_over_a_batch_is_split(shared_sqlite, tmp_path):
 
 def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_niced_child(shared_sqlite, tmp_path):
     """Through the dispatcher, the MLflow run exists before any window; MLflow's client is a child process
-    at nice 19 (its own GIL), started again if it dies, and ended by close; no step is lost."""
+    at nice 5 (its own GIL), started again if it dies, and ended by close; no step is lost."""
     run = mlflow_run(tmp_path)
     sink = MlflowSink(tracking_uri=shared_sqlite)
     dispatcher = Dispatcher([JsonlSink(), sink], run)

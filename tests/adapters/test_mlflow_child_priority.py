@@ -1,0 +1,47 @@
+"""MLflow's child runs in two phases (``msbridge.adapters._mlflow_process``): at nice 5 in the normal class
+while it starts (MLflow's import, the store, the run), then, beside training, in Linux's idle class once its
+first metrics are stored. Away from training (``msbridge replay``: no MindSpore loaded) it stays at nice 5."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from msbridge.adapters._mlflow_process import NICE
+
+PARENT = """
+import os, sys, time
+if sys.argv[2] == "training":
+    import mindspore  # what makes a process a training one for the child
+from msbridge.adapters._mlflow_process import ClientProcess
+client = ClientProcess()
+client.connect(sys.argv[1], {})
+run = client.create_run(client.create_experiment("priority"))
+pid = client._proc.pid
+before = os.sched_getscheduler(pid)
+client.log_batch(run.info.run_id, metrics=[("train/loss", 2.5, int(time.time() * 1000), 1)])
+client.log_batch(run.info.run_id, metrics=[("train/loss", 2.4, int(time.time() * 1000), 2)])  # answered after it
+print(before, os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), flush=True)
+client.close()
+"""
+
+
+def child_classes(tmp_path, kind: str):
+    out = subprocess.run([sys.executable, "-c", PARENT, f"sqlite:///{tmp_path}/mlflow.db", kind],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tuple(int(x) for x in out.stdout.split())
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_first_metrics(tmp_path):
+    before, after, nice = child_classes(tmp_path, "training")
+    assert before == os.SCHED_OTHER, "its start (import, store, run) must not be starved"
+    assert after == os.SCHED_IDLE and nice == NICE
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_away_from_training_the_child_stays_at_nice_5(tmp_path):
+    assert child_classes(tmp_path, "replay") == (os.SCHED_OTHER, os.SCHED_OTHER, NICE)
