@@ -54,6 +54,8 @@ from msbridge.masking import mask_text
 
 #: The child's nice value: under CPU contention it gets a small, never-zero share (see the module docstring).
 NICE = 5
+#: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
+MLFLOW_BATCH = 900
 #: ``prctl`` option: the signal the kernel sends this process when its parent thread ends (Linux).
 PR_SET_PDEATHSIG = 1
 #: What MLflow imports when installed but does not need for tracking (mlflow-skinny goes without them): the
@@ -196,9 +198,13 @@ class _Tracker:
         metrics, params, tags = (kwargs.get(part, ()) for part in ("metrics", "params", "tags"))
         if metrics and self._metric_rows() is not None and self._rows.log(run_id, metrics, tags):
             metrics = tags = ()
-        if metrics or params or tags:
-            self._client.log_batch(run_id, metrics=[Metric(*m) for m in metrics],
-                                   params=[Param(*p) for p in params], tags=[RunTag(*t) for t in tags])
+        parts = [metrics[i:i + MLFLOW_BATCH] for i in range(0, len(metrics), MLFLOW_BATCH)] or [()]
+        for i, part in enumerate(parts):  # MLflow's client takes 1000 entities a call; the tags go with the last
+            last = i == len(parts) - 1
+            if part or (last and (params or tags)):
+                self._client.log_batch(run_id, metrics=[Metric(*m) for m in part],
+                                       params=[Param(*p) for p in params] if last else [],
+                                       tags=[RunTag(*t) for t in tags] if last else [])
 
     def close(self) -> None:
         if self._rows:

@@ -67,7 +67,9 @@ log = logging.getLogger("msbridge")
 
 LAST_STEP_TAG = "msbridge.last_step"
 EVENTS_ARTIFACT = "events.jsonl"
-METRICS_PER_CALL = 999  # MLflow takes 1000 entities per log_batch; one is the last-step tag
+#: Metrics per call to the child, which stores them in one sqlite transaction where its row writer serves
+#: (a replay of 500k steps makes 20x fewer commits than at MLflow's 1000), else in MLflow's batches of 1000.
+METRICS_PER_CALL = 20_000
 PARAMS_TAGS_PER_CALL = 100
 MAX_EVENT_LINES = 10_000
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
@@ -263,10 +265,9 @@ class MlflowSink(Sink):
             metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
                        for rec in chunk if rec.step > self._logged_step for k, v in rec.values.items()]
             step = max(self._logged_step, max(rec.step for rec in chunk))
-            parts = [metrics[i:i + METRICS_PER_CALL] for i in range(0, len(metrics), METRICS_PER_CALL)]
-            for i, part in enumerate(parts):  # resending a part is harmless: same key, time, step, value
-                tags = [(LAST_STEP_TAG, str(step))] if i == len(parts) - 1 else []
-                self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=part, tags=tags)
+            # resending is harmless (same key, time, step, value); the tag lands with the last of the rows
+            self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
+                            tags=[(LAST_STEP_TAG, str(step))])
             for _ in chunk:
                 self._pending.popleft()
             self._logged_step = step
