@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("GLOG_v", "3")
 
 from msbridge import BridgeMonitor  # noqa: E402
-from msbridge.cli.demo import demo_config, train  # noqa: E402
+from msbridge.demo import demo_config, train  # noqa: E402
 
 EXPERIMENT = "team-sweep"
 

@@ -17,8 +17,6 @@ from typing import List, Optional
 from ..errors import MsbridgeError
 from .alert_cmd import add_alert_commands, cmd_replay_alerts
 from .analyze import add_analysis_commands, add_strict
-from .bench import add_arguments as add_bench_arguments
-from .bench import run_from_args as cmd_bench
 from .config_cmd import add_config_commands
 from .view import add_view_command
 
@@ -32,8 +30,12 @@ def _quiet_libraries() -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``msbridge demo``: train the demo model (``msbridge.demo``) with msbridge on, print where it all went.
+
+    Returns the run's exit code (``msbridge.run.outcome``): 0 when every sink received everything.
+    """
     from ..callback import BridgeMonitor
-    from .demo import demo_config, demo_params, exit_status, train
+    from ..demo import demo_config, demo_params, exit_status, train
 
     if args.config:
         overrides = (out_overrides(args.out) if args.out else []) + list(args.set)
@@ -83,6 +85,7 @@ def _print_outputs(monitor) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """``msbridge replay RUN --to SINK``: rebuild one sink (or send the unsent alerts) from the run's jsonl log."""
     from ..masking import mask_text
     from ..offline.replay import replay
 
@@ -101,6 +104,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """``msbridge compare EXPERIMENT``: the experiment's runs side by side (params that differ, last metrics)."""
     from ..offline.compare import compare, default_tracking_uri, format_table
 
     uri = args.tracking_uri or default_tracking_uri(args.experiment, args.root)
@@ -112,7 +116,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``msbridge bench``: the benchmark of ``msbridge.bench.suite``, imported only when it runs."""
+    from ..bench.suite import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``msbridge`` command line: one subcommand per job, each with its ``func``.
+
+    Example:
+        >>> build_parser().parse_args(["replay", "runs/exp/run-1", "--to", "tensorboard"]).to
+        'tensorboard'
+    """
+    from ..bench.suite import add_arguments as add_bench_arguments  # the bench's options, for --help
+
     parser = argparse.ArgumentParser(prog="msbridge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -155,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run one ``msbridge`` command (``argv``: the arguments, default ``sys.argv[1:]``); returns its exit code.
+
+    An ``MsbridgeError`` is printed as one ``msbridge: error:`` line and exits 2, never as a traceback.
+
+    Example:
+        >>> main(["compare", "no-such-experiment", "--root", "/nonexistent"])
+        2
+    """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     _quiet_libraries()
     try:

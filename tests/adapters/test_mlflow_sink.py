@@ -27,8 +27,9 @@ from msbridge.adapters._mlflow_process import NICE, ClientProcess, TrackerError
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
 
-from msbridge.cli.servers import MlflowServer, free_port
+from msbridge.bench.servers import MlflowServer
 from msbridge.errors import ConfigError, MissingDependencyError
+from msbridge.process_group import free_port
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
 

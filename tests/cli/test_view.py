@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 from mindinsight_server import MindInsight, require_mindinsight
 from mlflow.tracking import MlflowClient
-from msbridge.adapters.mindinsight_sink import mindinsight_tag
 from processes import alive, listening
 from training import train_regression
 from view_process import ViewProcess, base, get
 
 from msbridge import BridgeMonitor
+from msbridge.adapters.mindinsight_sink import mindinsight_tag
+from msbridge.bench.servers import MlflowServer
 from msbridge.cli import view as view_module
 from msbridge.cli import viewers
 from msbridge.cli.main import main
-from msbridge.cli.servers import MlflowServer
 from msbridge.cli.view import find_target
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run

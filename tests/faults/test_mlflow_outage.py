@@ -24,7 +24,7 @@ from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
 from training import train_regression
 
 from msbridge import BridgeMonitor
-from msbridge.cli.servers import MlflowServer
+from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_UNDELIVERED
 from msbridge.sinks.base import FINISHED
 

@@ -24,8 +24,8 @@ from processes import stop_group
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from msbridge import BridgeMonitor
-from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
+from msbridge.demo import demo_config, train
 from msbridge.run.metadata import write_run_files
 from msbridge.sinks.base import Event
 from msbridge.sinks.runlog import read_run

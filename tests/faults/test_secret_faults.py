@@ -12,8 +12,8 @@ import yaml
 from training import train_regression
 
 from msbridge import BridgeMonitor
+from msbridge.bench.servers import MlflowServer
 from msbridge.cli.main import main
-from msbridge.cli.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 

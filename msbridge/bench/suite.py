@@ -1,13 +1,13 @@
 """``msbridge bench``: what monitoring costs, measured against no monitoring on the same job.
 
 Every setup trains the same demo transformer on the same data with the same
-seed, each run in a fresh process (``msbridge.cli.bench_worker``). Runs are
+seed, each run in a fresh process (``msbridge.bench.worker``). Runs are
 interleaved (a b c ... a b c ...), with the order rotated each repeat, and each
 setup's throughput is reported as the median over repeats of its ratio to the
 no-monitoring run of the same repeat, so slow drifts of the machine's load
 cancel out. Also reported: host CPU time, peak RSS, CPU burnt while training is
 idle (a 2 s stall inside training), msbridge's own host time per step, the fixed costs
-per run (``bench_costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
+per run (``costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
 Setups ``e_srv`` and ``e_pg`` log to a real ``mlflow server`` (``servers``) started for the whole bench.
 
 Example:
@@ -28,7 +28,7 @@ from statistics import median
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import MsbridgeError
-from .bench_costs import fixed_cost_row, fixed_costs_markdown
+from .costs import fixed_cost_row, fixed_costs_markdown
 from .servers import tracking_servers
 
 #: setup key -> what runs. ``a`` is the reference every ratio is taken against.
@@ -73,7 +73,7 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
     os.makedirs(work)
     result_path = os.path.join(work, "result.json")
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "msbridge.cli.bench_worker", "--setup", setup, "--steps", str(steps),
+    cmd = [sys.executable, "-m", "msbridge.bench.worker", "--setup", setup, "--steps", str(steps),
            "--seed", str(seed), "--stall-s", str(stall_s), "--hidden", str(hidden), "--work", work,
            "--result", result_path, "--tracking-uri", tracking_uri]
     with open(os.path.join(out, "logs", f"{setup}-{tag}.log"), "w") as log:

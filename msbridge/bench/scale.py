@@ -11,7 +11,7 @@ rank waits 5 s for data once), an outlier (its loss 0.5 above the others') and a
 step, with the ``nonfinite`` finding its health check packs).
 
 Example:
-    $ python -m msbridge.cli.bench_scale --ranks 8 128 1024 4096 16384
+    $ python -m msbridge.bench.scale --ranks 8 128 1024 4096 16384
 """
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def line(row: Dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    parser = argparse.ArgumentParser(prog="python -m msbridge.cli.bench_scale", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m msbridge.bench.scale", description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
     parser.add_argument("--window", type=int, default=100, help="steps per flush window (flush_steps)")
     parser.add_argument("--windows", type=int, default=5, help="flush windows per job")
