@@ -442,7 +442,7 @@ def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
 
 
 def test_bridge_monitor_training_matches_jsonl(tmp_path):
-    from training import train_regression
+    from helpers.training import train_regression
 
     import msbridge
 

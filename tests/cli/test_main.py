@@ -52,7 +52,7 @@ def test_out_overrides_the_configs_directories(tmp_path, text, persistent):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """A real 30-step run with jsonl and TensorBoard sinks, for the commands that read one."""
-    from training import train_regression
+    from helpers.training import train_regression
 
     from msbridge import BridgeMonitor
 

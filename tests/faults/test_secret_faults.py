@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import yaml
-from training import train_regression
+from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.bench.servers import MlflowServer

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.processes import free_port
 from mlflow.tracking import MlflowClient
-from processes import free_port
 
 from msbridge import BridgeMonitor
 from msbridge.cli.main import main

@@ -3,7 +3,7 @@
 tests/adapters/test_mlflow_team_server.py starts several at once, all with one ``sweep_id``.
 
 Example:
-    python tests/sweep_job.py --out runs --uri http://127.0.0.1:5000 --sweep-id s1 --lr 0.003 --steps 120
+    python tests/helpers/sweep_job.py --out runs --uri http://127.0.0.1:5000 --sweep-id s1 --lr 0.003 --steps 120
 """
 from __future__ import annotations
 

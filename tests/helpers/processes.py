@@ -1,7 +1,7 @@
 """Helpers for tests that start real servers and launchers: free ports, process groups, listening sockets.
 
-``free_port``, ``group_alive`` and ``stop_group`` live in ``msbridge.bench.servers`` (``msbridge bench`` starts
-servers too); tests import them from here.
+``free_port``, ``group_alive`` and ``stop_group`` live in ``msbridge.process_group`` (``msbridge view`` and
+``msbridge bench`` start servers too); tests import them from here.
 """
 from __future__ import annotations
 
