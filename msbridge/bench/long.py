@@ -196,6 +196,7 @@ def check(report: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: Sequence[str] = ()) -> int:
+    """``python -m msbridge.bench.long``: build the run and time each command (``--build-only``: build it and stop)."""
     parser = argparse.ArgumentParser(prog="python -m msbridge.bench.long", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=500_000)
     parser.add_argument("--out", default="./bench_long", help="where the run, the stores and bench_long.json go")

@@ -271,6 +271,7 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's options on ``parser`` (``msbridge bench`` and ``examples/bench/run_bench.py`` share them)."""
     parser.add_argument("--steps", type=int, default=300, help="training steps of each measured run (default 300)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each setup, interleaved; each figure is the median over them (default 3)")
@@ -291,6 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    """Run the bench the parsed options ask for; an unknown setup is an ``MsbridgeError`` naming the valid ones."""
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
@@ -301,6 +303,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``msbridge bench`` as a function (``examples/bench/run_bench.py`` calls it); returns the exit code."""
     parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0].replace("``", ""))
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

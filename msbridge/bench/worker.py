@@ -243,11 +243,13 @@ def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str
 
 
 def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
+    """The callbacks of ``setup`` (``SETUPS``), built fresh, writing under ``work``."""
     return builders(work, steps, lr, tracking_uri)[setup]()
 
 
 def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN,
         tracking_uri: str = "") -> Dict[str, Any]:
+    """Train the bench model once with ``setup``'s train cell and callbacks; returns what it cost (the JSON result)."""
     import mindspore as ms
     import mindspore.dataset as ds
     import numpy as np
@@ -356,6 +358,7 @@ def _monitor_figures(monitor: Any) -> Dict[str, Any]:
 
 
 def main(argv: Any = None) -> int:
+    """``python -m msbridge.bench.worker``: one run, its result (or the reason it could not run) to ``--result``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", required=True, choices=sorted(SETUPS))
     parser.add_argument("--steps", type=int, default=300)
