@@ -306,7 +306,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``msbridge bench`` as a function (``examples/bench/run_bench.py`` calls it); returns the exit code."""
     parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0].replace("``", ""))
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    try:
+        return run_from_args(parser.parse_args(argv))
+    except MsbridgeError as exc:  # as every msbridge command says it: one line, exit 2
+        print(f"msbridge: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
