@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs PostgreSQL from Debian's package when it is missing. Nothing is started here: the tests
-# and `msbridge bench` start throwaway clusters of their own on 127.0.0.1 (msbridge/cli/servers.py).
+# and `msbridge bench` start throwaway clusters of their own on 127.0.0.1 (msbridge/bench/servers.py).
 # Idempotent: an installed PostgreSQL (initdb and pg_ctl on PATH or in /usr/lib/postgresql/N/bin)
 # is left alone. Needs root (or sudo) to install.
 #

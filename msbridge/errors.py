@@ -22,6 +22,8 @@ class ConfigError(MsbridgeError, ValueError):
 
     Example:
         >>> raise ConfigError(["run.yaml:4: monitor_config.intreval: unknown key; did you mean 'interval'?"])
+        Traceback (most recent call last):
+        msbridge.errors.ConfigError: run.yaml:4: monitor_config.intreval: unknown key; did you mean 'interval'?
     """
 
     def __init__(self, problems: "str | Iterable[str]") -> None:
@@ -34,7 +36,11 @@ class MissingDependencyError(MsbridgeError, ImportError):
     """An optional package that a chosen sink (or ``msbridge.mindformers``) needs is not installed.
 
     Example:
-        >>> raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow")
+        >>> try:
+        ...     raise MissingDependencyError("sink 'mlflow'", "mlflow", "mlflow")
+        ... except ImportError as exc:  # it is an ImportError too
+        ...     print(exc.fix)
+        pip install 'msbridge[mlflow]'
     """
 
     def __init__(self, needed_by: str, module: str, extra: str) -> None:

@@ -55,8 +55,6 @@ DATA_WAIT = "perf/data_wait_ms"
 GRAD_NORM_PREFIX = "grad_norm/"
 WEIGHT_NORM_PREFIX = "weight_norm/"
 OPTIMIZER_PREFIX = "optimizer/"
-#: Adam-family moment names, as mindformers' TrainingStateMonitor writes them (``adam_m_norm/<param>``).
-ADAM_STATES = ("adam_m", "adam_v")
 
 # mindformers' max attention logits (``max_attention_logit_format``), per flush: each layer's max over its heads,
 # and the max and mean over every head of every layer (TrainingStateMonitor's ``max_attention_logit/max``, ``/mean``).

@@ -44,6 +44,13 @@ MAX_COMPONENT_BYTES = 120
 
 
 def timestamp(now: Optional[float] = None) -> str:
+    """``now`` (default: the current time) as local ``YYYYmmdd-HHMMSS``, the stamp in default run names.
+
+    Example:
+        >>> stamp = timestamp()  # e.g. '20261201-143108'
+        >>> len(stamp), stamp[8], stamp.replace("-", "").isdigit()
+        (15, '-', True)
+    """
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
 
 

@@ -9,8 +9,8 @@ from importlib.metadata import version
 import numpy as np
 import pytest
 from helpers.runs import monitor
+from helpers.training import OutputRecorder, train_regression
 from mindspore import nn
-from training import OutputRecorder, train_regression
 
 from msbridge import BridgeMonitor, ConfigError, Sink
 from msbridge.sinks.runlog import read_run
@@ -68,8 +68,8 @@ def test_tokens_per_s_when_seq_length_given(tmp_path):
 
 def test_non_finite_loss_written_as_null_and_listed(tmp_path):
     import mindspore as ms
+    from helpers.training import regression_data
     from mindspore.train import Model
-    from training import regression_data
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(16, 1)

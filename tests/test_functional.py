@@ -149,9 +149,9 @@ def test_a_value_that_is_no_number_says_which_keyword(tmp_path):
 
 @pytest.mark.slow  # two real msrun ranks: ~40 s here
 def test_two_ranks_of_a_functional_loop_meet_in_one_collective_per_flush(tmp_path, monkeypatch):
-    import msrun_job
+    from helpers import msrun_job
 
-    monkeypatch.setattr(msrun_job, "WORKER", Path(__file__).resolve().parent / "track_worker.py")
+    monkeypatch.setattr(msrun_job, "WORKER", Path(__file__).resolve().parent / "helpers" / "track_worker.py")
     job = msrun_job.Job(tmp_path, 2, "--steps", "12")
     assert job.proc.returncode == 0 and job.workers_ok(0), job.logs()
     logs = job.rank_logs()

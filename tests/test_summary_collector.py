@@ -7,12 +7,12 @@ import glob
 from pathlib import Path
 
 import pytest
+from helpers.training import OutputRecorder, train_regression
 from mindspore.train import SummaryCollector
 from mindspore.train.summary_pb2 import Event as SummaryEvent
-from training import OutputRecorder, train_regression
+from msbridge.adapters._eventwire import read_records
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._eventwire import read_records
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from statistics import median
 
-from msbridge.cli.bench import run_one
+from msbridge.bench.suite import run_one
 
 
 def burn(duty: float, period: float = 0.012) -> None:

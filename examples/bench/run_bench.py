@@ -12,7 +12,7 @@ import sys
 
 os.environ.setdefault("GLOG_v", "3")
 
-from msbridge.cli.bench import main  # noqa: E402
+from msbridge.bench.suite import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import mindspore  # noqa: F401  (the protobuf runtime of a real training process)
 
-from msbridge.cli.bench_probes import live_children_cpu_s
+from msbridge.bench.probes import live_children_cpu_s
 from msbridge.sinks.base import Record, RunInfo
 from msbridge.sinks.registry import BUILTINS, resolve
 

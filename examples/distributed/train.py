@@ -23,7 +23,7 @@ from mindspore.context import ParallelMode  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 
 from msbridge import BridgeMonitor  # noqa: E402
-from msbridge.cli.demo import DEMO_DEFAULTS, build_model, make_tokens  # noqa: E402
+from msbridge.demo import DEMO_DEFAULTS, build_model, make_tokens  # noqa: E402
 
 
 def main() -> None:

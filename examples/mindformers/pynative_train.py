@@ -9,7 +9,7 @@ calls it with its own convention (``on_step_end(args, state, loss=, grad_norm=, 
 ``MSBridgeMonitor`` follows. What this script does, in order:
 
 1. creates ``--work`` and chdirs into it (``import mindformers`` writes ``./output/log``);
-2. builds msbridge's demo transformer (``msbridge.cli.demo.build_model``) and synthetic token
+2. builds msbridge's demo transformer (``msbridge.demo.build_model``) and synthetic token
    batches. mindformers' own pynative models (``PyNativeQwen3ForCausalLM`` ...) import
    ``hyper_parallel``, which PyPI does not have, so the model is handed to the Trainer. It
    answers ``get_gpt_transformer_config()``, which the Trainer's ``LossCallback`` asks every
@@ -47,7 +47,7 @@ def build(batch_size: int, steps: int, seed: int) -> Any:
     from mindformers.parallel_core.transformer_config import TransformerConfig
     from mindspore import nn
 
-    from msbridge.cli.demo import build_model, make_tokens
+    from msbridge.demo import build_model, make_tokens
 
     class TinyLM(nn.Cell):
         def __init__(self) -> None:

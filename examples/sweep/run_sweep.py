@@ -15,7 +15,7 @@ import uuid
 os.environ.setdefault("GLOG_v", "3")
 
 from msbridge import BridgeMonitor  # noqa: E402
-from msbridge.cli.demo import demo_config, train  # noqa: E402
+from msbridge.demo import demo_config, train  # noqa: E402
 from msbridge.offline.compare import compare, default_tracking_uri, format_table  # noqa: E402
 
 EXPERIMENT = "msbridge-sweep"

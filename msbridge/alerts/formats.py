@@ -17,6 +17,7 @@ The three chat-bot vendors answer HTTP 200 with an error code in the body (a bad
 missing): ``refusal`` reads it, so such an answer counts as not delivered.
 
 Example:
+    >>> alert = Alert("run-1", "tiny-lm", 0, 20, "anomaly", "nonfinite", "NaN", "non-finite loss", {"loss": "nan"})
     >>> url, body, headers = build_request(Target(0, "wecom", "https://qyapi.weixin.qq.com/...?key=K"), alert)
     >>> json.loads(body)["msgtype"]
     'markdown'

@@ -8,6 +8,7 @@ Example:
     >>> event = Event("anomaly", 20, 0, 1.7e9, {"check": "nonfinite", "nonfinite": ["train/loss"], "loss": "nan"})
     >>> category(event)
     'nonfinite'
+    >>> run_info = RunInfo("id1", "run-1", "tiny-lm", rank=0, world_size=1, is_global=True, run_dir="runs/run-1")
     >>> alert_for(event, "nonfinite", run_info).message
     'non-finite values at step 20 on rank 0: train/loss'
 """
@@ -61,7 +62,8 @@ class Alert:
         more: how many alerts of this category the rate limit held back before this one.
 
     Example:
-        >>> Alert("run-1", "tiny-lm", 0, 20, "anomaly", "nonfinite", "NaN", "non-finite loss", {"loss": "nan"})
+        >>> Alert("run-1", "tiny-lm", 0, 20, "anomaly", "nonfinite", "NaN", "non-finite loss", {"loss": "nan"}).values
+        {'loss': 'nan'}
     """
 
     run: str

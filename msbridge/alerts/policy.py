@@ -11,6 +11,8 @@
   held, and the next one after the window (or the close) says "and N more".
 
 Example:
+    >>> def alert_at(step):
+    ...     return Alert("run-1", "tiny-lm", 0, step, "anomaly", "nonfinite", "NaN", "non-finite loss", {})
     >>> policy = Policy(frozenset({"nonfinite"}), window_s=300, is_global=True, clock=lambda: 0.0)
     >>> [a.step for a in (policy.admit(alert_at(20)), policy.admit(alert_at(21))) if a]
     [20]
@@ -40,6 +42,7 @@ class Policy:
         world_size: the job's ranks (above 1, findings alert as ``blame``).
 
     Example:
+        >>> stall_event = Event("stall", 120, 1, 1.7e9, {"seconds": 900.0})
         >>> Policy(frozenset({"stall"}), 300, is_global=False).wants(stall_event)
         'stall'
     """

@@ -31,6 +31,10 @@ def all_gather(op: Any, array: np.ndarray) -> np.ndarray:
 
 
 def gather_op() -> Any:
+    """A new ``ops.AllGather`` over the world group, for ``all_gather`` (MindSpore is imported here, on first use).
+
+    Call it after ``mindspore.communication.init()``; ``Reducer`` makes one and reuses it at every flush.
+    """
     from mindspore import ops
 
     return ops.AllGather()

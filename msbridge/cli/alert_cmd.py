@@ -82,6 +82,7 @@ def send_kept(run_dir: str, config: Optional[str] = None) -> Tuple[int, int]:
 
 
 def add_alert_commands(sub: "argparse._SubParsersAction") -> None:
+    """``msbridge alert test`` on the ``msbridge`` parser's subcommands ``sub``."""
     alert = sub.add_parser("alert", help="alerts to chat tools: send a test message to each target")
     commands = alert.add_subparsers(dest="alert_command", required=True)
     test = commands.add_parser("test", help="send one test message to each alerts target and say which answered")

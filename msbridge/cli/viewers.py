@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .servers import free_port, group_alive
+from ..process_group import free_port, group_alive
 
 #: The only interface a viewer binds.
 HOST = "127.0.0.1"

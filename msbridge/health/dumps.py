@@ -21,10 +21,12 @@ Layout::
         batch.npz        the step's input batch (opt-in: health.dump_batch)
 
 Example:
-    >>> dumps = DumpWriter("/runs/r1/dumps", rank=0, quota_mb=512, min_free_mb=1024, every_steps=100)
-    >>> result = dumps.write("nonfinite", 3700, {"anomaly.json": b"{...}"})
+    >>> dumps = DumpWriter("runs/r1/dumps", rank=0, quota_mb=512, min_free_mb=1, every_steps=100)
+    >>> result = dumps.write("nonfinite", 3700, {"anomaly.json": b"{}"})
     >>> result.status, result.path
-    ('written', '/runs/r1/dumps/step000003700-rank0-nonfinite')
+    ('written', 'runs/r1/dumps/step000003700-rank0-nonfinite')
+    >>> dumps.write("nonfinite", 3750, {"anomaly.json": b"{}"}).status  # within every_steps of the last one
+    'rate_limited'
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ class DumpResult:
     """How a dump attempt went: ``status`` is one of written, rate_limited, quota, disk_full, error.
 
     Example:
-        >>> DumpResult("quota", None, 4096, "dumps holds 512 MB; this dump (0.004 MB) would pass the quota")
+        >>> DumpResult("quota", None, 4096, "dumps holds 512 MB; this dump (0.004 MB) would pass the quota").status
+        'quota'
     """
 
     status: str
@@ -81,7 +84,7 @@ class DumpWriter:
         every_steps: at most one dump per check per this many steps.
 
     Example:
-        >>> DumpWriter("/runs/r1/dumps", rank=0, quota_mb=512, min_free_mb=1024, every_steps=100)
+        >>> writer = DumpWriter("runs/r1/dumps", rank=0, quota_mb=512, min_free_mb=1024, every_steps=100)
     """
 
     def __init__(self, root: str, rank: int, quota_mb: float, min_free_mb: float, every_steps: int) -> None:

@@ -77,6 +77,7 @@ class Stop:
 
     Example:
         >>> Stop(3700, "nonfinite", "FAILED", "nonfinite at step 3700: nonfinite ['train/loss']")
+        Stop(step=3700, check='nonfinite', status='FAILED', reason="nonfinite at step 3700: nonfinite ['train/loss']")
     """
 
     step: int

@@ -49,7 +49,9 @@ class Slots:
     """One rank's header, as Python values (None: not set).
 
     Example:
-        >>> Slots(n=5, batch=8, first=16, last=20, stop_code=STOP_FAILED, stop_check="nonfinite", stop_step=20)
+        >>> slots = Slots(n=5, batch=8, first=16, last=20, stop_code=STOP_FAILED, stop_check="nonfinite", stop_step=20)
+        >>> slots.stop_code == STOP_FAILED, slots.anomaly_check, len(slots.timing)
+        (True, None, 5)
     """
 
     n: int

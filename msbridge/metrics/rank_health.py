@@ -61,6 +61,7 @@ class JobStop:
 
     Example:
         >>> JobStop(rank=1, check="nonfinite", step=20, status="FAILED")
+        JobStop(rank=1, check='nonfinite', step=20, status='FAILED')
     """
 
     rank: int

@@ -7,8 +7,13 @@ the global metrics; it keeps the small state that spans windows (EMA).
 The metric names are defined in ``msbridge.names``.
 
 Example:
+    >>> import numpy as np
+    >>> from msbridge.capture.window import Window
+    >>> window = Window(steps=np.arange(1, 4), epochs=np.zeros(3), wall_time=np.zeros(3),
+    ...                 step_time_s=np.full(3, 0.01), monitor_s=np.zeros(3), scalars={"train/loss": np.ones(3)})
     >>> stream = Stream(rank=0, batch_size=8, seq_length=32, is_global=True)
-    >>> records = stream.records(window)
+    >>> [(r.step, r.values["perf/samples_per_s"]) for r in stream.records(window)]
+    [(1, 800.0), (2, 800.0), (3, 800.0)]
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class Stream:
         return self.switches.get(switch, True)
 
     def records(self, window: Window) -> List[Record]:
+        """One ``Record`` per step of ``window``, in step order (the smoothed loss goes on from the last window)."""
         columns: Dict[str, np.ndarray] = {}
         loss = window.scalars.get(LOSS)
         if loss is not None and self._on("local_loss"):

@@ -119,6 +119,12 @@ _HELD: Dict[str, int] = {}
 
 
 def lock_path(run_dir: str, rank: int) -> str:
+    """The lock file ``claim_rank_file`` holds for ``rank`` in ``run_dir``.
+
+    Example:
+        >>> lock_path("/runs/exp/run-1", 3)
+        '/runs/exp/run-1/.msbridge-rank_3.lock'
+    """
     return os.path.join(run_dir, f".msbridge-rank_{rank}.lock")
 
 

@@ -106,6 +106,14 @@ class RankLog:
 
 @dataclass
 class RunLog:
+    """A run directory's jsonl logs, parsed: ``ranks`` maps each rank to its ``RankLog`` (``read_run`` builds it).
+
+    Example:
+        >>> run = RunLog("runs/exp/run-1", {0: RankLog("metrics/rank_0.jsonl", {"rank": 0, "run_id": "r1"})})
+        >>> run.header["run_id"], list(run.ranks)
+        ('r1', [0])
+    """
+
     run_dir: str
     ranks: Dict[int, RankLog]
 

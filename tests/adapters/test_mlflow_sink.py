@@ -27,8 +27,9 @@ from msbridge.adapters._mlflow_process import NICE, ClientProcess, TrackerError
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
 
-from msbridge.cli.servers import MlflowServer, free_port
+from msbridge.bench.servers import MlflowServer
 from msbridge.errors import ConfigError, MissingDependencyError
+from msbridge.process_group import free_port
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
 
@@ -442,7 +443,7 @@ def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
 
 
 def test_bridge_monitor_training_matches_jsonl(tmp_path):
-    from training import train_regression
+    from helpers.training import train_regression
 
     import msbridge
 

@@ -1,7 +1,7 @@
 """A team's MLflow: ``mlflow server`` on a real PostgreSQL database, several trials of a sweep logging at once.
 
 PostgreSQL is Debian's (``bash .ci/postgres.sh``), started per session on 127.0.0.1 by
-``helpers.postgres``; every trial is a real demo training run in its own process (tests/sweep_job.py)."""
+``helpers.postgres``; every trial is a real demo training run in its own process (tests/helpers/sweep_job.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 from helpers.mlflow_reads import assert_same_series, steps
 from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (fixtures)
+from helpers.sweep_job import EXPERIMENT
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
-from sweep_job import EXPERIMENT
 
 from msbridge.offline.compare import compare
 
 pytestmark = pytest.mark.slow
 
-JOB = Path(__file__).resolve().parents[1] / "sweep_job.py"
+JOB = Path(__file__).resolve().parents[1] / "helpers" / "sweep_job.py"
 LEARNING_RATES = (0.0003, 0.003, 0.03)
 STEPS = 300
 

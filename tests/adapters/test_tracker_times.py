@@ -72,7 +72,7 @@ class Clock(Callback):
 def test_a_demo_run_lasts_as_long_as_its_training_live_and_replayed(tmp_path):
     """The demo (300 steps of its tiny LM): MLflow's run duration and TensorBoard's session are the
     training's wall time within 5 %, and a replay of the run dir into fresh stores gives the same times."""
-    from msbridge.cli.demo import demo_config, train
+    from msbridge.demo import demo_config, train
 
     live_uri, tb = f"sqlite:///{tmp_path}/live.db", str(tmp_path / "tb")
     sinks = {"jsonl": {}, "mlflow": {"tracking_uri": live_uri}, "tensorboard": {"logdir": tb}}

@@ -4,8 +4,8 @@ own gradient AllReduce (data parallel), so both were last seen "in a step" after
 from __future__ import annotations
 
 import pytest
+from helpers.msrun_job import Job
 from helpers.webhook_server import WebhookServer
-from msrun_job import Job
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import yaml
+from helpers.training import regression_data, train_regression
 from helpers.webhook_server import WebhookServer, refused_url
 from mindspore.train import Callback
-from training import regression_data, train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.cli.main import main
@@ -50,9 +50,9 @@ def write_config(tmp_path, targets, sinks=("jsonl",), settings=None, **alerts):
 def run(config, steps=30, poison_step=0, clock=None, progress=False):
     monitor = BridgeMonitor(config, progress=progress)
     callbacks = [monitor] + ([clock] if clock else [])
+    import mindspore as ms
     from mindspore import nn
     from mindspore.train import Model
-    import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(0)

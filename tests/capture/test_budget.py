@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 from helpers.runs import monitor
-from training import OutputRecorder, train_regression
+from helpers.training import OutputRecorder, train_regression
 
 from msbridge.capture.budget import OverheadBudget
 from msbridge.capture.train_step import TrainStep

@@ -19,10 +19,10 @@ import time
 import mindspore as ms
 import numpy as np
 import pytest
+from helpers.training import regression_data, train_regression
 from mindspore import nn
 from mindspore.train import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training import regression_data, train_regression
 
 from msbridge import BridgeMonitor, TrainStep
 from msbridge.capture.histograms import BUCKETS, histogram_detail
@@ -193,7 +193,7 @@ def wait_for_histograms(client, train_id, tag, count, timeout=90.0):
 
 
 def test_mindinsight_histograms_in_the_summary_and_over_its_rest_api(tmp_path):
-    from mindinsight_server import serve
+    from helpers.mindinsight_server import serve
 
     net, holder = mlp(), {}
     mon = monitor(tmp_path, ["jsonl", "mindinsight"])

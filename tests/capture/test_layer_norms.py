@@ -13,9 +13,9 @@ import logging
 import mindspore as ms
 import numpy as np
 import pytest
+from helpers.training import train_regression
 from mindspore import nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training import train_regression
 
 from msbridge import BridgeMonitor, TrainStep
 from msbridge.capture.param_norms import StateNorms

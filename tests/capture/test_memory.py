@@ -5,7 +5,7 @@ import logging
 
 import numpy as np
 import psutil
-from training import train_regression
+from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.capture.memory import MemoryReader, host_rss_mb

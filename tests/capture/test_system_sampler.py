@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers.training import train_regression
 from mindspore.train import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.capture.npu_smi import chip_metrics, parse_npu_smi

@@ -15,9 +15,9 @@ import mindspore as ms
 import numpy as np
 import pytest
 from helpers.runs import monitor
+from helpers.training import OutputRecorder, regression_data, train_regression
 from mindspore import Tensor, nn, ops
 from mindspore.train import Callback
-from training import OutputRecorder, regression_data, train_regression
 
 from msbridge import ConfigError
 from msbridge.capture.host_buffer import StepBuffer

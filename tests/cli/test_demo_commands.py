@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import alive, listening
-from view_process import FRESH_ENV, ROOT, ViewProcess, base, get
+from helpers.processes import alive, listening
+from helpers.view_process import FRESH_ENV, ROOT, ViewProcess, base, get
 
 from msbridge.sinks.runlog import read_run
 

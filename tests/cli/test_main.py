@@ -18,9 +18,17 @@ def parsers(parser: argparse.ArgumentParser, name: str = "msbridge"):
                 yield from parsers(sub, f"{name} {sub_name}")
 
 
+def bench_parser() -> argparse.ArgumentParser:
+    from msbridge.bench.suite import add_arguments
+
+    parser = argparse.ArgumentParser(prog="msbridge bench")
+    add_arguments(parser)
+    return parser
+
+
 def test_every_option_and_command_has_help_and_no_rst():
     missing, rst = [], []
-    for name, parser in parsers(build_parser()):
+    for name, parser in [*parsers(build_parser()), ("msbridge bench", bench_parser())]:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 missing += [f"{name} {c.dest}" for c in action._choices_actions if not c.help]
@@ -35,6 +43,16 @@ def test_help_exits_0(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--help"])
     assert done.value.code == 0 and "view" in capsys.readouterr().out
+
+
+def test_bench_runs_as_its_own_program_with_the_same_command_line(capfd):
+    """``msbridge bench`` starts ``python -m msbridge.bench.suite``: its help, and its errors as one line, exit 2."""
+    assert main(["bench", "--help"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("usage: msbridge bench") and "--setups" in out and "--server-nice" in out
+    assert main(["bench", "--setups", "a,nosuch", "--out", "/nonexistent/never-made"]) == 2
+    err = capfd.readouterr().err
+    assert "msbridge: error: bench: unknown setup(s) nosuch; choose from a, " in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("text", [
@@ -52,7 +70,7 @@ def test_out_overrides_the_configs_directories(tmp_path, text, persistent):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """A real 30-step run with jsonl and TensorBoard sinks, for the commands that read one."""
-    from training import train_regression
+    from helpers.training import train_regression
 
     from msbridge import BridgeMonitor
 

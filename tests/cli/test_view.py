@@ -18,18 +18,18 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from mindinsight_server import MindInsight, require_mindinsight
+from helpers.mindinsight_server import MindInsight, require_mindinsight
+from helpers.processes import alive, listening
+from helpers.training import train_regression
+from helpers.view_process import ViewProcess, base, get
 from mlflow.tracking import MlflowClient
 from msbridge.adapters.mindinsight_sink import mindinsight_tag
-from processes import alive, listening
-from training import train_regression
-from view_process import ViewProcess, base, get
 
 from msbridge import BridgeMonitor
+from msbridge.bench.servers import MlflowServer
 from msbridge.cli import view as view_module
 from msbridge.cli import viewers
 from msbridge.cli.main import main
-from msbridge.cli.servers import MlflowServer
 from msbridge.cli.view import find_target
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run

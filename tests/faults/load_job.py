@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
-from training import train_regression  # noqa: E402
+from helpers.training import train_regression  # noqa: E402
 
 from msbridge import BridgeMonitor  # noqa: E402
 

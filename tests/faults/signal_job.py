@@ -11,8 +11,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
+from helpers.training import train_regression  # noqa: E402
 from mindspore.train import Callback  # noqa: E402
-from training import train_regression  # noqa: E402
 
 from msbridge import BridgeMonitor, Sink  # noqa: E402
 

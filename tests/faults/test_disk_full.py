@@ -21,9 +21,9 @@ import time
 import pytest
 from helpers.disk import fill, small_tmpfs
 from helpers.mlflow_reads import assert_same_series, only_run, steps
+from helpers.training import train_regression
 from mindspore.train import Callback
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
-from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.run import metadata

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from msbridge.adapters.mindinsight_sink import MindInsightSink
 from msbridge.adapters.tensorboard_sink import TensorBoardSink
 
-from msbridge.cli.servers import MlflowServer
+from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_OK, EXIT_UNDELIVERED
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "load_job.py")

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from helpers.disk import assert_covered, parse_lines
+from helpers.training import train_regression
 from mindspore.train import Callback
-from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.run.outcome import EXIT_UNDELIVERED

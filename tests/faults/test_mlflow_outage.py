@@ -18,13 +18,13 @@ import time
 
 import pytest
 from helpers.mlflow_reads import assert_same_series, only_run, steps
+from helpers.training import train_regression
 from mindspore.train import Callback
 from mlflow.tracking import MlflowClient
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
-from training import train_regression
 
 from msbridge import BridgeMonitor
-from msbridge.cli.servers import MlflowServer
+from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_UNDELIVERED
 from msbridge.sinks.base import FINISHED
 

@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from training import train_regression
+from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.errors import ConfigError

@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.processes import stop_group
 from helpers.runs import make_records, make_run
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mindinsight_sink import MindInsightSink, rank_dir
-from processes import stop_group
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from msbridge import BridgeMonitor
-from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
+from msbridge.demo import demo_config, train
 from msbridge.run.metadata import write_run_files
 from msbridge.sinks.base import Event
 from msbridge.sinks.runlog import read_run

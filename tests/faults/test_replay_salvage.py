@@ -13,8 +13,8 @@ from msbridge.adapters.jsonl_sink import JsonlSink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from msbridge import BridgeMonitor
-from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
+from msbridge.demo import demo_config, train
 from msbridge.sinks.runlog import RunLogError, read_rank_file, read_run
 
 STEPS = 40

@@ -9,11 +9,11 @@ import subprocess
 
 import pytest
 import yaml
-from training import train_regression
+from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
+from msbridge.bench.servers import MlflowServer
 from msbridge.cli.main import main
-from msbridge.cli.servers import MlflowServer
 
 pytestmark = pytest.mark.slow
 

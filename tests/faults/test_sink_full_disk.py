@@ -15,11 +15,11 @@ import sys
 
 import pytest
 from helpers.disk import fill, small_tmpfs
-from mindinsight_server import serve
+from helpers.mindinsight_server import serve
+from helpers.training import train_regression
 from mindspore.train import Callback
 from msbridge.adapters.mindinsight_sink import MindInsightSink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.sinks.base import FINISHED

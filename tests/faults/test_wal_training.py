@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 import pytest
 from helpers.disk import DiskShim, assert_covered, fill, parse_lines, small_tmpfs
+from helpers.training import train_regression
 from mindspore.train import Callback
 from msbridge.adapters import jsonl_sink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from training import train_regression
 
 from msbridge import BridgeMonitor
 

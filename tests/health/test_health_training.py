@@ -21,10 +21,10 @@ import mindspore.dataset as ds
 import numpy as np
 import pytest
 from helpers import runs
+from helpers.training import OutputRecorder
 from mindspore import nn
 from mindspore.train import Callback, Model
 from plateau_oracle import first_plateau
-from training import OutputRecorder
 
 from msbridge import ConfigError
 from msbridge.capture.train_step import TrainStep
@@ -285,7 +285,7 @@ def test_keyboard_interrupt_closes_killed_with_every_step_before_it(tmp_path):
 
 SCRIPT = """
 import sys, time
-sys.path[:0] = [{here!r}, {tests!r}]  # this file, and the shared helpers (training.py)
+sys.path[:0] = [{here!r}, {tests!r}]  # this file, and the shared helpers (helpers/training.py)
 from mindspore.train import Callback
 from msbridge import BridgeMonitor
 from test_health_training import data, train

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL cluster and an ``mlflow server`` on it, as pytest fixtures.
 
 Import the fixtures into a test module (``from helpers.postgres import pg_mlflow, postgres``).
-The cluster (``msbridge.cli.servers.PostgresCluster``: ``initdb`` in a temp dir, 127.0.0.1 only,
+The cluster (``msbridge.bench.servers.PostgresCluster``: ``initdb`` in a temp dir, 127.0.0.1 only,
 a free port, as the ``postgres`` user when the tests run as root) is one per test session; each
 module that asks for ``pg_mlflow`` gets a database and a server of its own, stopped after it.
 Without PostgreSQL installed (``bash .ci/postgres.sh``) the tests that need it are skipped, and
@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from msbridge.cli.servers import MlflowServer, PostgresCluster, postgres_bindir
+from msbridge.bench.servers import MlflowServer, PostgresCluster, postgres_bindir
 
 _databases = itertools.count(1)
 

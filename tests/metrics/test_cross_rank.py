@@ -12,7 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 import pytest
-from msrun_job import Job
+from helpers.msrun_job import Job
 
 from msbridge import BridgeMonitor, ConfigError
 from msbridge.capture.collective import Watchdog

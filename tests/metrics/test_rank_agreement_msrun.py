@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from msrun_job import Job
+from helpers.msrun_job import Job
 
 from msbridge.metrics.rank_timing import DATA_WAIT_MAX, SLOWEST_RANK, STEP_TIME_MEDIAN, rank_step_time
 from msbridge.names import GLOBAL_LOSS, LOSS

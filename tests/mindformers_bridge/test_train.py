@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("mindformers")
 
 from helpers.mf_runs import Printed, close, mf_lines, only_run, train, variant  # noqa: E402
-from mindinsight_server import require_mindinsight, serve  # noqa: E402
+from helpers.mindinsight_server import require_mindinsight, serve  # noqa: E402
 
 from msbridge.sinks.runlog import read_run  # noqa: E402
 

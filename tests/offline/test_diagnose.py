@@ -7,7 +7,7 @@ import tempfile
 
 import numpy as np
 import pytest
-import synthetic_runs as sr
+from helpers import synthetic_runs as sr
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-import synthetic_runs as sr
+from helpers import synthetic_runs as sr
 
 from msbridge.names import OWN_STEP_TIME
 from msbridge.offline.diagnose import diagnose

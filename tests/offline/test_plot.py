@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-import synthetic_runs as sr
+from helpers import synthetic_runs as sr
 
 from msbridge.cli.main import main
 from msbridge.errors import MsbridgeError

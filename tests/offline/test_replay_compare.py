@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.processes import free_port
 from mlflow.tracking import MlflowClient
-from processes import free_port
 
 from msbridge import BridgeMonitor
-from msbridge.cli.demo import demo_config, train
 from msbridge.cli.main import main
+from msbridge.demo import demo_config, train
 from msbridge.offline.compare import compare, default_tracking_uri
 from msbridge.sinks.runlog import read_run
 

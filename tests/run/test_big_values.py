@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import time
 
+from helpers.training import train_regression
 from mindspore.train import Callback
 
 from msbridge import BridgeMonitor
-from training import train_regression
 
 #: A realistic 1 MB value: text with URLs and query strings in it, so masking has work to do.
 BIG = ("see https://user:hunter2@host/x?token=abc&n=1 and plain words " * 17_000)[:1_000_000]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import textwrap
 
+from helpers.training import train_regression
 from mlflow.tracking import MlflowClient
-from training import train_regression
 
 from msbridge import BridgeMonitor, load_config
 from msbridge.cli.main import main

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import mindspore as ms
 import pytest
+from helpers.training import OutputRecorder, regression_data, train_regression
 from mindspore import nn
 from mindspore.train import Model
 from mindspore.train.callback import CheckpointConfig, ModelCheckpoint
-from training import OutputRecorder, regression_data, train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.errors import ConfigError

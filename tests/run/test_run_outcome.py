@@ -5,9 +5,9 @@ import json
 import os
 
 import mindspore as ms
+from helpers.training import regression_data, train_regression
 from mindspore import nn
 from mindspore.train import Callback, Model
-from training import regression_data, train_regression
 
 from msbridge import BridgeMonitor, Sink
 from msbridge.run.outcome import EXIT_FAILED, EXIT_KILLED, EXIT_OK, EXIT_UNDELIVERED, RunOutcome

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-import synthetic_runs as sr
+from helpers import synthetic_runs as sr
 
 from msbridge.offline.diagnose import diagnose
 from msbridge.sinks.columns import read_run_columns

@@ -7,8 +7,8 @@ import time
 
 import pytest
 from helpers.runs import make_records, make_run
+from helpers.training import train_regression
 from mindspore.train import Callback
-from training import train_regression
 
 from msbridge import BridgeMonitor
 from msbridge.errors import ConfigError
@@ -109,9 +109,9 @@ def test_cpu_sink_mode_counts_the_steps_it_really_runs(tmp_path, capsys):
     """On CPU, ``dataset_sink_mode=True`` with ``sink_size`` runs whole epochs step by step (MindSpore reports
     the mode as off and ``batch_num`` as the sink size): the progress line's total is those steps."""
     import mindspore as ms
+    from helpers.training import regression_data
     from mindspore import nn
     from mindspore.train import Model
-    from training import regression_data
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(16, 1)

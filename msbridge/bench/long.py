@@ -9,7 +9,7 @@ recoveries, stragglers, a checkpoint), and the ``run.json`` a run has. Peak memo
 own, so the timing process stays small.
 
 Example:
-    $ python -m msbridge.cli.bench_long --steps 500000 --out /tmp/msbridge-long
+    $ python -m msbridge.bench.long --steps 500000 --out /tmp/msbridge-long
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def run_bench(root: str, steps: int, timeout: float = 3600.0, only: Optional[Seq
     started = time.perf_counter()
     # In a child: a parent that held the run would pass its peak RSS on to every child it spawns (Linux keeps
     # ru_maxrss across execve), so the children's peaks would read at least the builder's.
-    subprocess.run([sys.executable, "-m", "msbridge.cli.bench_long", "--build-only", "--steps", str(steps),
+    subprocess.run([sys.executable, "-m", "msbridge.bench.long", "--build-only", "--steps", str(steps),
                     "--out", root], check=True)
     run_dir = os.path.join(root, EXPERIMENT, RUN_NAME)
     report: Dict[str, Any] = {"steps": steps, "metrics": len(columns(10)), "build_s": round(time.perf_counter() - started, 1),
@@ -196,7 +196,8 @@ def check(report: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    parser = argparse.ArgumentParser(prog="python -m msbridge.cli.bench_long", description=__doc__.split("\n")[0])
+    """``python -m msbridge.bench.long``: build the run and time each command (``--build-only``: build it and stop)."""
+    parser = argparse.ArgumentParser(prog="python -m msbridge.bench.long", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=500_000)
     parser.add_argument("--out", default="./bench_long", help="where the run, the stores and bench_long.json go")
     parser.add_argument("--only", default="", help="comma-separated commands to time (default: all)")

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from processes import free_port, group_alive, stop_group
 
-VENV = Path(__file__).resolve().parents[1] / ".venv-mindinsight"
+from helpers.processes import free_port, group_alive, stop_group
+
+VENV = Path(__file__).resolve().parents[2] / ".venv-mindinsight"
 API = "/v1/mindinsight"
 
 

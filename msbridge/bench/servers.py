@@ -19,50 +19,18 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional
 
 from ..errors import MsbridgeError
+from ..process_group import free_port, group_alive, stop_group
 
 #: The user a cluster runs as when this process is root (Debian's package creates it).
 PG_USER = "postgres"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def group_alive(pgid: int) -> bool:
-    """True while a process of group ``pgid`` runs (a zombie waiting for its reaper does not count)."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def stop_group(pgid: int, signals: Sequence[int] = (signal.SIGTERM, signal.SIGKILL), wait_s: float = 15.0) -> None:
-    """Send each signal in turn to the group until none of it is left, waiting up to ``wait_s`` after each."""
-    for sig in signals:
-        if not group_alive(pgid):
-            return
-        with contextlib.suppress(ProcessLookupError):  # the group ended in between
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
 
 
 def postgres_bindir() -> Optional[str]:

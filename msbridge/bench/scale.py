@@ -11,7 +11,7 @@ rank waits 5 s for data once), an outlier (its loss 0.5 above the others') and a
 step, with the ``nonfinite`` finding its health check packs).
 
 Example:
-    $ python -m msbridge.cli.bench_scale --ranks 8 128 1024 4096 16384
+    $ python -m msbridge.bench.scale --ranks 8 128 1024 4096 16384
 """
 from __future__ import annotations
 
@@ -167,13 +167,15 @@ def summary(job: VirtualJob, flushes: Sequence[Flush]) -> Dict[str, Any]:
 
 
 def line(row: Dict[str, Any]) -> str:
+    """One row of the printed table, from a ``summary`` row."""
     return (f"{row['ranks']:>6} | {row['series']:>6} | {row['values_per_step']:>6.1f} (max {row['values_max']}) | "
             f"{row['sent_bytes']:>5} B / {row['received_bytes'] / 1e6:>7.3f} MB | "
             f"{row['cpu_ms']:>6.2f} (max {row['cpu_ms_max']:.2f}) | {', '.join(sorted(set(row['events'])))}")
 
 
 def main(argv: Sequence[str] = ()) -> int:
-    parser = argparse.ArgumentParser(prog="python -m msbridge.cli.bench_scale", description=__doc__.split("\n")[0])
+    """``python -m msbridge.bench.scale``: one table row per rank count (``--ranks``), rank 0's figures per flush."""
+    parser = argparse.ArgumentParser(prog="python -m msbridge.bench.scale", description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
     parser.add_argument("--window", type=int, default=100, help="steps per flush window (flush_steps)")
     parser.add_argument("--windows", type=int, default=5, help="flush windows per job")

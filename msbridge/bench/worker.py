@@ -1,12 +1,12 @@
 """One benchmark setup in a fresh process: train the demo model once and print what it cost as JSON.
 
-``msbridge.cli.bench`` starts this module once per setup and repeat; the setups
+``msbridge.bench.suite`` starts this module once per setup and repeat; the setups
 share the model, data and seed and differ only in the train cell and the
 callbacks. Timings come from a step-end timestamp callback that is first in
 every setup's list, so it costs the same everywhere.
 
 Example:
-    $ python -m msbridge.cli.bench_worker --setup e --steps 300 --seed 7 --work /tmp/w --result /tmp/w/e.json
+    $ python -m msbridge.bench.worker --setup e --steps 300 --seed 7 --work /tmp/w --result /tmp/w/e.json
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, List, Tuple
 from mindspore.train import Callback
 
 from ..errors import exception_text
-from .bench import DEFAULT_HIDDEN, SETUPS
-from .bench_probes import mlflow_child_rss_mb, process_cpu_s, rss_mb, thread_cpu_s
+from .probes import mlflow_child_rss_mb, process_cpu_s, rss_mb, thread_cpu_s
+from .suite import DEFAULT_HIDDEN, SETUPS
 
 MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
 BATCH = 8
@@ -106,7 +106,7 @@ def _msbridge(work: str, sinks: Any, tracking_uri: str = "", **settings: Any) ->
     """msbridge with its default settings (flush every 100 steps or 10 s) plus ``settings``; ``sinks=None``:
     every installed sink; ``tracking_uri``: the MLflow sink logs there (a server) instead of its sqlite file."""
     from ..callback import BridgeMonitor
-    from .demo import demo_config
+    from ..demo import demo_config
 
     if sinks is None:
         sinks = demo_config(work)["sinks"]
@@ -243,11 +243,13 @@ def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str
 
 
 def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
+    """The callbacks of ``setup`` (``SETUPS``), built fresh, writing under ``work``."""
     return builders(work, steps, lr, tracking_uri)[setup]()
 
 
 def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: int = DEFAULT_HIDDEN,
         tracking_uri: str = "") -> Dict[str, Any]:
+    """Train the bench model once with ``setup``'s train cell and callbacks; returns what it cost (the JSON result)."""
     import mindspore as ms
     import mindspore.dataset as ds
     import numpy as np
@@ -256,7 +258,7 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
 
     from ..capture.ring_reader import ring_size_for
     from ..capture.train_step import TrainStep
-    from .demo import build_model, make_tokens
+    from ..demo import build_model, make_tokens
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(seed)
@@ -356,6 +358,7 @@ def _monitor_figures(monitor: Any) -> Dict[str, Any]:
 
 
 def main(argv: Any = None) -> int:
+    """``python -m msbridge.bench.worker``: one run, its result (or the reason it could not run) to ``--result``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", required=True, choices=sorted(SETUPS))
     parser.add_argument("--steps", type=int, default=300)

@@ -1,11 +1,11 @@
 """Rank 0's real per-flush code (Reducer, StragglerWatch, OutlierWatch, the agreed stop, Blame, Stream) fed the
 table N virtual ranks would gather, for N up to 16,384.
 
-The collective is a fake: ``msbridge.cli.bench_scale.VirtualJob`` builds the ``[N, HEADER + capacity]`` float32
+The collective is a fake: ``msbridge.bench.scale.VirtualJob`` builds the ``[N, HEADER + capacity]`` float32
 table a real AllGather returns (one ``payload.pack`` row per rank, as ``metrics/payload.py`` documents it),
 because thousands of ranks cannot run here. The real AllGather with real msrun ranks is tested in
-test_cross_rank.py and test_rank_agreement_msrun.py. Wall clock is printed by the bench
-(``python -m msbridge.cli.bench_scale``), never asserted here.
+tests/metrics/test_cross_rank.py and test_rank_agreement_msrun.py. Wall clock is printed by the bench
+(``python -m msbridge.bench.scale``), never asserted here.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
-from msbridge.cli.bench_scale import Plant, VirtualJob, line, summary
+from msbridge.bench.scale import Plant, VirtualJob, line, summary
 from msbridge.names import GLOBAL_LOSS, LOSS_MAX, LOSS_MIN, LOSS_STD, OUTLIER_RANK, rank_loss
 
 RANKS = (8, 128, 1024, 4096, 16384)

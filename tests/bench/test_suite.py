@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from msbridge.cli.bench import BASELINE, SETUPS, TARGETS, check_targets, markdown, summarise
-from msbridge.cli.bench_worker import TRAIN_STEP_SETUPS, builders
+from msbridge.bench.suite import BASELINE, SETUPS, TARGETS, check_targets, markdown, summarise
+from msbridge.bench.worker import TRAIN_STEP_SETUPS, builders
 
 
 def _result(repeat, steps_per_s, **extra):
@@ -37,7 +37,7 @@ def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
 
 @pytest.mark.slow
 def test_bench_runs_setups_in_fresh_processes_and_writes_the_table(tmp_path):
-    from msbridge.cli.bench import run_bench
+    from msbridge.bench.suite import run_bench
 
     report = run_bench(["f"], steps=40, repeats=1, out=str(tmp_path / "out"), stall_s=0.2, echo=lambda _: None)
     rows = {r["setup"]: r for r in report["rows"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from msbridge.cli import bench_long
+from msbridge.bench import long as bench_long
 from msbridge.sinks.runlog import read_run
 
 

@@ -1,13 +1,13 @@
 """``msbridge bench``: what monitoring costs, measured against no monitoring on the same job.
 
 Every setup trains the same demo transformer on the same data with the same
-seed, each run in a fresh process (``msbridge.cli.bench_worker``). Runs are
+seed, each run in a fresh process (``msbridge.bench.worker``). Runs are
 interleaved (a b c ... a b c ...), with the order rotated each repeat, and each
 setup's throughput is reported as the median over repeats of its ratio to the
 no-monitoring run of the same repeat, so slow drifts of the machine's load
 cancel out. Also reported: host CPU time, peak RSS, CPU burnt while training is
 idle (a 2 s stall inside training), msbridge's own host time per step, the fixed costs
-per run (``bench_costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
+per run (``costs``), and, with ``--long-steps``, RSS across a long run with every sink on.
 Setups ``e_srv`` and ``e_pg`` log to a real ``mlflow server`` (``servers``) started for the whole bench.
 
 Example:
@@ -28,7 +28,7 @@ from statistics import median
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import MsbridgeError
-from .bench_costs import fixed_cost_row, fixed_costs_markdown
+from .costs import fixed_cost_row, fixed_costs_markdown
 from .servers import tracking_servers
 
 #: setup key -> what runs. ``a`` is the reference every ratio is taken against.
@@ -73,7 +73,7 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
     os.makedirs(work)
     result_path = os.path.join(work, "result.json")
     env = dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "msbridge.cli.bench_worker", "--setup", setup, "--steps", str(steps),
+    cmd = [sys.executable, "-m", "msbridge.bench.worker", "--setup", setup, "--steps", str(steps),
            "--seed", str(seed), "--stall-s", str(stall_s), "--hidden", str(hidden), "--work", work,
            "--result", result_path, "--tracking-uri", tracking_uri]
     with open(os.path.join(out, "logs", f"{setup}-{tag}.log"), "w") as log:
@@ -271,6 +271,7 @@ def markdown(report: Dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's options on ``parser`` (``msbridge bench`` and ``examples/bench/run_bench.py`` share them)."""
     parser.add_argument("--steps", type=int, default=300, help="training steps of each measured run (default 300)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each setup, interleaved; each figure is the median over them (default 3)")
@@ -291,6 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    """Run the bench the parsed options ask for; an unknown setup is an ``MsbridgeError`` naming the valid ones."""
     setups = [s.strip() for s in args.setups.split(",") if s.strip()]
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:
@@ -301,9 +303,14 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``msbridge bench`` as a function (``examples/bench/run_bench.py`` calls it); returns the exit code."""
     parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0].replace("``", ""))
     add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
+    try:
+        return run_from_args(parser.parse_args(argv))
+    except MsbridgeError as exc:  # as every msbridge command says it: one line, exit 2
+        print(f"msbridge: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

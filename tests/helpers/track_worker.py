@@ -4,7 +4,7 @@ step handed to ``run.step``. Rank 1's labels are scaled by 3, so the ranks' loss
 
 Example:
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=logs --join=True \\
-        tests/track_worker.py --out runs --steps 12
+        tests/helpers/track_worker.py --out runs --steps 12
 """
 from __future__ import annotations
 

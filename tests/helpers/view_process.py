@@ -26,9 +26,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set
 
-from processes import family, stop_group
+from helpers.processes import family, stop_group
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: A fresh login shell's environment: no venv on PATH, nothing of the test run's.
 FRESH_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
 _URL_LINE = re.compile(r"^\s+(mlflow|tensorboard|mindinsight)\s*: (http://\S+)$")

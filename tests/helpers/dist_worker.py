@@ -6,7 +6,7 @@ bigger, one rank start late, leave at a step, run slow, stall once or turn NaN.
 
 Example:
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=logs --join=True \\
-        tests/dist_worker.py --out runs --steps 20 --flush 5 --sinks jsonl,mlflow --hard-rank 1
+        tests/helpers/dist_worker.py --out runs --steps 20 --flush 5 --sinks jsonl,mlflow --hard-rank 1
 """
 from __future__ import annotations
 

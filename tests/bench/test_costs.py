@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from msbridge.cli.bench_costs import fixed_cost_row, fixed_costs_markdown
+from msbridge.bench.costs import fixed_cost_row, fixed_costs_markdown
 
 
 def result(repeat, start, close_cpu, close_s, total, child=None):

@@ -3,7 +3,7 @@
 tests/adapters/test_mlflow_team_server.py starts several at once, all with one ``sweep_id``.
 
 Example:
-    python tests/sweep_job.py --out runs --uri http://127.0.0.1:5000 --sweep-id s1 --lr 0.003 --steps 120
+    python tests/helpers/sweep_job.py --out runs --uri http://127.0.0.1:5000 --sweep-id s1 --lr 0.003 --steps 120
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("GLOG_v", "3")
 
 from msbridge import BridgeMonitor  # noqa: E402
-from msbridge.cli.demo import demo_config, train  # noqa: E402
+from msbridge.demo import demo_config, train  # noqa: E402
 
 EXPERIMENT = "team-sweep"
 

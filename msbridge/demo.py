@@ -11,7 +11,7 @@ it ended FAILED (a health action stopped it), 5 when KILLED; the table is in
 
 Example:
     >>> from msbridge import BridgeMonitor
-    >>> from msbridge.cli.demo import demo_config, exit_status, train
+    >>> from msbridge.demo import demo_config, exit_status, train
     >>> config = demo_config("./demo_runs")
     >>> monitor = train(BridgeMonitor(config), steps=300, params=config["params"])
     >>> exit_status(monitor)
@@ -103,7 +103,7 @@ def build_model(vocab_size: int, hidden_size: int, num_layers: int, num_heads: i
 
 def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The embedded demo config: every sink whose package is installed, the experiment dir ``out/<experiment>``."""
-    from ..sinks.registry import builtin_names, check_available
+    from .sinks.registry import builtin_names, check_available
 
     sinks = []
     for name in builtin_names():
@@ -129,7 +129,7 @@ def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict
 
 def demo_params(config: Any) -> Any:
     """``config`` (a loaded ``Config``) with the demo model's params filling in what its params do not set."""
-    from ..config.compose import deep_merge, plain
+    from .config.compose import deep_merge, plain
 
     return config.with_changes(params=deep_merge(DEMO_DEFAULTS, plain(config.params)))
 
@@ -141,7 +141,7 @@ def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: 
     from mindspore import nn
     from mindspore.train import Model
 
-    from ..capture.train_step import TrainStep
+    from .capture.train_step import TrainStep
 
     model_cfg, opt_cfg, train_cfg = params["model"], params["optimizer"], params["train"]
     ms.set_context(mode=ms.GRAPH_MODE if train_cfg.get("mode", "graph") == "graph" else ms.PYNATIVE_MODE,

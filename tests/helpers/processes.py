@@ -1,7 +1,7 @@
 """Helpers for tests that start real servers and launchers: free ports, process groups, listening sockets.
 
-``free_port``, ``group_alive`` and ``stop_group`` live in ``msbridge.cli.servers`` (``msbridge bench`` starts
-servers too); tests import them from here.
+``free_port``, ``group_alive`` and ``stop_group`` live in ``msbridge.process_group`` (``msbridge view`` and
+``msbridge bench`` start servers too); tests import them from here.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import socket
 from typing import Dict, Iterable, List, Set, Tuple
 
-from msbridge.cli.servers import free_port, group_alive, stop_group
+from msbridge.process_group import free_port, group_alive, stop_group
 
 __all__ = ["free_port", "group_alive", "stop_group", "listening", "family", "alive"]
 

@@ -1,4 +1,4 @@
-"""``Job``: one msrun launch (or one per simulated node) of tests/dist_worker.py, and what it left behind.
+"""``Job``: one msrun launch (or one per simulated node) of tests/helpers/dist_worker.py, and what it left behind.
 
 Every msrun call has a timeout. ``nodes=2`` starts two msrun launchers on this
 machine that act as two nodes of one job (``--node_rank 0/1``, one master
@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from processes import free_port
-
+from helpers.processes import free_port
 from msbridge.sinks.runlog import RankLog, read_run
 
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
@@ -32,7 +31,7 @@ BIN = os.path.dirname(sys.executable)
 
 
 class Job:
-    """One msrun job of tests/dist_worker.py; ``proc`` is node 0's launcher, ``procs`` every node's.
+    """One msrun job of tests/helpers/dist_worker.py; ``proc`` is node 0's launcher, ``procs`` every node's.
 
     ``started`` / ``ended`` are wall-clock times (``time.time()``) around the whole job.
     """

@@ -284,8 +284,8 @@ def train_real_run(run_dir: str, steps: int = 200, learning_rate: float = 0.01, 
     import mindspore as ms
     from mindspore import nn, ops
     from mindspore.train import Model
-    from training import regression_data
 
+    from helpers.training import regression_data
     from msbridge import BridgeMonitor
 
     class GradNormStep(nn.TrainOneStepCell):
