@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import did_you_mean
 from ..sinks.registry import builtin_names
-from .fields import FIELDS
 from .keys import Key, show
+from .settings import FIELD_NAMES
 
 FORMAT_VALUES = ("log",) + builtin_names()
 
@@ -383,4 +383,4 @@ HANDLERS: Dict[str, Handler] = {
     **{name: _sink_flag(name) for name in builtin_names()},
 }
 
-VOCABULARY = tuple(FIELDS) + tuple(HANDLERS)
+VOCABULARY = FIELD_NAMES + tuple(HANDLERS)
