@@ -160,16 +160,12 @@ class Config:
         "(grad) and per flush (weight, moments), e.g. 300 parameters -> 300 rows a step, 24 layers -> 24",
         what=_GROUP_REGEX, valid=group_regex_problem, needs="layer_norms")
     histograms: Optional[str] = declare(str, None,
-        "weight and gradient histograms of the parameters whose names match the regex (`re.search`; "
-        "`histogram_regular` and `histogram_settings` map here), read on the host at a flush (one copy of each "
-        "matched parameter, never per step): 30 equal-width buckets plus min, max, num, sum, sum of squares, sent "
-        "as `histogram` events tagged `weights/<param>` and `grads/<param>`. Gradients need `msbridge.TrainStep`, "
-        "which then keeps a device copy of the matched gradients (after unscaling, before clipping; as much device "
-        "memory and checkpoint size again as the matched parameters); with another train cell, weights only, said "
-        "once ([metrics.md](metrics.md#weight-and-gradient-histograms)). TensorBoard shows them in its HISTOGRAMS "
-        "tab, MindInsight as `<tag>/histogram`; the jsonl log keeps them; MLflow cannot show histograms (said once "
-        "at open) and the console skips them. A regex matching nothing warns once with the closest names; off if "
-        "null", what=_REGEX, valid=regex_problem)
+        "weight and gradient histograms (`histogram` events `weights/<param>`, `grads/<param>`) of the parameters "
+        "whose names match the regex (`re.search`; `histogram_regular` and `histogram_settings` map here), read at a "
+        "flush, never per step; gradients need `msbridge.TrainStep`, else weights only, said once; what each sink "
+        "shows and what it costs: [metrics.md](metrics.md#weight-and-gradient-histograms); a regex matching nothing "
+        "warns once with the closest names; off if null",
+        what=_REGEX, valid=regex_problem)
     histogram_interval: Optional[int] = declare(int, None,
         "the fewest steps between two histograms: a flush records them when at least this many steps passed since "
         "the last ones (since the start of training for the first); null: at every flush (`flush_steps`). Needs "
