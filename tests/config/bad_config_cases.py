@@ -90,7 +90,8 @@ def wrongly_accepted() -> Dict[str, Case]:
         "http-retries-10-12": ("sinks:\n  mlflow:\n    http_retries: 1000000000000\n",
                                "run.yaml:3: sinks.mlflow.http_retries: expected null or an integer >= 0 and < 100"),
         "threshold-inf": ("health:\n  grad_norm_spike:\n    threshold: .inf\n",
-                          "run.yaml:3: health.grad_norm_spike.threshold: must be a finite number, got inf"),
+                          "run.yaml:3: health.grad_norm_spike.threshold: expected null or a finite "
+                          "number > 0, got inf"),
         "unterminated-reference": ("params:\n  lr: 0.1\n  x: 'lr=${params.lr'\n",
                                    "run.yaml:3: params.x: 'lr=${params.lr' has a ${ that no } closes"),
         "nested-reference": ("params:\n  k: lr\n  lr: 1\n  x: '${params.${params.k}}'\n",
