@@ -21,6 +21,7 @@ from dataclasses import MISSING, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ConfigError
+from ..options import expected
 from ..paths import experiment_dir_template, render_experiment_dir, render_output_dir, render_template
 from .canonical import canonicalize
 from .directories import placeholder_problem, static_prefix, volatile_reason, writable_problem
@@ -81,7 +82,7 @@ class _Checker:
         ``checked_as``: the template to create and write-test instead (``{experiment_dir}`` filled in).
         """
         if not isinstance(template, str) or not template:
-            self.problem(path, f"expected a directory path, got {template!r}")
+            self.problem(path, expected("a directory path", template))
             return
         bad = placeholder_problem(template, placeholders) if placeholders else None
         if bad:
