@@ -1,53 +1,78 @@
-"""The typed ``Option`` that sinks and health checks declare their options with, and the check of a sink's.
+"""The typed ``Option`` every setting and option is declared with, and the one wording of a bad value.
 
-One rule decides what is valid, for a sink's ``options`` (checked by ``Sink.__init__`` and by
-``load_config`` / ``msbridge config check`` through ``check_options``, before training) and for
-a detector's ``options`` and ``HealthSpec``'s settings (checked by ``msbridge.health.spec``).
-The two word a problem as they always have: ``Option.check`` says the whole expectation in one
-phrase (as the sink and setting checks do), ``Option.problem`` names the broken rule (as the
-``health`` section does).
+One rule decides what is valid, for msbridge's own settings (``Config``'s fields),
+a sink's ``options`` (checked by ``Sink.__init__`` and, before training, by
+``load_config`` / ``msbridge config check`` through ``check_options``), a health
+check's ``options`` and ``HealthSpec``'s settings, and the ``alerts`` section.
+A bad value is worded one way everywhere, by ``expected``: what a valid value
+is, then the value given (``expected an integer >= 1, got 0``).
 
 Types: ``bool``; ``int`` (never a bool); ``float``, meaning any number (an int or a float, never a
-bool); ``str``, a non-empty string. ``None`` is allowed exactly when the default is ``None``.
+bool); ``str``, a non-empty string; or any other class, or tuple of classes (a list, a mapping),
+whose valid values ``what`` names. ``None`` is allowed exactly when the default is ``None``.
+
+A dataclass declares its settings as fields with ``declare``; ``declared_options`` reads them back.
 
 Example:
     >>> OPTIONS = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at")}
     >>> check_options(OPTIONS, {"logdri": "/tmp/tb"})
     [('logdri', "unknown option; did you mean 'logdir'?")]
-    >>> window = Option(int, 50, "recent losses the median is taken over", low=1)
-    >>> window.check(0), window.problem(0)
-    ('expected an integer >= 1, got 0', 'must be >= 1, got 0')
+    >>> Option(int, 50, "recent losses the median is taken over", low=1).check(0)
+    'expected an integer >= 1, got 0'
 """
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .errors import did_you_mean
 
-#: What a valid value of each type is, in the words of ``check`` and of ``problem``.
+#: What a valid value of each plain type is.
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
-_WORDS = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+
+
+def expected(kind: str, value: Any) -> str:
+    """The one wording of a bad value: ``expected <what a valid one is>, got <value>``.
+
+    A number where a string is expected gets a hint (YAML reads ``experiment: 42`` as a number).
+
+    Example:
+        >>> expected("a non-empty string", 42)
+        "expected a non-empty string, got 42 (quote it: '42')"
+    """
+    quote = isinstance(value, (int, float)) and not isinstance(value, bool) and kind.endswith("a non-empty string")
+    return f"expected {kind}, got {value!r}" + (f" (quote it: '{value}')" if quote else "")
+
+
+def _bound(number: float) -> str:
+    """A bound as people read it: ``0.15``, ``3600``, ``10_000_000``."""
+    return f"{int(number):_}" if float(number).is_integer() and abs(number) >= 10_000 else f"{number:g}"
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its type (bool, int, float or str), default, meaning and allowed values.
+    """One option: its type, default, meaning and allowed values.
 
-    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high`` excluded); a float is
-    always finite. ``choices`` lists the allowed values. ``at_most`` names another option of the same
-    declaration this one may not exceed (``check_options`` checks the pair, defaults included);
-    ``valid`` is a further check of a well-typed value, returning the problem or None.
+    ``low``/``high`` bound a number (``low`` included unless ``low_open``; ``high`` excluded unless
+    ``high_open`` is False); a float is always finite. ``choices`` lists the allowed values. ``what``
+    names a valid value where the type alone does not (a regex, a list of ranks; required for a type
+    other than bool, int, float and str). ``at_most`` names another option of the same declaration this
+    one may not exceed, ``needs`` one without which this one has no effect (``check_options`` checks
+    both, defaults included); ``valid`` is a further check of a well-typed value, returning None, the
+    problem, or ``""`` when the value is not what ``what`` names (then worded as any bad value is).
 
     Example:
         >>> Option(float, 10.0, "seconds close keeps retrying", 0).check(-1)
         'expected a number >= 0, got -1'
-        >>> Option(float, 0.98, "EMA decay of the loss", low=0, low_open=True, high=1).problem(1.0)
-        'must be < 1, got 1.0'
+        >>> Option(float, 0.98, "EMA decay of the loss", low=0, low_open=True, high=1).check(1.0)
+        'expected a number > 0 and < 1, got 1.0'
+        >>> Option(int, 100, "steps between writes", low=1, high=10_000_000, high_open=False).kind
+        'an integer >= 1 and <= 10_000_000'
     """
 
-    type: type
+    type: Any
     default: Any
     doc: str
     low: Optional[float] = None
@@ -56,12 +81,16 @@ class Option:
     choices: Tuple[Any, ...] = ()
     at_most: Optional[str] = None
     valid: Optional[Callable[[Any], Optional[str]]] = field(default=None, compare=False)
+    high_open: bool = True
+    needs: Optional[str] = None
+    what: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.type not in _KINDS:
-            raise TypeError(f"Option type must be one of {', '.join(t.__name__ for t in _KINDS)}, got {self.type!r}")
+        if self.type not in _KINDS and not self.what:
+            raise TypeError(f"an Option of type {self.type!r} needs what= (what a valid value is); the plain "
+                            f"types are {', '.join(t.__name__ for t in _KINDS)}")
         if self.type not in (int, float) and (self.low, self.high) != (None, None):
-            raise TypeError(f"only an int or float Option has bounds, not a {self.type.__name__} one")
+            raise TypeError(f"only an int or float Option has bounds, not a {self.type!r} one")
 
     @property
     def kind(self) -> str:
@@ -69,12 +98,14 @@ class Option:
         if self.choices:
             text = "one of " + ", ".join(map(str, self.choices))
         else:
-            bounds = ([] if self.low is None else [f"{'>' if self.low_open else '>='} {self.low:g}"]) + \
-                     ([] if self.high is None else [f"< {self.high:g}"])
-            text = " ".join([_KINDS[self.type], " and ".join(bounds)]).strip()
+            bounds = ([] if self.low is None else [f"{'>' if self.low_open else '>='} {_bound(self.low)}"]) + \
+                     ([] if self.high is None else [f"{'<' if self.high_open else '<='} {_bound(self.high)}"])
+            text = " ".join([self.what or _KINDS[self.type], " and ".join(bounds)]).strip()
         return ("null or " if self.default is None else "") + text
 
     def _typed(self, value: Any) -> bool:
+        if self.type not in _KINDS:
+            return isinstance(value, self.type)
         if isinstance(value, bool) or self.type is bool:  # a bool is never a number
             return isinstance(value, bool) and self.type is bool
         if self.type is float:
@@ -82,9 +113,7 @@ class Option:
         return isinstance(value, self.type)
 
     def _fault(self, value: Any) -> Optional[str]:
-        """The rule ``value`` breaks (type, choices, empty, low, high), or None if it is valid."""
-        if value is None and self.default is None:
-            return None
+        """The rule ``value`` breaks (type, finite, choices, empty, low, high), or None: ``valid`` comes after."""
         if not self._typed(value):
             return "type"
         if isinstance(value, float) and not math.isfinite(value):
@@ -95,40 +124,46 @@ class Option:
             return "empty"
         if self.low is not None and not (value > self.low or (value == self.low and not self.low_open)):
             return "low"
-        if self.high is not None and not value < self.high:
+        if self.high is not None and not (value < self.high or (value == self.high and not self.high_open)):
             return "high"
-        if self.valid is not None and value is not None and self.valid(value):
-            return "valid"
         return None
 
     def check(self, value: Any) -> Optional[str]:
         """``None`` if ``value`` is valid, else the whole expectation: ``"expected an integer >= 1, got 0"``."""
+        if value is None and self.default is None:
+            return None
         fault = self._fault(value)
-        if fault == "valid":
-            return self.valid(value)  # type: ignore[misc]
-        kind = self.kind.replace("a number", "a finite number", 1) if fault == "finite" else self.kind
-        return None if fault is None else f"expected {kind}, got {value!r}"
-
-    def problem(self, value: Any) -> Optional[str]:
-        """``None`` if ``value`` is valid, else the rule it breaks: ``"must be >= 1, got 0"``."""
-        fault = self._fault(value)
-        null = " or null" if self.default is None else ""
-        if fault == "type":
-            return f"expected {_WORDS[self.type]}{null}, got {value!r}"
-        if fault == "empty":
-            return f"expected a non-empty string{null}, got {value!r}"
-        if fault == "choices":
-            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}" \
-                   f"{did_you_mean(str(value), [str(c) for c in self.choices])}"
-        if fault == "low":
-            return f"must be {'>' if self.low_open else '>='} {self.low}, got {value!r}"
-        if fault == "high":
-            return f"must be < {self.high}, got {value!r}"
+        if fault is None:
+            said = self.valid(value) if self.valid is not None else None
+            return expected(self.kind, value) if said == "" else said
         if fault == "finite":
-            return f"must be a finite number, got {value!r}"
-        if fault == "valid":
-            return self.valid(value)  # type: ignore[misc]
-        return None
+            return expected(self.kind.replace("a number", "a finite number", 1), value)
+        hint = did_you_mean(str(value), [str(c) for c in self.choices]) if fault == "choices" else ""
+        return expected(self.kind, value) + hint
+
+
+def declare(kind: Any, default: Any, doc: str, **allowed: Any) -> Any:
+    """A dataclass field that declares itself: its default, and its ``Option`` in the field's metadata.
+
+    A mutable default (a list, a mapping) is copied for each instance.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass(frozen=True)
+        ... class Knobs:
+        ...     window: int = declare(int, 50, "recent losses the median is taken over", low=1)
+        >>> declared_options(Knobs)["window"].check(0), Knobs().window
+        ('expected an integer >= 1, got 0', 50)
+    """
+    metadata = {"option": Option(kind, default, doc, **allowed)}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def declared_options(cls: Any) -> Dict[str, Option]:
+    """The ``Option`` of every field of the dataclass ``cls`` (or instance) that ``declare`` made, in field order."""
+    return {f.name: f.metadata["option"] for f in fields(cls) if "option" in f.metadata}
 
 
 def check_options(declared: Mapping[str, Option], given: Mapping[str, Any]) -> List[Tuple[str, str]]:
@@ -144,16 +179,21 @@ def check_options(declared: Mapping[str, Option], given: Mapping[str, Any]) -> L
         message = option.check(value)
         if message:
             problems.append((str(key), message))
-    return problems + _relation_problems(declared, given, {key for key, _ in problems})
+    return problems + relation_problems(declared, given, {key for key, _ in problems})
 
 
-def _relation_problems(declared: Mapping[str, Option], given: Mapping[str, Any],
-                       broken: "set[str]") -> List[Tuple[str, str]]:
-    """Each ``at_most`` pair whose values (given or default, both valid) are the wrong way round."""
+def relation_problems(declared: Mapping[str, Option], given: Mapping[str, Any],
+                      broken: "set[str]") -> List[Tuple[str, str]]:
+    """Each ``at_most`` pair whose values (given or default, both valid) are the wrong way round, and each
+    ``needs`` whose option is unset; options in ``broken`` (already reported) are skipped."""
     problems: List[Tuple[str, str]] = []
     for key, option in declared.items():
+        if key in broken:
+            continue
+        if option.needs is not None and given.get(key) and not given.get(option.needs, declared[option.needs].default):
+            problems.append((str(key), f"has no effect without {option.needs}"))
         other = option.at_most
-        if other is None or key in broken or other in broken or (key not in given and other not in given):
+        if other is None or other in broken or (key not in given and other not in given):
             continue
         value, limit = given.get(key, option.default), given.get(other, declared[other].default)
         if value is not None and limit is not None and value > limit:

@@ -22,7 +22,7 @@ def _run_in_tmp(tmp_path, monkeypatch):
 @pytest.fixture
 def persistent(monkeypatch, tmp_path):
     """Treat the test's tmp dir as a persistent disk (it is under /tmp, which msbridge warns about)."""
-    from msbridge.config import paths as pathcheck
+    from msbridge.config import directories as pathcheck
 
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/vda / ext4 rw 0 0\n")

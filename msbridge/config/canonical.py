@@ -24,9 +24,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import did_you_mean
 from .dialects import HANDLERS, VOCABULARY
-from .fields import FIELDS
 from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_yaml, section_of
 from .mindformers_entry import find_seq_length
+from .settings import FIELD_NAMES
 from .yaml_lines import Origin, Path, Tree, format_path
 
 _FLATTENED = ("health", "straggler", "alerts", "tags", "params")
@@ -56,7 +56,7 @@ class _Canonicalizer:
             path = prefix + (key,)
             if path in self.failed:
                 continue
-            if key in FIELDS:
+            if key in FIELD_NAMES:
                 self.setting(key, value, path)
             elif key in HANDLERS:
                 HANDLERS[key](Key(self.out, path, self.origin(path), data, name), value)
@@ -116,7 +116,7 @@ class _Canonicalizer:
         for key, value in data.items():
             if key in tops:
                 continue
-            if key in FIELDS and key not in ("output_dir", "params"):
+            if key in FIELD_NAMES and key not in ("output_dir", "params"):
                 self.out.notes.append(Note(self.origin((key,)), f"{key} -> params.{key}: a top-level key of a "
                                            f"training YAML is a training setting; msbridge reads {shown}",
                                            logging.WARNING))

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from ..errors import did_you_mean
 from .dialects import VOCABULARY
 from .keys import Note, is_training_yaml, section_of
+from .settings import plain
 from .yaml_lines import Origin, Path, Tree, format_path, read_yaml, yaml_value
 
 BASE_KEYS = ("base_config", "base")
@@ -126,15 +127,6 @@ class _Composer:
         copy = plain(data)
         tree = Tree(copy, {p: origin for p in _paths(copy, ())})
         return self.layers([tree], os.getcwd(), ())
-
-
-def plain(value: Any) -> Any:
-    """A plain dict/list copy of nested mappings and sequences (frozen configs included)."""
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 def _paths(value: Any, path: Path) -> List[Path]:

@@ -34,9 +34,10 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..errors import did_you_mean
+from ..options import expected
 from ..sinks.registry import builtin_names
-from .fields import FIELDS
 from .keys import Key, show
+from .settings import FIELD_NAMES
 
 FORMAT_VALUES = ("log",) + builtin_names()
 
@@ -50,7 +51,7 @@ def _typed(kind: str, ok: Callable[[Any], bool]) -> Callable[[Handler], Handler]
             if ok(value):
                 handler(key, value)
             else:
-                key.problem(f"expected {kind}, got {value!r}")
+                key.problem(expected(kind, value))
         return checked
     return wrap
 
@@ -84,7 +85,7 @@ def _dump_path(key: Key, value: Any) -> None:
         key.says("no dump dir (empty); mindformers then inserts no TensorDump")
         return
     if not isinstance(value, str):
-        key.problem(f"expected a directory path, got {value!r}")
+        key.problem(expected("a directory path", value))
         return
     key.set(("health", "dump_dir"), value)
     if "output_dir" in key.section:
@@ -109,7 +110,7 @@ def _format_handler(switch: Optional[str]) -> Handler:
             return
         items = _formats(value)
         if items is None:
-            key.problem(f"expected one of {', '.join(map(repr, FORMAT_VALUES))} or a list of them, got {value!r}")
+            key.problem(expected(f"one of {', '.join(map(repr, FORMAT_VALUES))} or a list of them", value))
             return
         bad = [i for i in items if i not in FORMAT_VALUES]
         for item in bad:
@@ -156,7 +157,7 @@ _NORM_FORMATS = ("local_norm_format", "weight_state_format", "optimizer_state_fo
 
 def _target(key: Key, value: Any) -> None:
     if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
-        key.problem(f"expected a list of parameter-name patterns, got {value!r}")
+        key.problem(expected("a list of parameter-name patterns", value))
     elif any(key.section.get(k) for k in _NORM_FORMATS):
         key.says("the layer_norms regex (with invert)")
     else:
@@ -173,7 +174,7 @@ def _invert(key: Key, value: bool) -> None:
 def _summary_dir(key: Key, value: Any) -> None:
     """SummaryCollector's per-run dir: MindInsight is started on its parent, and lists the run by its name."""
     if not isinstance(value, str) or not value.strip("/"):
-        key.problem(f"expected a directory path, got {value!r}")
+        key.problem(expected("a directory path", value))
         return
     base, job = os.path.split(value.rstrip("/"))
     base = base or "."
@@ -219,7 +220,7 @@ def _custom_lineage_data(key: Key, value: Any) -> None:
     scalar = (str, int, float)
     if not isinstance(value, Mapping) or not all(
             isinstance(k, str) and isinstance(v, scalar) and not isinstance(v, bool) for k, v in value.items()):
-        key.problem(f"expected a mapping of names to strings or numbers (as SummaryCollector takes), got {value!r}")
+        key.problem(expected("a mapping of names to strings or numbers (as SummaryCollector takes)", value))
         return
     for name, item in value.items():
         key.set(("params", name), item)
@@ -247,7 +248,7 @@ def _histograms(key: Key, value: Any) -> None:
         value = ".*"
     patterns = _formats(value)
     if patterns is None:
-        key.problem(f"expected a parameter-name regex, a list of them, or [] for off, got {value!r}")
+        key.problem(expected("a parameter-name regex, a list of them, or [] for off", value))
         return
     regex = patterns[0] if len(patterns) == 1 else "|".join(f"(?:{p})" for p in patterns)
     key.set(("histograms",), regex)
@@ -265,7 +266,7 @@ def _sink_flag(name: str) -> Handler:
             key.set(("sinks", name), dict(value) if isinstance(value, Mapping) else {})
             key.says(f"sinks.{name}")
         else:
-            key.problem(f"expected true, false or a mapping of {name} sink options, got {value!r}")
+            key.problem(expected(f"true, false or a mapping of {name} sink options", value))
     return handle
 
 
@@ -280,7 +281,7 @@ def _throughput_baseline(key: Key, value: Any) -> None:
         key.set(("throughput",), True)
         key.says("throughput: true (the baseline itself is for mindformers' linearity figure)")
     else:
-        key.problem(f"expected null or a number > 0, got {value!r}")
+        key.problem(expected("null or a number > 0", value))
 
 
 _NOT_RECORDED = {"collect_graph": "the computational graph", "collect_eval_lineage": "evaluation lineage",
@@ -299,7 +300,7 @@ def _collect_item(key: Key, name: str, value: Any) -> None:
         else:
             key.says(f"off (msbridge does not record {_NOT_RECORDED[name]})")
     elif not isinstance(value, bool):
-        key.problem(f"expected true or false, got {value!r}")
+        key.problem(expected("true or false", value))
     elif name == "collect_metric":
         key.set(("local_loss",), value)
         key.set(("global_loss",), value)
@@ -326,7 +327,7 @@ def _collect_specified_data(key: Key, value: Any) -> None:
         key.says("null: msbridge records its own defaults")
         return
     if not isinstance(value, Mapping):
-        key.problem(f"expected a mapping of collect_* switches, got {value!r}")
+        key.problem(expected("a mapping of collect_* switches", value))
         return
     for name, item in value.items():
         sub = key.child(name, key.out.where(key.path + (name,)))
@@ -383,4 +384,4 @@ HANDLERS: Dict[str, Handler] = {
     **{name: _sink_flag(name) for name in builtin_names()},
 }
 
-VOCABULARY = tuple(FIELDS) + tuple(HANDLERS)
+VOCABULARY = FIELD_NAMES + tuple(HANDLERS)

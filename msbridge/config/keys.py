@@ -2,7 +2,8 @@
 
 ``Key`` is the handle a dialect handler gets for one user key: it records the
 ``Assignment``s to canonical paths, the ``Note`` line that says so once, and
-problems, all pointing at the key's ``file:line``.
+problems, all pointing at the key's ``file:line``. A loaded config keeps where
+each value came from as its ``Provenance``.
 
 Example:
     >>> out = Mapped()
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from .yaml_lines import Origin, Path, format_path
 
@@ -103,3 +104,29 @@ class Key:
             self.says(f"left to mindformers ({what}); msbridge does not use it")
         else:
             self.says(f"no effect: only mindformers reads it ({what}), under monitor_config:", logging.WARNING)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a loaded config's values came from, and the dialect lines said while loading.
+
+    Example:
+        >>> cfg = load_config("monitor.yaml")
+        >>> cfg.provenance.origin(("flush_steps",))
+        ('monitor.yaml:4', 'monitor_config.interval')
+    """
+
+    source: str = "<defaults>"
+    origins: Mapping[Path, Tuple[str, str]] = field(default_factory=dict)
+    notes: Tuple[Note, ...] = ()
+
+    def origin(self, path: Path) -> Tuple[str, str]:
+        """``(where, user key)`` of ``path`` or its nearest ancestor; ``("default", "")`` if unset."""
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.origins:
+                return self.origins[path[:end]]
+        return ("default", "")
+
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        return tuple(str(n) for n in self.notes if n.level >= logging.WARNING)

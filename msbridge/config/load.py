@@ -1,10 +1,10 @@
-"""The validated, immutable msbridge config, and ``load_config`` that builds it from YAML.
+"""``load_config``: the validated, immutable ``Config`` (``settings``) from YAML, a dict or a Config.
 
 ``Config`` holds msbridge's own settings; ``params`` holds the training job's
 hyperparameters (model, optimizer, runner ...) that msbridge logs but does not
 interpret. ``load_config`` runs the whole pipeline: compose (``base_config:``,
 ``---`` documents, ``--set``) -> resolve ``${...}`` -> map dialects -> check
-every value and directory -> ``Config``. Every problem is collected first and
+every value (``Config`` checks its own) and directory -> ``Config``. Every problem is collected first and
 raised together as one ``ConfigError``, each line with ``file:line`` where YAML
 gives it. What each value's source was is kept in ``Config.provenance``.
 
@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import MISSING, dataclass, field, fields, replace
-from types import MappingProxyType
+from dataclasses import MISSING, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from ..alerts.spec import AlertSpec, plain_section
 from ..errors import ConfigError
-from ..health.spec import HealthSpec, resolve_health
+from ..options import expected
 from ..paths import experiment_dir_template, render_experiment_dir, render_output_dir, render_template
 from .canonical import canonicalize
-from .compose import plain as thaw
-from .fields import STRAGGLER_DEFAULTS, SYSTEM_INTERVAL_S, check_values, normalise_sinks, straggler_settings
+from .directories import placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .interpolate import interpolate
-from .keys import Assignment, Note
+from .keys import Assignment, Note, Provenance
 from .mindformers_entry import ENTRY_NAME
-from .paths import placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .prepare import Prepared, Source, drop_huge_ints, prepare
+from .settings import DEFAULT_OUTPUT_DIR, FIELD_NAMES, Config, SettingsError
+from .settings import plain as thaw
 from .yaml_lines import Origin, Path, Tree, format_path
 
 __all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_config",
@@ -40,145 +38,8 @@ __all__ = ["Config", "DEFAULT_OUTPUT_DIR", "FIELD_NAMES", "Provenance", "build_c
 
 log = logging.getLogger("msbridge")
 
-DEFAULT_OUTPUT_DIR = "{experiment_dir}/{run_name}"
 OUTPUT_PLACEHOLDERS = ("experiment", "run_name", "rank", "timestamp")
 EXPERIMENT_DIR = "{experiment_dir}"
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a loaded config's values came from, and the dialect lines said while loading.
-
-    Example:
-        >>> cfg = load_config("monitor.yaml")
-        >>> cfg.provenance.origin(("flush_steps",))
-        ('monitor.yaml:4', 'monitor_config.interval')
-    """
-
-    source: str = "<defaults>"
-    origins: Mapping[Path, Tuple[str, str]] = field(default_factory=dict)
-    notes: Tuple[Note, ...] = ()
-
-    def origin(self, path: Path) -> Tuple[str, str]:
-        """``(where, user key)`` of ``path`` or its nearest ancestor; ``("default", "")`` if unset."""
-        for end in range(len(path), 0, -1):
-            if path[:end] in self.origins:
-                return self.origins[path[:end]]
-        return ("default", "")
-
-    @property
-    def warnings(self) -> Tuple[str, ...]:
-        return tuple(str(n) for n in self.notes if n.level >= logging.WARNING)
-
-
-@dataclass(frozen=True)
-class Config:
-    """msbridge's settings. Build it with ``load_config``; every field is in docs/configuration.md.
-
-    Example:
-        >>> Config(experiment="sweep", flush_steps=50).flush_steps
-        50
-    """
-
-    monitor_on: bool = True
-    experiment: str = "default"
-    run_name: str = "run-{timestamp}"
-    output_dir: str = DEFAULT_OUTPUT_DIR
-    experiment_dir: Optional[str] = None
-    resume: bool = False
-    step_interval: int = 1
-    flush_steps: int = 100
-    flush_seconds: float = 10.0
-    print_interval: int = 20
-    local_loss: bool = True
-    global_loss: bool = True
-    grad_norm: bool = True
-    learning_rate: bool = True
-    throughput: bool = True
-    memory: bool = False
-    layer_norms: Optional[str] = None
-    layer_norms_group: Optional[str] = None
-    histograms: Optional[str] = None
-    histogram_interval: Optional[int] = None
-    system: Union[None, bool, Mapping[str, Any]] = None
-    seq_length: Optional[int] = None
-    sinks: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: {"jsonl": {}})
-    health: Mapping[str, Any] = field(default_factory=dict)
-    overhead_budget: float = 0.01
-    buffer_size: int = 0
-    reduce_ranks: Optional[Tuple[int, ...]] = None
-    collective_timeout_s: float = 60.0
-    straggler: Mapping[str, Any] = field(default_factory=lambda: dict(STRAGGLER_DEFAULTS))
-    alerts: Mapping[str, Any] = field(default_factory=dict)
-    per_rank_curves: Union[str, Tuple[int, ...]] = "auto"
-    sweep_id: Optional[str] = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        problems = check_values({f.name: getattr(self, f.name) for f in fields(self)})
-        if problems:
-            raise ConfigError([f"{format_path(path)}: {message}" for path, message in problems])
-        object.__setattr__(self, "sinks", _frozen(normalise_sinks(thaw(self.sinks))))
-        object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
-        object.__setattr__(self, "straggler", _frozen(straggler_settings(thaw(self.straggler))))
-        object.__setattr__(self, "alerts", _frozen(plain_section(thaw(self.alerts or {}))))
-        if not isinstance(self.per_rank_curves, str):
-            object.__setattr__(self, "per_rank_curves", tuple(int(r) for r in self.per_rank_curves))
-        for name in ("health", "params"):
-            object.__setattr__(self, name, _frozen(thaw(getattr(self, name))))
-        if isinstance(self.system, Mapping):
-            object.__setattr__(self, "system", _frozen(thaw(self.system)))
-
-    @property
-    def health_spec(self) -> HealthSpec:
-        """The ``health`` section parsed: once at load, or on first use for a Config built directly.
-
-        Raises:
-            ConfigError: the section is invalid (only for a Config built directly; ``load_config`` checks it).
-        """
-        spec = self.__dict__.get("_health_spec")
-        if spec is None:
-            spec = HealthSpec.parse(self.health)
-            object.__setattr__(self, "_health_spec", spec)
-        return spec
-
-    @property
-    def alert_spec(self) -> AlertSpec:
-        """The ``alerts`` section parsed (msbridge.alerts.spec)."""
-        return AlertSpec.parse(self.alerts)
-
-    @property
-    def system_interval_s(self) -> Optional[float]:
-        """Seconds between npu-smi samples (``system``), or None when the sampler is off."""
-        if not self.system:
-            return None
-        return float(self.system.get("interval_s", SYSTEM_INTERVAL_S)) if isinstance(self.system, Mapping) \
-            else SYSTEM_INTERVAL_S
-
-    @property
-    def provenance(self) -> Provenance:
-        """Where each value came from (empty for a Config built directly)."""
-        return self.__dict__.get("_provenance") or Provenance()
-
-    def to_dict(self) -> Dict[str, Any]:
-        """A plain dict of every field (for logging and the resolved YAML)."""
-        return {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
-
-    def with_changes(self, **changes: Any) -> "Config":
-        """A copy with some fields changed (validated again; provenance is not kept)."""
-        return replace(self, **changes)
-
-
-FIELD_NAMES = tuple(f.name for f in fields(Config))
 
 
 def _defaults() -> Dict[str, Any]:
@@ -221,7 +82,7 @@ class _Checker:
         ``checked_as``: the template to create and write-test instead (``{experiment_dir}`` filled in).
         """
         if not isinstance(template, str) or not template:
-            self.problem(path, f"expected a directory path, got {template!r}")
+            self.problem(path, expected("a directory path", template))
             return
         bad = placeholder_problem(template, placeholders) if placeholders else None
         if bad:
@@ -242,13 +103,18 @@ class _Checker:
                                    "it; use a persistent directory", logging.WARNING))
 
 
-def _check(full: Dict[str, Any], checker: _Checker) -> Optional[HealthSpec]:
-    """Report every problem of ``full`` to ``checker``; the parsed ``health`` section when it is valid."""
-    for path, message in check_values(full):
-        checker.problem(path, message)
-    health_spec, health_problems = resolve_health(full["health"])
-    for path, message in health_problems:
-        checker.problem(path, message)
+def _check(full: Dict[str, Any], checker: _Checker) -> Optional[Config]:
+    """Report every problem of ``full`` to ``checker``; the ``Config`` when its values are valid.
+
+    The values are checked once, by ``Config`` itself (``settings.setting_problems``); what only a file can
+    have wrong (a directory, a template's references) is checked here.
+    """
+    try:
+        config: Optional[Config] = Config(**full)
+    except SettingsError as exc:
+        config = None
+        for path, message in exc.located:
+            checker.problem(path, message)
     if isinstance(full["run_name"], str) and isinstance(full["params"], Mapping):
         try:
             render_template(full["run_name"], full["params"], full, {"timestamp": "t", "rank": 0})
@@ -259,7 +125,7 @@ def _check(full: Dict[str, Any], checker: _Checker) -> Optional[HealthSpec]:
         checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: false -> msbridge builds "
                                   "no sink and records nothing", logging.WARNING))
     if full["monitor_on"] is not True:
-        return health_spec
+        return config
     _check_run_dirs(full, checker)
     health = full["health"] if isinstance(full["health"], Mapping) else {}
     if "dump_dir" in health:
@@ -269,14 +135,14 @@ def _check(full: Dict[str, Any], checker: _Checker) -> Optional[HealthSpec]:
         for key, value in (options.items() if isinstance(options, Mapping) else ()):
             if str(key).endswith("dir") and isinstance(value, str):
                 checker.directory(("sinks", name, key), value)
-    return health_spec
+    return config
 
 
 def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
     """``experiment_dir`` (when set) and ``output_dir``, the latter with ``{experiment_dir}`` filled in."""
     output_dir, experiment_dir = full["output_dir"], full["experiment_dir"]
     if not (isinstance(output_dir, str) and output_dir and (experiment_dir is None or isinstance(experiment_dir, str))):
-        return  # check_values said what is wrong with the type
+        return  # Config said what is wrong with the type
     if experiment_dir is not None:
         checker.directory(("experiment_dir",), experiment_dir, ("experiment",))
     if output_dir.find(EXPERIMENT_DIR, 1) >= 0:
@@ -357,12 +223,10 @@ def _checked(prepared: Prepared) -> Config:
     notes += mapped.notes
     full = dict(_defaults(), **values)
     checker = _Checker(winners, failed)
-    health_spec = _check(full, checker)
+    config = _check(full, checker)
     problems += checker.problems
-    if problems:
+    if problems or config is None:
         raise ConfigError(list(dict.fromkeys(problems)))
-    config = Config(**full)
-    object.__setattr__(config, "_health_spec", health_spec)  # parsed once, by _check
     notes = list(dict.fromkeys(notes + checker.notes))
     object.__setattr__(config, "_provenance", _provenance(label, tree, winners, written, notes))
     return config

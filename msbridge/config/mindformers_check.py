@@ -26,10 +26,17 @@ from typing import Any, List, Mapping, Tuple
 from ..errors import did_you_mean
 from ..sinks.registry import builtin_names
 from .dialects import HANDLERS
-from .fields import FIELDS
 from .keys import Note
-from .mindformers_rules import PIPELINE_CELL, RING_KEYS, TRAINER_ARGS, cell_arguments, format_values, \
-    monitor_keys, wrapper_reset
+from .mindformers_rules import (
+    PIPELINE_CELL,
+    RING_KEYS,
+    TRAINER_ARGS,
+    cell_arguments,
+    format_values,
+    monitor_keys,
+    wrapper_reset,
+)
+from .settings import FIELD_NAMES
 from .yaml_lines import Origin, Path, Tree
 
 RING_NAME = "MSBridgeRing"
@@ -95,7 +102,7 @@ def _monitor_config(monitor: Mapping[str, Any], where: _Where, notes: List[Note]
     """Problems for what mindformers refuses; notes for the keys left to it. Returns the keys msbridge then
     leaves out (refused ones too: each is said once)."""
     accepted, formats, version = monitor_keys(), format_values(), _version()
-    known = set(FIELDS) | set(HANDLERS)
+    known = set(FIELD_NAMES) | set(HANDLERS)
     gone = []
     for key, value in monitor.items():
         at = f"{where('monitor_config', key)}: monitor_config.{key}"

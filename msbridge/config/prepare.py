@@ -19,10 +19,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ..limits import huge_int_problem, int_digits, is_huge_int
 from .compose import compose
 from .keys import Note, section_of
 from .mindformers_entry import ENTRY_NAME, entry_sections, find_entry, graft, on_top
-from ..limits import huge_int_problem, int_digits, is_huge_int
 from .yaml_lines import Origin, Path, Tree, format_path
 
 Source = Union[str, "os.PathLike[str]", Mapping[str, Any], None]

@@ -17,21 +17,16 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, did_you_mean
-from ..options import Option
+from ..options import Option, declare, declared_options, expected
 from .detectors import DETECTORS
 from .detectors.base import ACTIONS, PROFILES, SKIP, STOP_ACTIONS
 
 #: Keys every check section has besides the detector's own options.
 CHECK, ACTION = "check", "action"
-
-
-def _setting(kind: type, default: Any, doc: str, **allowed: Any) -> Any:
-    """A ``HealthSpec`` field that declares itself as an ``Option``."""
-    return field(default=default, metadata={"option": Option(kind, default, doc, **allowed)})
 
 
 @dataclass(frozen=True)
@@ -47,19 +42,19 @@ class HealthSpec:
         True
     """
 
-    profile: str = _setting(str, "production", "sets each check's default action", choices=PROFILES)
-    warmup_steps: int = _setting(int, 100, "no check fires at or before this step; baselines still fill", low=0)
-    dump_on_anomaly: bool = _setting(bool, True, "write a dump directory for every action other than log")
-    dump_dir: Optional[str] = _setting(str, None, "where dumps go (default {run_dir}/dumps)")
-    dump_quota_mb: float = _setting(float, 512.0, "most the whole dump dir may hold", low=0)
-    dump_min_free_mb: float = _setting(float, 1024.0, "free disk that must remain after a dump or checkpoint",
-                                       low=0)
-    dump_every_steps: int = _setting(int, 100, "at most one dump per check per this many steps", low=1)
-    dump_window: int = _setting(int, 100, "recent records saved in each dump's window.jsonl", low=1)
-    dump_batch: bool = _setting(bool, False, "also save the step's input batch as batch.npz")
-    checkpoint_dir: Optional[str] = _setting(str, None, "where checkpoint_and_stop saves (default "
-                                                        "{run_dir}/checkpoints)")
-    snapshot_every: int = _setting(int, 1, "steps between host snapshots of healthy weights", low=1)
+    profile: str = declare(str, "production", "sets each check's default action", choices=PROFILES)
+    warmup_steps: int = declare(int, 100, "no check fires at or before this step; baselines still fill", low=0)
+    dump_on_anomaly: bool = declare(bool, True, "write a dump directory for every action other than log")
+    dump_dir: Optional[str] = declare(str, None, "where dumps go (default {run_dir}/dumps)")
+    dump_quota_mb: float = declare(float, 512.0, "most the whole dump dir may hold", low=0)
+    dump_min_free_mb: float = declare(float, 1024.0, "free disk that must remain after a dump or checkpoint",
+                                      low=0)
+    dump_every_steps: int = declare(int, 100, "at most one dump per check per this many steps", low=1)
+    dump_window: int = declare(int, 100, "recent records saved in each dump's window.jsonl", low=1)
+    dump_batch: bool = declare(bool, False, "also save the step's input batch as batch.npz")
+    checkpoint_dir: Optional[str] = declare(str, None, "where checkpoint_and_stop saves (default "
+                                                       "{run_dir}/checkpoints)")
+    snapshot_every: int = declare(int, 1, "steps between host snapshots of healthy weights", low=1)
     checks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod
@@ -94,7 +89,7 @@ class HealthSpec:
 
 
 #: The top-level options, as declared on ``HealthSpec``'s fields.
-SETTINGS: Dict[str, Option] = {f.name: f.metadata["option"] for f in fields(HealthSpec) if "option" in f.metadata}
+SETTINGS: Dict[str, Option] = declared_options(HealthSpec)
 
 Problem = Tuple[Tuple[str, ...], str]  # (config path such as ("health", "plateau", "patience"), message)
 
@@ -110,7 +105,7 @@ def resolve_health(section: Any) -> Tuple[Optional[HealthSpec], List[Problem]]:
     if section is None:
         section = {}
     if not isinstance(section, Mapping):
-        return None, [(("health",), f"expected a mapping, got {section!r}")]
+        return None, [(("health",), expected("a mapping", section))]
     top = {k: v for k, v in section.items() if k not in DETECTORS}
     problems = _top_problems(top)
     profile = top.get("profile", SETTINGS["profile"].default)
@@ -133,7 +128,7 @@ def _top_problems(top: Mapping[str, Any]) -> List[Problem]:
     for key, value in top.items():
         option = SETTINGS.get(key)
         problem = (f"unknown key{did_you_mean(key, list(SETTINGS) + list(DETECTORS))}" if option is None
-                   else option.problem(value))
+                   else option.check(value))
         if problem:
             problems.append((("health", key), problem))
     return problems
@@ -144,20 +139,20 @@ def _resolve_check(name: str, given: Any, profile: str) -> Tuple[Optional[Dict[s
     if isinstance(given, bool):  # ``plateau: false`` is short for ``plateau: {check: false}``
         given = {CHECK: given}
     if not isinstance(given, Mapping):
-        return None, [(("health", name), f"expected a mapping of options or true/false, got {given!r}")]
+        return None, [(("health", name), expected("a mapping of options or true/false", given))]
     detector = DETECTORS[name]
     declared = detector.options
     action = detector.default_action[profile if profile in PROFILES else SETTINGS["profile"].default]
     problems: List[Problem] = []
     for key, value in given.items():
         if key == CHECK:
-            problem = None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+            problem = None if isinstance(value, bool) else expected("true or false", value)
         elif key == ACTION:
             problem = _action_problem(name, value)
         elif key not in declared:
             problem = f"unknown option{did_you_mean(key, list(declared) + [CHECK, ACTION])}"
         else:
-            problem = declared[key].problem(value)
+            problem = declared[key].check(value)
         if problem:
             problems.append((("health", name, key), problem))
     options = {**{k: o.default for k, o in declared.items()}, CHECK: True, ACTION: action, **given}
@@ -166,7 +161,7 @@ def _resolve_check(name: str, given: Any, profile: str) -> Tuple[Optional[Dict[s
 
 def _action_problem(check: str, value: Any) -> Optional[str]:
     if value not in ACTIONS:
-        return f"must be one of {', '.join(ACTIONS)}, got {value!r}{did_you_mean(str(value), ACTIONS)}"
+        return expected(f"one of {', '.join(ACTIONS)}", value) + did_you_mean(str(value), ACTIONS)
     if value == SKIP and not DETECTORS[check].in_graph_skip:
         skippable = ", ".join(n for n, d in DETECTORS.items() if d.in_graph_skip)
         return (f"skip is only for {skippable} (msbridge.TrainStep(skip_nonfinite=True) drops a non-finite "

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..capture.collective import DEFAULT_TIMEOUT_S, Watchdog, all_gather, communication_ready, gather_op
 from ..capture.window import Window
-from ..config.fields import straggler_settings
+from ..config.value_checks import straggler_settings
 from ..errors import ConfigError
 from ..health.runner import Stop, Verdict
 from ..names import DATA_WAIT, GLOBAL_LOSS, LOSS, LOSS_SPREAD, OUTLIER_RANK, OWN_STEP_TIME, rank_loss

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from ..config.fields import straggler_settings
+from ..config.value_checks import straggler_settings
 from ..metrics.rank_timing import median_of_others
 from ..names import GRAD_NORM, LOSS, OVERFLOW, OWN_STEP_TIME
 from ..sinks.runlog import RunLog

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..config.directories import writable_problem
 from ..config.load import Config
 from ..errors import ConfigError
 from ..masking import mask_secrets
@@ -39,16 +39,6 @@ from .rank_sync import agree_timestamp
 from .ranks import Ranks, claim_rank_file, detect_ranks
 
 log = logging.getLogger("msbridge")
-
-
-def check_writable(path: str, what: str = "output_dir") -> None:
-    """Create ``path`` and prove a file can be written there, or raise ConfigError naming it."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".msbridge-probe-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot write to {path!r}: {exc.strerror or exc}") from None
 
 
 def check_same_run(run_dir: str, run_name: str) -> None:
@@ -147,7 +137,10 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
                                            config.experiment)
     run_dir = render_output_dir(config.output_dir, config.experiment, run_name, ranks.rank, stamp, experiment_dir)
     check_same_run(run_dir, run_name)
-    check_writable(run_dir)
+    problem = writable_problem(run_dir)
+    if problem:
+        raise ConfigError(f"output_dir: {problem}")
+    os.makedirs(run_dir, exist_ok=True)
     claim_rank_file(run_dir, ranks.rank)
     sinks = build_sinks(config, ranks, experiment_dir) + list(extra_sinks)
     if config.alert_spec.enabled:  # a sink, so it hears every event; last, so it reads the others' undelivered

@@ -55,8 +55,8 @@ def test_check_invalid_exits_1_listing_every_problem(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "run.yaml: 4 problems:"
     assert lines[1] == "  run.yaml:2: monitor_config.intreval: unknown key; did you mean 'interval'?"
-    assert lines[2] == "  run.yaml:3: monitor_config.flush_steps: expected an integer >= 1, got 0"
-    assert lines[3] == "  --set: monitor_config.print_interval: expected an integer >= 1, got 'x'"
+    assert lines[2] == "  run.yaml:3: monitor_config.flush_steps: expected an integer >= 1 and <= 10_000_000, got 0"
+    assert lines[3] == "  --set: monitor_config.print_interval: expected an integer >= 1 and <= 10_000_000, got 'x'"
     assert lines[4].startswith("  run.yaml:4: monitor_config.sinks[0]: unknown sink 'mlfow'; did you mean 'mlflow'?")
 
 
@@ -92,7 +92,7 @@ def test_show_seed002_points_into_the_base_file(tmp_path, capsys, persistent):
 def test_show_invalid_exits_1(tmp_path, capsys):
     name = write(tmp_path, "flush_steps: 0\n")
     assert main(["config", "show", name]) == 1
-    assert "run.yaml:1: flush_steps: expected an integer >= 1, got 0" in capsys.readouterr().out
+    assert "run.yaml:1: flush_steps: expected an integer >= 1 and <= 10_000_000, got 0" in capsys.readouterr().out
 
 
 def test_console_script_runs_check(tmp_path, persistent):
@@ -100,7 +100,8 @@ def test_console_script_runs_check(tmp_path, persistent):
     env = dict(os.environ, GLOG_v="3")
     out = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "config", "check", name], cwd=tmp_path,
                          capture_output=True, text=True, env=env)
-    assert out.returncode == 1 and "run.yaml:1: flush_steps: expected an integer >= 1, got 0" in out.stdout
+    assert out.returncode == 1
+    assert "run.yaml:1: flush_steps: expected an integer >= 1 and <= 10_000_000, got 0" in out.stdout
 
 
 def test_check_reads_a_mindformers_run_yaml_through_its_msbridge_entry(tmp_path, capsys, persistent):
@@ -138,4 +139,4 @@ def test_check_points_bad_internals_settings_at_their_lines(tmp_path, capsys):
                                "missing ), unterminated subpattern")
     assert lines[2] == "  run.yaml:3: msbridge.layer_norms_group: 'layers\\\\.\\\\d+' must have exactly one " \
                        "capturing group, the layer's name (it has 0)"
-    assert lines[3] == "  run.yaml:4: msbridge.system: interval_s: expected a number > 0, got 0"
+    assert lines[3] == "  run.yaml:4: msbridge.system.interval_s: expected a number > 0 and <= 10_000_000, got 0"

@@ -77,7 +77,7 @@ def test_missing_base_and_bad_base_value_are_reported_together(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(str(run))
     assert err.value.problems[0].startswith("run.yaml:1: base: cannot find 'nope.yaml'")
-    assert err.value.problems[1] == "run.yaml:2: flush_steps: expected an integer >= 1, got 0"
+    assert err.value.problems[1] == "run.yaml:2: flush_steps: expected an integer >= 1 and <= 10_000_000, got 0"
     run = write(tmp_path / "run2.yaml", "base_config: 5\n")
     with pytest.raises(ConfigError, match=r"run2.yaml:1: base_config: expected a file path or a list"):
         load_config(str(run))

@@ -15,8 +15,7 @@ import pytest
 
 import msbridge.config.load as config_module
 from msbridge.config.dialects import HANDLERS, SUMMARY_KEYS
-from msbridge.config.fields import FIELDS
-from msbridge.config.load import ConfigError, load_config
+from msbridge.config.load import FIELD_NAMES, ConfigError, load_config
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
 SEED002 = os.path.join(DATA, "seed002", "configs", "llama2")
@@ -249,7 +248,7 @@ def test_every_key_of_mindformers_monitor_config_is_understood():
     keys = [t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.targets
             if isinstance(t, ast.Name) and not t.id.startswith("_")]
     assert len(keys) > 15
-    assert [k for k in keys if k not in HANDLERS and k not in FIELDS] == []
+    assert [k for k in keys if k not in HANDLERS and k not in FIELD_NAMES] == []
 
 
 def test_format_values_are_checked_with_a_suggestion(tmp_path):

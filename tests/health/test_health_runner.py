@@ -74,7 +74,7 @@ def test_a_registered_detector_is_validated_from_its_own_declarations(registered
         "health.loss_above.action: skip is only for nonfinite (msbridge.TrainStep(skip_nonfinite=True) drops a "
         "non-finite update inside the graph); use log, dump, stop or checkpoint_and_stop",
     ]
-    assert "health.loss_above.limit: must be > 0, got 0" in pytest.raises(
+    assert "health.loss_above.limit: expected a number > 0, got 0" in pytest.raises(
         ConfigError, HealthSpec.parse, {"loss_above": {"limit": 0}}).value.problems
 
 

@@ -33,17 +33,17 @@ def test_every_problem_is_reported_at_once_with_the_nearest_key():
     assert "health.plateau.patiense: unknown option; did you mean 'patience'?" in problems
     assert any(p.startswith("health.plateau.action: skip is only for nonfinite") for p in problems)
     assert any(p.startswith("health.grad_norm_spike.action:") and "did you mean 'dump'" in p for p in problems)
-    assert "health.grad_norm_spike.factor: must be > 1, got 0.5" in problems
-    assert "health.throughput_drop.factor: must be < 1, got 1.5" in problems
-    assert "health.dump_quota_mb: must be >= 0, got -1" in problems
+    assert "health.grad_norm_spike.factor: expected a number > 1, got 0.5" in problems
+    assert "health.throughput_drop.factor: expected a number > 0 and < 1, got 1.5" in problems
+    assert "health.dump_quota_mb: expected a number >= 0, got -1" in problems
     assert any(p.startswith("health.loss_spike: expected a mapping") for p in problems)
     assert len(problems) == 8
 
 
 def test_problems_come_with_their_config_path_for_file_and_line():
     assert health_problems({"plateau": {"patience": 0}, "warmup_steps": "10"}) == [
-        (("health", "warmup_steps"), "expected an int, got '10'"),
-        (("health", "plateau", "patience"), "must be >= 1, got 0"),
+        (("health", "warmup_steps"), "expected an integer >= 0, got '10'"),
+        (("health", "plateau", "patience"), "expected an integer >= 1, got 0"),
     ]
     assert health_problems({"profile": "debug"}) == [] and health_problems(None) == []
     assert health_problems([1]) == [(("health",), "expected a mapping, got [1]")]
@@ -52,13 +52,13 @@ def test_problems_come_with_their_config_path_for_file_and_line():
 def test_types_choices_and_null_come_from_the_declarations():
     assert health_problems({"profile": "debugg", "dump_dir": None, "dump_batch": 1,
                             "grad_norm_spike": {"threshold": None, "window": 2.5, "count": True}}) == [
-        (("health", "profile"), "must be one of debug, production, got 'debugg'; did you mean 'debug'?"),
+        (("health", "profile"), "expected one of debug, production, got 'debugg'; did you mean 'debug'?"),
         (("health", "dump_batch"), "expected true or false, got 1"),
-        (("health", "grad_norm_spike", "window"), "expected an int, got 2.5"),
-        (("health", "grad_norm_spike", "count"), "expected an int, got True"),
+        (("health", "grad_norm_spike", "window"), "expected an integer >= 1, got 2.5"),
+        (("health", "grad_norm_spike", "count"), "expected an integer >= 0, got True"),
     ]
     assert health_problems({"dump_dir": 3, "plateau": {"check": "no"}}) == [
-        (("health", "dump_dir"), "expected a string or null, got 3"),
+        (("health", "dump_dir"), "expected null or a non-empty string, got 3 (quote it: '3')"),
         (("health", "plateau", "check"), "expected true or false, got 'no'"),
     ]
 
@@ -68,18 +68,18 @@ def test_checks_declare_options_with_the_sinks_option_type_and_rule():
     declared = list(SETTINGS.values()) + [o for d in DETECTORS.values() for o in d.options.values()]
     assert Option is SinkOption and all(type(o) is SinkOption for o in declared)
     assert health_problems({"dump_dir": "", "checkpoint_dir": "/ckpt"}) == [
-        (("health", "dump_dir"), "expected a non-empty string or null, got ''")]
+        (("health", "dump_dir"), "expected null or a non-empty string, got ''")]
 
 
 def test_every_declaration_is_complete_and_its_default_is_valid():
     for option in SETTINGS.values():
-        assert option.doc and option.problem(option.default) is None
+        assert option.doc and option.check(option.default) is None
     for name, detector in DETECTORS.items():
         assert detector.name == name and set(detector.default_action) == set(PROFILES)
         assert set(detector.default_action.values()) <= set(ACTIONS)
         for key, option in detector.options.items():
             assert isinstance(option, Option) and option.doc, f"{name}.{key}"
-            assert option.problem(option.default) is None, f"{name}.{key}"
+            assert option.check(option.default) is None, f"{name}.{key}"
     spec = HealthSpec.parse({})
     assert list(spec.checks) == list(DETECTORS)
     assert spec.options("plateau") == {"patience": 500, "min_delta": 1e-3, "ema_decay": 0.98}
@@ -113,17 +113,15 @@ def test_the_loaded_config_carries_the_spec_parsed_once(tmp_path, monkeypatch):
     from msbridge.health import spec as spec_module
 
     calls = []
-    resolve = spec_module.resolve_health
-    monkeypatch.setattr(spec_module, "resolve_health", lambda section: calls.append(section) or resolve(section))
-    monkeypatch.setattr("msbridge.config.load.resolve_health", spec_module.resolve_health)
+    top = spec_module._top_problems  # called once per parse of a health section
+    monkeypatch.setattr(spec_module, "_top_problems", lambda section: calls.append(section) or top(section))
     cfg = load_config({"health": {"profile": "debug"}})
     assert len(calls) == 1
     assert cfg.health_spec is cfg.health_spec and cfg.health_spec.action("nonfinite") == "stop"
     assert len(calls) == 1, "the callback's health_spec is the one parsed at load"
 
-    direct = Config(health={"plateau": {"patience": 0}})  # built directly: parsed (and refused) on first use
-    with pytest.raises(ConfigError, match=r"health\.plateau\.patience: must be >= 1, got 0"):
-        direct.health_spec
+    with pytest.raises(ConfigError, match=r"health\.plateau\.patience: expected an integer >= 1, got 0"):
+        Config(health={"plateau": {"patience": 0}})  # built directly: parsed, and refused, as it is built
 
 
 def test_a_bad_health_key_names_file_line_and_the_nearest_key(tmp_path):

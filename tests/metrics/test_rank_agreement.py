@@ -161,7 +161,7 @@ def test_straggler_setting_defaults_merges_and_names_bad_keys():
     with pytest.raises(ConfigError) as err:
         load_config({"straggler": {"margn": 0.2, "windows": 0}})
     assert err.value.problems == ["<dict>: straggler.margn: unknown key; did you mean 'margin'?",
-                                  "<dict>: straggler.windows: expected an integer >= 1, got 0"]
+                                  "<dict>: straggler.windows: expected an integer >= 1 and <= 10_000_000, got 0"]
 
 
 def test_per_rank_curves_setting_auto_none_or_ranks():

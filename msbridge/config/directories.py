@@ -1,9 +1,10 @@
-"""Directory checks made when a config is loaded, before any training step.
+"""Directory checks made before any training step: when a config is loaded, and when a run is planned.
 
 An output directory is usually a template (``./runs/{experiment}/{run_name}``);
 what can be checked before the run starts is its longest placeholder-free
 prefix. ``writable_problem`` proves that prefix can be created and written,
-without leaving anything behind. ``volatile_reason`` says when a
+without leaving anything behind: the one write check, which the loader runs
+on the template's prefix and ``run.plan`` on the run dir once it is named. ``volatile_reason`` says when a
 directory is under ``/tmp`` or on a tmpfs/ramfs mount, where it may be wiped.
 
 Example:

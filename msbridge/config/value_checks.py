@@ -1,0 +1,158 @@
+"""The checks of settings whose type alone does not say what is valid: regexes, rank lists, and the
+settings that hold keys of their own (``sinks``, ``straggler``, ``system``, ``alerts``, ``health``).
+
+Each is named by one declaration in ``settings.Config``: a ``valid`` check of its ``Option`` (returning
+the problem, or ``""`` to have the value worded as the Option's ``what``), or a ``problems`` check that
+reports each bad key at its own path. Nothing here lists the settings.
+
+Example:
+    >>> straggler_problems({"margin": 0, "windos": 3})[0]
+    (('straggler', 'margin'), 'expected a number > 0 and <= 100, got 0')
+    >>> straggler_problems({"windos": 3})
+    [(('straggler', 'windos'), "unknown key; did you mean 'windows'?")]
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..errors import ConfigError, did_you_mean
+from ..limits import compile_user_regex
+from ..options import Option, check_options
+from .yaml_lines import Path
+
+Problems = List[Tuple[Path, str]]
+
+# Upper bounds: far above any real run, low enough that a typo (1e36, an extra zero or ten) is caught.
+MAX_STEPS = 10_000_000  # step_interval, flush_steps, print_interval, histogram_interval, straggler.windows
+MAX_ROWS = 100_000_000  # buffer_size, seq_length
+MAX_SECONDS = 10_000_000.0  # flush_seconds, collective_timeout_s, system.interval_s (~116 days)
+MAX_RANKS = 10_000_000
+
+#: What a valid rank list is (``reduce_ranks``, ``per_rank_curves``).
+RANKS = f"a non-empty list of ranks (integers from 0 to {MAX_RANKS - 1:_})"
+#: ``system: true`` samples npu-smi this often (seconds).
+SYSTEM_INTERVAL_S = 10.0
+
+SYSTEM_OPTIONS: Dict[str, Option] = {
+    "interval_s": Option(float, SYSTEM_INTERVAL_S, "seconds between two npu-smi samples", low=0, low_open=True,
+                         high=MAX_SECONDS, high_open=False),
+}
+STRAGGLER_OPTIONS: Dict[str, Option] = {
+    "margin": Option(float, 0.15, "how far (a fraction) above the other ranks' median step time", low=0,
+                     low_open=True, high=100, high_open=False),
+    "windows": Option(int, 3, "in this many consecutive flush windows", low=1, high=MAX_STEPS, high_open=False),
+}
+#: ``straggler:`` keys and their defaults.
+STRAGGLER_DEFAULTS: Dict[str, Any] = {key: option.default for key, option in STRAGGLER_OPTIONS.items()}
+
+
+def regex_problem(value: str) -> Optional[str]:
+    """Why ``value`` is not a regex msbridge compiles (``msbridge.limits.compile_user_regex``), or None."""
+    try:
+        compile_user_regex(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def group_regex_problem(value: str) -> Optional[str]:
+    """``regex_problem``, and the regex must have exactly one capturing group (the layer's name)."""
+    problem = regex_problem(value)
+    if problem:
+        return problem
+    groups = compile_user_regex(value).groups
+    if groups != 1:
+        return f"{value!r} must have exactly one capturing group, the layer's name (it has {groups})"
+    return None
+
+
+def ranks_problem(value: Any) -> Optional[str]:
+    """``""`` unless ``value`` is a non-empty list of ranks."""
+    ok = value and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_RANKS for r in value)
+    return None if ok else ""
+
+
+def curves_problem(value: Any) -> Optional[str]:
+    """``""`` unless ``value`` is ``auto``, ``none`` or a list of ranks."""
+    if isinstance(value, str):
+        return None if value in ("auto", "none") else ""
+    return ranks_problem(value)
+
+
+def tags_problem(value: Mapping[str, Any]) -> Optional[str]:
+    """Tag values must be strings or numbers (they become strings)."""
+    bad = [k for k, v in value.items() if isinstance(v, (Mapping, list, tuple)) or v is None]
+    return f"tag values must be strings or numbers; {', '.join(map(str, bad))} are not" if bad else None
+
+
+def keyed_problems(name: str, declared: Mapping[str, Option], value: Mapping[str, Any]) -> Problems:
+    """A mapping's keys against their ``Option``s, each problem at ``(name, key)``."""
+    problems: Problems = []
+    for key, given in value.items():
+        option = declared.get(key)
+        message = option.check(given) if option else f"unknown key{did_you_mean(str(key), list(declared))}"
+        if message:
+            problems.append(((name, key), message))
+    return problems
+
+
+def system_problems(value: Any) -> Problems:
+    """``system: {interval_s: ...}``: its keys (true, false and null hold none)."""
+    return keyed_problems("system", SYSTEM_OPTIONS, value) if isinstance(value, Mapping) else []
+
+
+def straggler_problems(value: Mapping[str, Any]) -> Problems:
+    """``straggler: {margin, windows}``: its keys."""
+    return keyed_problems("straggler", STRAGGLER_OPTIONS, value)
+
+
+def straggler_settings(value: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ``straggler`` mapping with every default filled in.
+
+    Example:
+        >>> straggler_settings({"windows": 5})
+        {'margin': 0.15, 'windows': 5}
+    """
+    return {**STRAGGLER_DEFAULTS, **value}
+
+
+def normalise_sinks(sinks: Any) -> Dict[str, Any]:
+    """A list / single name / mapping of sinks as ``{name: options}``, jsonl always included.
+
+    Example:
+        >>> normalise_sinks(["tensorboard"])
+        {'tensorboard': {}, 'jsonl': {}}
+    """
+    if sinks is None:
+        sinks = {}
+    if isinstance(sinks, str):
+        sinks = [sinks]
+    if isinstance(sinks, Mapping):
+        out = {str(k): (dict(v) if isinstance(v, Mapping) else ({} if v is None else v)) for k, v in sinks.items()}
+    else:
+        out = {str(name): {} for name in sinks}
+    # jsonl is the write-ahead log every other sink can be rebuilt from: always on.
+    out.setdefault("jsonl", {})
+    return out
+
+
+def sink_problems(value: Any) -> Problems:
+    """Names against the registry, each sink's options against the sink's own declaration."""
+    from ..sinks.registry import available, check_available, sink_class
+
+    problems: Problems = []
+    for name, options in normalise_sinks(value).items():
+        try:
+            check_available(name)
+        except ConfigError:
+            problems.append((("sinks", name), f"unknown sink {name!r}{did_you_mean(name, available())} "
+                                              f"(registered sinks: {', '.join(available())})"))
+            continue
+        except ImportError as exc:
+            problems.append((("sinks", name), str(exc)))
+        if not isinstance(options, Mapping):
+            problems.append((("sinks", name), f"sink options must be a mapping, got {options!r}"))
+            continue
+        problems.extend((("sinks", name, key), message)
+                        for key, message in check_options(sink_class(name).options, options))
+    return problems
