@@ -84,7 +84,7 @@ SKIP: Dict[str, str] = {
     "msbridge.cli.view.mlflow_pages": SERVER,
     "msbridge.cli.viewers": STARTS_PROCESS,
     "msbridge.config.compose": YAML_FILE,
-    "msbridge.config.load.Provenance": YAML_FILE,
+    "msbridge.config.keys.Provenance": YAML_FILE,
     "msbridge.config.load.load_config": YAML_FILE,
     "msbridge.config.mindformers_check": LIVE_RUN,
     "msbridge.config.mindformers_entry": LIVE_RUN,
