@@ -1,9 +1,8 @@
 """The errors msbridge raises on purpose; each one says how to fix it."""
 from __future__ import annotations
 
-import difflib
 import re
-from typing import Iterable, List, Sequence
+from typing import Iterable, List
 
 _OS_ERROR = re.compile(r"\[Errno -?\d+\] [^\"'()\[\]]+")
 
@@ -47,17 +46,6 @@ class MissingDependencyError(MsbridgeError, ImportError):
         fix = f"pip install 'msbridge[{extra}]'" if extra else f"pip install {module}"
         super().__init__(f"{needed_by} needs the Python package {module!r}, which is not installed; fix: {fix}")
         self.fix = fix
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest choice, or ``""``.
-
-    Example:
-        >>> did_you_mean("intreval", ["interval", "flush_steps"])
-        "; did you mean 'interval'?"
-    """
-    match = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 def exception_text(exc: BaseException, limit: int = 300) -> str:

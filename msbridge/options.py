@@ -12,6 +12,7 @@ bool); ``str``, a non-empty string; or any other class, or tuple of classes (a l
 whose valid values ``what`` names. ``None`` is allowed exactly when the default is ``None``.
 
 A dataclass declares its settings as fields with ``declare``; ``declared_options`` reads them back.
+``did_you_mean`` gives the nearest valid name, for every unknown key and option.
 
 Example:
     >>> OPTIONS = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at")}
@@ -23,11 +24,10 @@ Example:
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
-
-from .errors import did_you_mean
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: What a valid value of each plain type is.
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
@@ -49,6 +49,17 @@ def expected(kind: str, value: Any) -> str:
 def _bound(number: float) -> str:
     """A bound as people read it: ``0.15``, ``3600``, ``10_000_000``."""
     return f"{int(number):_}" if float(number).is_integer() and abs(number) >= 10_000 else f"{number:g}"
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or ``""``.
+
+    Example:
+        >>> did_you_mean("intreval", ["interval", "flush_steps"])
+        "; did you mean 'interval'?"
+    """
+    match = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
 
 
 @dataclass(frozen=True)

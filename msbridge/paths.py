@@ -34,8 +34,9 @@ import time
 import unicodedata
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError
 from .masking import is_secret_key, mask_text
+from .options import did_you_mean
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 _SAFE_ASCII = re.compile(r"[A-Za-z0-9._+=@,-]")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError, did_you_mean
-from ..options import Option, check_options
+from ..errors import ConfigError
+from ..options import Option, check_options, did_you_mean
 
 Path = Tuple[Any, ...]
 

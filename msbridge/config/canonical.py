@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..errors import did_you_mean
+from ..options import did_you_mean
 from .dialects import HANDLERS, VOCABULARY
 from .keys import TRAINING_SECTIONS, Assignment, Key, Mapped, Note, is_training_yaml, section_of
 from .mindformers_entry import find_seq_length

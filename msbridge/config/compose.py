@@ -24,7 +24,7 @@ import copy
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..errors import did_you_mean
+from ..options import did_you_mean
 from .dialects import VOCABULARY
 from .keys import Note, is_training_yaml, section_of
 from .settings import plain

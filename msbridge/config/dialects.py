@@ -33,8 +33,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..errors import did_you_mean
-from ..options import expected
+from ..options import did_you_mean, expected
 from ..sinks.registry import builtin_names
 from .keys import Key, show
 from .settings import FIELD_NAMES

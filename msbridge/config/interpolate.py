@@ -20,8 +20,8 @@ import copy
 import re
 from typing import Any, Dict, List, Mapping, Set, Tuple
 
-from ..errors import did_you_mean
 from ..masking import is_secret_key, mask_text
+from ..options import did_you_mean
 from .yaml_lines import MAX_FILE_BYTES, MAX_VALUES, Path, Tree, format_path
 
 _REF = re.compile(r"(\$?)\$\{([^${}]*)\}")

@@ -23,7 +23,7 @@ import logging
 from importlib import metadata
 from typing import Any, List, Mapping, Tuple
 
-from ..errors import did_you_mean
+from ..options import did_you_mean
 from ..sinks.registry import builtin_names
 from .dialects import HANDLERS
 from .keys import Note

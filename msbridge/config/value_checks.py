@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError
 from ..limits import compile_user_regex
-from ..options import Option, check_options
+from ..options import Option, check_options, did_you_mean
 from .yaml_lines import Path
 
 Problems = List[Tuple[Path, str]]

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError, did_you_mean
-from ..options import Option, declare, declared_options, expected
+from ..errors import ConfigError
+from ..options import Option, declare, declared_options, did_you_mean, expected
 from .detectors import DETECTORS
 from .detectors.base import ACTIONS, PROFILES, SKIP, STOP_ACTIONS
 
