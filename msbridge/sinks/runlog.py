@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import MsbridgeError
-from .base import SCHEMA_VERSION, Event, Record, RunInfo, json_safe
+from .base import SCHEMA_VERSION, Event, Record, RunInfo, Series, events_series, json_safe
 
 _logger = logging.getLogger("msbridge")
 
@@ -102,6 +102,10 @@ class RankLog:
         for r in self.records:
             names.update(dict.fromkeys(r.values))
         return list(names)
+
+    def event_series(self) -> Series:
+        """The events as ``Sink.read_back`` gives them back: ``events/<kind>``, the count at each step."""
+        return events_series((ev.kind, ev.step) for ev in self.events)
 
 
 @dataclass

@@ -14,13 +14,13 @@ from helpers.runs import make_records, make_run
 from mindinsight_server import require_mindinsight, serve
 from mindspore.train.lineage_pb2 import LineageEvent
 from mindspore.train.summary_pb2 import Event as SummaryEvent
-from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
-from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.mindinsight_sink import MindInsightSink, mindinsight_tag
 from training import train_regression
 from wire_cases import SCALAR_EVENTS
 
 from msbridge import BridgeMonitor
+from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
+from msbridge.adapters.jsonl_sink import JsonlSink
+from msbridge.adapters.mindinsight_sink import MindInsightSink, mindinsight_tag
 from msbridge.names import HEADLINE
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event
 from msbridge.sinks.registry import resolve

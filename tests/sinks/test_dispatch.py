@@ -172,8 +172,8 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
         def emit(self, records, events):
             raise ConnectionError("down")
 
-        def close(self, status="FINISHED"):
-            self.undelivered = "2 records not delivered"
+        def undelivered(self):
+            return "2 records not delivered"
 
     journal = []
     d = Dispatcher([Flaky(), Recording("ok", journal)], RUN)
