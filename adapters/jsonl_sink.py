@@ -278,7 +278,7 @@ class JsonlSink(Sink):
 
     def _raise_gap(self) -> None:
         """The gap is final (in the file, or the file is closing without it): every other sink hears of it,
-        and the run's outcome (``undelivered``: what the log lost in all)."""
+        and the run's outcome (``undelivered()``: what the log lost in all)."""
         if self._gap is not None:
             self._raised.append(self._gap_event())
             lost, gap = self._lost, self._gap
@@ -287,6 +287,6 @@ class JsonlSink(Sink):
             for key in ("records", "events"):
                 lost[key] = lost.get(key, 0) + gap[key]
             self._lost_text = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
-                                f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
-                                f"({self._reason or 'write failed'}); the other sinks received them")
+                               f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
+                               f"({self._reason or 'write failed'}); the other sinks received them")
             self._gap = None

@@ -128,7 +128,7 @@ class MindInsightSink(WritesUntilFailed, Sink):
     ranks = "all"
     default_store = ("summary_base_dir", "{experiment_dir}/summary")
     options = {"summary_base_dir": Option(str, None, "the directory to start MindInsight on; "
-                                                     "default {experiment_dir}/summary, beside the run dirs")}
+                                                     f"default {default_store[1]}, beside the run dirs")}
     requires = ("mindspore",)  # MindSpore's summary writer; MindInsight itself runs elsewhere
 
     def __init__(self, **options: Any) -> None:

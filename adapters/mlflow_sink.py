@@ -101,7 +101,7 @@ class MlflowSink(Sink):
     ranks = "global"
     default_store = ("tracking_uri", "sqlite:///{experiment_dir}/mlflow.db")
     options = {
-        "tracking_uri": Option(str, None, "MLflow tracking URI; default sqlite:///{experiment_dir}/mlflow.db",
+        "tracking_uri": Option(str, None, f"MLflow tracking URI; default {default_store[1]}",
                                valid=tracking_uri_problem),
         "experiment": Option(str, None, "MLflow experiment name; default the msbridge experiment"),
         "run_name": Option(str, None, "MLflow run name; default the msbridge run name"),

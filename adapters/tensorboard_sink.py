@@ -163,7 +163,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
     ranks = "all"
     default_store = ("logdir", "{experiment_dir}/tensorboard")
     options = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at; "
-                                           "default {experiment_dir}/tensorboard, beside the run dirs")}
+                                           f"default {default_store[1]}, beside the run dirs")}
     extra = "tensorboard"
     requires = ("tensorboardX",)
 

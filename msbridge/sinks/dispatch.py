@@ -206,10 +206,10 @@ class Dispatcher:
     def _run(self, sink: Sink, method: str, *args: object) -> bool:
         """Call ``method``, then hand the events it returned (what the sink raised itself) to every other sink.
         Runs on the sink's thread."""
-        ok, raised = self._call(sink, method, *args)
+        ok, returned = self._call(sink, method, *args)
+        raised = [ev for ev in returned if isinstance(ev, Event)] if isinstance(returned, (list, tuple)) else []
         if not raised:
             return ok
-        raised = list(raised)
         with self._lock:
             self.raised.extend(raised)
         if sink is not self.wal and self.wal is not None and not self._closed:

@@ -83,9 +83,7 @@ def sink_class(name: str) -> Type[Sink]:
     plugin = _entry_points().get(name)
     if plugin is None:
         raise ConfigError(f"unknown sink {name!r}; registered sinks: {', '.join(available())}")
-    cls = plugin.load()
-    _REGISTERED.setdefault(name, cls)
-    return cls
+    return plugin.load()
 
 
 def check_available(name: str) -> None:

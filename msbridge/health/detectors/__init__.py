@@ -34,15 +34,10 @@ def _load_plugins() -> None:
     """Register each ``msbridge.health`` entry point; one that fails to load is said once and left out."""
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         try:
-            cls = point.load()
-            if not (isinstance(cls, type) and issubclass(cls, Detector)):
-                raise TypeError(f"{point.value} is not a Detector subclass")
+            register_detector(point.name)(point.load())  # a decorated class registered itself on import too
         except Exception as exc:  # a broken plug-in never stops import msbridge
             log.error("msbridge: health check %r (entry point %s) did not load: %s: %s; it is not available",
                       point.name, point.value, type(exc).__name__, exc)
-            continue
-        if DETECTORS.get(point.name) is not cls:
-            register_detector(point.name)(cls)
 
 
 _load_builtins()

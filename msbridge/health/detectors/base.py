@@ -136,24 +136,19 @@ D = TypeVar("D", bound=Type[Detector])
 
 
 def register_detector(name: str) -> Callable[[D], D]:
-    """Class decorator: the check ``name`` (its key under ``health:``) is this class.
+    """Class decorator: the check ``name`` (its key under ``health:``) is this class (see the example above)."""
+    return lambda cls: _registered(name, cls)
 
-    Example:
-        >>> @register_detector("lr_zero")
-        ... class LrZero(Detector): ...
-        >>> DETECTORS["lr_zero"] is LrZero
-        True
-    """
 
-    def register(cls: D) -> D:
-        cls.name = name
-        DETECTORS[name] = cls
-        ordered = sorted(DETECTORS.items(), key=lambda item: (not item[1].in_graph_skip, item[0]))
-        DETECTORS.clear()
-        DETECTORS.update(ordered)
-        return cls
-
-    return register
+def _registered(name: str, cls: D) -> D:
+    """``cls`` as the check ``name``, in ``DETECTORS`` in look order."""
+    if not (isinstance(cls, type) and issubclass(cls, Detector)):
+        raise TypeError(f"register_detector({name!r}): {cls!r} is not a Detector subclass")
+    cls.name = name
+    ordered = sorted({**DETECTORS, name: cls}.items(), key=lambda item: (not item[1].in_graph_skip, item[0]))
+    DETECTORS.clear()
+    DETECTORS.update(ordered)
+    return cls
 
 
 def finite(value: Optional[float]) -> bool:
