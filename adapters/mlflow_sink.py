@@ -61,7 +61,7 @@ from msbridge.options import Option
 from msbridge.paths import free_space, tracking_uri_problem
 from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
 from msbridge.sinks.registry import register_sink
-from msbridge.sinks.runlog import encode_event, rank_file, read_rank_file
+from msbridge.sinks.runlog import encode_event, rank_file, read_event_lines, read_rank_file
 
 log = logging.getLogger("msbridge")
 
@@ -220,7 +220,7 @@ class MlflowSink(Sink):
                   for k in found[0].data.metrics}
         if EVENTS_ARTIFACT in [a.path for a in client.list_artifacts(run_id)]:
             with tempfile.TemporaryDirectory() as tmp:
-                series.update(read_rank_file(client.download_artifacts(run_id, EVENTS_ARTIFACT, tmp)).event_series())
+                series.update(read_event_lines(client.download_artifacts(run_id, EVENTS_ARTIFACT, tmp)).event_series())
         return series
 
     def _deliver(self, status: Optional[str] = None) -> bool:

@@ -223,9 +223,9 @@ class Sink:
             raise ConfigError([f"sinks.{self.name}.{key}: {message}" for key, message in problems])
         self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
-        self._held: Optional[Held] = None  # asked once per open, at the first write (``held()``)
-        self._after = 0  # the highest step handed to ``emit``
-        self._times = (0.0, 0.0)
+        self.__held: Optional[Held] = None  # asked once per open, at the first write (``held()``)
+        self.__after = 0  # the highest step handed to ``emit``
+        self.__times = (0.0, 0.0)
 
     @classmethod
     def store_default(cls, experiment_dir: str) -> Dict[str, str]:
@@ -253,23 +253,23 @@ class Sink:
     @property
     def last_step(self) -> int:
         """The highest step handed over (or held) so far."""
-        return max(self._after, self._holding().last_step) if self.run is not None else 0
+        return max(self.__after, self._holding().last_step) if self.run is not None else 0
 
     @property
     def start_time(self) -> float:
         """When training started (``run.start_time``, else the first time handed over); 0.0 before."""
-        return self._times[0]
+        return self.__times[0]
 
     @property
     def end_time(self) -> float:
         """The latest time of a record or event handed over (else the start)."""
-        return self._times[1]
+        return self.__times[1]
 
     def open(self, run: RunInfo) -> None:
         """Connect or create files for ``run``; a subclass calls ``super().open(run)`` first."""
         self.run = run
-        self._held, self._after = None, 0
-        self._times = (run.start_time, run.start_time)
+        self.__held, self.__after = None, 0
+        self.__times = (run.start_time, run.start_time)
 
     def held(self) -> Held:
         """What this sink's store already holds (after ``open``): by default the resumed step
@@ -282,21 +282,21 @@ class Sink:
         held = self._holding()
         fresh = []
         for rec in records:
-            if rec.step > max(self._after, held.last_step):
+            if rec.step > max(self.__after, held.last_step):
                 fresh.append(rec)
-                self._after = rec.step
+                self.__after = rec.step
         times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
         if times:
-            start, end = self._times
-            self._times = (start or min(times), max(end, *times))
+            start, end = self.__times
+            self.__times = (start or min(times), max(end, *times))
         if held.events:
             events = [ev for ev in events if (ev.kind, ev.step) not in held.events]
         return self.emit(fresh, events)
 
     def _holding(self) -> Held:
-        if self._held is None:
-            self._held = self.held()
-        return self._held
+        if self.__held is None:
+            self.__held = self.held()
+        return self.__held
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""

@@ -196,6 +196,8 @@ class Dispatcher:
                     self.wal_written += len(item[1])
                 for worker in self.workers:  # after jsonl holds it; never waits for a tracker
                     worker.offer(item[1], item[2])
+            elif kind == "raised":  # a tracker's own events: the trackers were handed them already
+                self._run(self.wal, "write", [], item[1])
             elif kind == "flush":
                 if self.wal is not None:
                     self._run(self.wal, "flush")
@@ -213,7 +215,7 @@ class Dispatcher:
         with self._lock:
             self.raised.extend(raised)
         if sink is not self.wal and self.wal is not None and not self._closed:
-            self._queue.put(("write", [], list(raised)))  # into jsonl; after its close only in ``raised``
+            self._queue.put(("raised", raised))  # into jsonl only; after its close only in ``raised``
         for worker in self.workers:
             if worker.sink is not sink:
                 worker.offer([], list(raised))

@@ -238,6 +238,13 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
     return finish_rank_log(log, strict)
 
 
+def read_event_lines(path: str) -> RankLog:
+    """A file of event lines without a header (the MLflow sink's ``events.jsonl`` artifact), parsed."""
+    log = RankLog(path=path, header={})
+    log.records.extend(iter_rank_lines(path, log))
+    return log
+
+
 def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Record]:
     """Read ``path`` line by line (never the whole file): yield each ``Record`` and put the header, events and
     bad-line counts into ``into`` (a ``RankLog``, or any object with ``header``, ``events``, ``truncated`` and

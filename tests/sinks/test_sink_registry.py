@@ -34,6 +34,9 @@ def test_a_built_in_is_one_file_whose_decorator_registers_it(tmp_path, monkeypat
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "_helper.py").write_text("raise RuntimeError('not a sink: never imported')\n")
+    (package / "jsonl_sink.py").write_text("from msbridge.adapters.jsonl_sink import JsonlSink\n"
+                                           "from msbridge.sinks.registry import register_sink\n"
+                                           "register_sink('jsonl')(JsonlSink)\n")  # the write-ahead log, always on
     (package / "csv_sink.py").write_text(textwrap.dedent("""
         from msbridge.sinks.base import Sink
         from msbridge.sinks.registry import register_sink
@@ -46,9 +49,9 @@ def test_a_built_in_is_one_file_whose_decorator_registers_it(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "BUILTIN_PACKAGE", "fake_adapters")
     monkeypatch.setattr(registry, "_REGISTERED", {})
-    assert registry.builtin_names() == ("csv",) and "fake_adapters.csv_sink" not in sys.modules
+    assert registry.builtin_names() == ("jsonl", "csv") and "fake_adapters.csv_sink" not in sys.modules
     assert registry.sink_class("csv").__module__ == "fake_adapters.csv_sink"
-    assert dict(load_config({"sinks": {"csv": {}}}).sinks) == {"csv": {}}
+    assert dict(load_config({"sinks": {"csv": {}}}).sinks) == {"csv": {}, "jsonl": {}}
 
 
 def test_a_class_decorated_in_this_process_is_a_sink(monkeypatch):
