@@ -38,7 +38,8 @@ def test_a_decorated_check_is_configured():
             return Finding(self.name, view.step) if view.values.get("train/lr") == 0.0 else None
 
     try:
-        assert LrZero.name == "lr_zero" and list(DETECTORS)[-1] == "lr_zero"
+        assert LrZero.name == "lr_zero" and DETECTORS["lr_zero"] is LrZero
+        assert list(DETECTORS) == sorted(DETECTORS, key=lambda n: (not DETECTORS[n].in_graph_skip, n))
         spec = HealthSpec.parse({"lr_zero": {"action": "log"}})
         assert "lr_zero" in spec.checks
     finally:
