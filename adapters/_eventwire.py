@@ -278,7 +278,10 @@ class WritesUntilFailed:
     def _failed(self, exc: OSError, records: Sequence[Any] = (), events: Sequence[Any] = ()) -> None:
         self._unwritten.fail(self._failure_dir(), exc, self.run.run_dir)
         self._unwritten.add(records, events)
-        self.undelivered = self._unwritten.text()
+
+    def undelivered(self) -> str:
+        """What it did not write, from its first failed write on ("" while every write went through)."""
+        return self._unwritten.text() if self._unwritten else ""
 
     def flush(self) -> None:
         if self._unwritten:

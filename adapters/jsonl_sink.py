@@ -10,8 +10,9 @@ back to the last complete line; the lines that did not fit are held (up to ``MAX
 written again at the next batch or flush, in order. The first failure is said once, naming the file and
 its free space. What is finally dropped (the oldest held lines past the bound, or what is still held at
 close) becomes one ``gap`` event (first and last step, counts): written into the log where the lines
-would have been, and raised to every other sink. What the log lost in all is its ``undelivered``: the
-run's outcome lists it (exit code 3), and close says it in one line, even when nothing could be written.
+would have been, and returned from the call that made it final (``emit``, ``flush`` or ``close``): the
+dispatcher hands it to every other sink. What the log lost in all is its ``undelivered()``: the run's outcome
+lists it (exit code 3), and close says it in one line, even when nothing could be written.
 
 On resume the file is appended to: a line cut by a kill is trimmed first, and
 the file's last step is what this sink holds: steps up to it are never written again.
@@ -33,7 +34,8 @@ from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from msbridge.options import Option
-from msbridge.sinks.base import GAP, Event, Record, RunInfo, Series, Sink
+from msbridge.sinks.base import GAP, Event, Held, Raised, Record, RunInfo, Series, Sink
+from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import (
     encode_event,
     encode_header,
@@ -60,6 +62,7 @@ def _size(n: float) -> str:
     return ""
 
 
+@register_sink("jsonl")
 class JsonlSink(Sink):
     """Writes records and events of this rank to ``metrics/rank_{rank}.jsonl``.
 
@@ -67,7 +70,6 @@ class JsonlSink(Sink):
         >>> sinks: {jsonl: {fsync: true}}
     """
 
-    name = "jsonl"
     options = {"fsync": Option(bool, True, "fsync the file after every batch (a killed process loses "
                                            "at most the window it had not handed over)")}
 
@@ -81,6 +83,9 @@ class JsonlSink(Sink):
         self._gap: Optional[Dict[str, Any]] = None  # what was dropped since the file last took a line
         self._gap_time = 0.0
         self._lost: Dict[str, int] = {}  # every gap raised so far: records, events, first_step, last_step
+        self._lost_text = ""  # ``undelivered()``: what the log lost in all
+        self._raised: List[Event] = []  # gaps made final by the current call: what it returns
+        self._holds = 0
         self._failing = False  # in a failure episode (said once; "writable again" ends it)
         self._dropping = False
         self._reason = ""
@@ -88,24 +93,33 @@ class JsonlSink(Sink):
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self.path = rank_file(run.run_dir, run.rank)
+        self._holds = run.resumed_from_step
         if os.path.exists(self.path):
             trim_partial_line(self.path)
-            self.last_step = last_step(self.path)  # the file is what this rank holds
+            self._holds = last_step(self.path)  # the file is what this rank holds
         if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
             self._held.append((_HEADER, 0, encode_header(run).encode()))
         self._drain()  # a disk full from the start: the header waits with the rest
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def held(self) -> Held:
+        return Held(self._holds)
+
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         self._held.extend((_RECORD, rec.step, encode_record(rec).encode()) for rec in records)
         self._held.extend((_EVENT, ev.step, encode_event(ev).encode()) for ev in events)
         self._drain()
         self._bound()
+        return self._take_raised()
 
-    def flush(self) -> None:
+    def flush(self) -> Raised:
         """Write what is held (each flush retries) and fsync."""
         self._drain()
+        return self._take_raised()
 
-    def close(self, status: str = "FINISHED") -> None:
+    def undelivered(self) -> str:
+        return self._lost_text
+
+    def close(self, status: str = "FINISHED") -> Raised:
         self._drain()
         if any(kind in (_RECORD, _EVENT, _GAP) for kind, _, _ in self._held):
             self._drop(len(self._held))  # the file could not take them: other sinks and run.json hear of it
@@ -114,19 +128,24 @@ class JsonlSink(Sink):
             log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
                       "close (%s); the other sinks and the run's outcome list them as a gap", self.path,
                       gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
-        if self.undelivered:  # every loss of the run, in one line (the exit code is 3)
-            log.error("msbridge: jsonl: %s", self.undelivered)
+        if self._lost_text:  # every loss of the run, in one line (the exit code is 3)
+            log.error("msbridge: jsonl: %s", self._lost_text)
         self._held.clear()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        return self._take_raised()
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": rank_file(run.run_dir, run.rank)}
 
     def read_back(self, run: RunInfo) -> Series:
         wal = read_rank_file(rank_file(run.run_dir, run.rank))
-        return {name: wal.series(name) for name in wal.metric_names()}
+        return {**{name: wal.series(name) for name in wal.metric_names()}, **wal.event_series()}
+
+    def _take_raised(self) -> List[Event]:
+        raised, self._raised = self._raised, []
+        return raised
 
     # -- the write path ----------------------------------------------------------
     def _drain(self) -> None:
@@ -259,15 +278,15 @@ class JsonlSink(Sink):
 
     def _raise_gap(self) -> None:
         """The gap is final (in the file, or the file is closing without it): every other sink hears of it,
-        and the run's outcome (``undelivered``: what the log lost in all)."""
+        and the run's outcome (``undelivered()``: what the log lost in all)."""
         if self._gap is not None:
-            self.raised.append(self._gap_event())
+            self._raised.append(self._gap_event())
             lost, gap = self._lost, self._gap
             lost["first_step"] = min(lost.get("first_step", gap["first_step"]), gap["first_step"])
             lost["last_step"] = max(lost.get("last_step", gap["last_step"]), gap["last_step"])
             for key in ("records", "events"):
                 lost[key] = lost.get(key, 0) + gap[key]
-            self.undelivered = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
-                                f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
-                                f"({self._reason or 'write failed'}); the other sinks received them")
+            self._lost_text = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
+                               f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
+                               f"({self._reason or 'write failed'}); the other sinks received them")
             self._gap = None

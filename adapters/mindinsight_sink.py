@@ -82,7 +82,8 @@ from msbridge.adapters._eventwire import (
 from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import FINISHED, Event, Record, RunInfo, Series, Sink, flatten
+from msbridge.sinks.base import FINISHED, Event, Held, Record, RunInfo, Series, Sink, flatten
+from msbridge.sinks.registry import register_sink
 
 _INT32 = 2 ** 31
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
@@ -115,6 +116,7 @@ def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
     return os.path.join(summary_base_dir, f"{safe_component(run_name)}_rank_{rank}")
 
 
+@register_sink("mindinsight")
 class MindInsightSink(WritesUntilFailed, Sink):
     """Writes this rank's records, events and lineage as a MindInsight train job.
 
@@ -123,15 +125,15 @@ class MindInsightSink(WritesUntilFailed, Sink):
         >>> # then: mindinsight start --summary-base-dir /data/summary --port 8080
     """
 
-    name = "mindinsight"
     ranks = "all"
+    default_store = ("summary_base_dir", "{experiment_dir}/summary")
     options = {"summary_base_dir": Option(str, None, "the directory to start MindInsight on; "
-                                                     "default {experiment_dir}/summary, beside the run dirs")}
+                                                     f"default {default_store[1]}, beside the run dirs")}
     requires = ("mindspore",)  # MindSpore's summary writer; MindInsight itself runs elsewhere
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.summary_base_dir: Optional[str] = self.settings["summary_base_dir"]
+        self._holds = Held()
         self.dir = ""
         self._summary: Any = None  # mindspore's SummaryWriter
         self._lineage: Any = None  # mindspore's LineageWriter
@@ -144,7 +146,7 @@ class MindInsightSink(WritesUntilFailed, Sink):
         self._closed = False
 
     def base_dir(self, run: RunInfo) -> str:
-        return os.path.abspath(self.summary_base_dir or os.path.join(run.experiment_dir, "summary"))
+        return os.path.abspath(self.store(run, "summary_base_dir"))
 
     def open(self, run: RunInfo) -> None:
         from mindspore.train.lineage_pb2 import LineageEvent
@@ -154,19 +156,25 @@ class MindInsightSink(WritesUntilFailed, Sink):
         self._lineage_event = LineageEvent
         self._writers = (SummaryWriter, LineageWriter)
         self._closed = False
+        self._holds = Held(run.resumed_from_step)
         self.dir = rank_dir(self.base_dir(run), run.run_name, run.rank)
         os.makedirs(self.dir, exist_ok=True)  # a directory it cannot make fails here, before training
         self._read_held()
 
+    def held(self) -> Held:
+        return self._holds
+
     def _read_held(self) -> None:
         """What this rank's files already hold: the last step of a metric, the events, the last status."""
+        last, events = self._holds.last_step, set()
         for step, tag, scalar, _ in held_values(sorted(glob.glob(os.path.join(self.dir, "*_MS")))):
             if tag.startswith("events/"):
-                self.held_events.add((tag[len("events/"):], step))
+                events.add((tag[len("events/"):], step))
             elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
-                self.held_events.add((HISTOGRAM, step))
+                events.add((HISTOGRAM, step))
             elif scalar:
-                self.last_step = max(self.last_step, step)
+                last = max(last, step)
+        self._holds = Held(last, frozenset(events))
         for path in sorted(glob.glob(os.path.join(self.dir, "*_lineage"))):
             for body in read_records(path):
                 try:
@@ -232,7 +240,6 @@ class MindInsightSink(WritesUntilFailed, Sink):
                 self._failed(exc)
         if self._unwritten:  # its files are left as they are: closing them would only fail again
             self._unwritten.status = status
-            self.undelivered = self._unwritten.text()
         self._summary = self._lineage = None
 
     def _close_files(self, status: str) -> None:

@@ -1,26 +1,24 @@
 """The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
 
-Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its
-pure-Python store never holds the training process's GIL (a sqlite store gets its metric rows from
-sqlite itself there: ``_mlflow_sqlite``); ``open`` starts it and does no other
-I/O, and MLflow is reached on the first flush or write, from the dispatcher thread. Metrics keep the
-stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps
-NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).
-Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``;
-a value over 6000 characters is logged as ``sha256:<hex>`` (``config/resolved.yaml`` has it).
-Everything is masked. Resume reattaches to the run tagged with the job's ``run_id`` and
-skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one
-parent run per sweep (``_mlflow_sweep``). An unreachable tracker never stops training:
-one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``. A
-``sqlite:///`` store is made once and whole, however many runs start on it and whenever one is
-killed (``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
+Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its pure-Python store
+never holds the training process's GIL (a sqlite store gets its metric rows from sqlite itself there:
+``_mlflow_sqlite``); ``open`` starts it and does no other I/O, and MLflow is reached on the first flush or write,
+from the dispatcher thread. Metrics keep the stream's names, at most 999 per call; a non-finite value is logged as
+NaN (MLflow keeps NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).
+Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``; a value over 6000
+characters is logged as ``sha256:<hex>`` (``config/resolved.yaml`` has it). Everything is masked. Resume
+reattaches to the run tagged with the job's ``run_id`` and skips steps up to its ``msbridge.last_step``. The runs
+of a ``sweep_id`` are child runs of one parent run per sweep (``_mlflow_sweep``). An unreachable tracker never
+stops training: one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``. A
+``sqlite:///`` store is made once and whole, however many runs start on it and whenever one is killed
+(``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
 
-The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however
-late MLflow is reached, and the same when the run is replayed. The run README is the run's
-description (``mlflow.note.content``, cut to MLflow's 8000 characters; whole in ``README.md``).
-An experiment this sink creates is tagged ``mlflow.experimentKind: custom_model_development``
-(MLflow's "Machine learning" kind, which its kind selector writes there); MLflow 3.17's UI picks
-its GenAI or ML view from the URL (``?workflowType=machine_learning``) or the browser's last choice.
+The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is
+reached, and the same when the run is replayed. The run README is the run's description
+(``mlflow.note.content``, cut to MLflow's 8000 characters; whole in ``README.md``).
+An experiment this sink creates is tagged ``mlflow.experimentKind: custom_model_development`` (MLflow's "Machine
+learning" kind, which its kind selector writes there); MLflow 3.17's UI picks its GenAI or ML view from the URL
+(``?workflowType=machine_learning``) or the browser's last choice.
 
 Example:
     >>> sinks: {jsonl: {}, mlflow: {tracking_uri: "http://127.0.0.1:5000", experiment: tiny-lm}}
@@ -33,6 +31,7 @@ import logging
 import math
 import os
 import shlex
+import tempfile
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
@@ -61,14 +60,14 @@ from msbridge.names import HISTOGRAM
 from msbridge.options import Option
 from msbridge.paths import free_space, tracking_uri_problem
 from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
-from msbridge.sinks.runlog import encode_event, rank_file, read_rank_file
+from msbridge.sinks.registry import register_sink
+from msbridge.sinks.runlog import encode_event, rank_file, read_event_lines, read_rank_file
 
 log = logging.getLogger("msbridge")
 
 LAST_STEP_TAG = "msbridge.last_step"
 EVENTS_ARTIFACT = "events.jsonl"
-#: Metrics per call to the child, which stores them in one sqlite transaction where its row writer serves
-#: (a replay of 500k steps makes 20x fewer commits than at MLflow's 1000), else in MLflow's batches of 1000.
+#: Metrics per call to the child: one sqlite transaction where its row writer serves, else MLflow's batches of 1000.
 METRICS_PER_CALL = 20_000
 PARAMS_TAGS_PER_CALL = 100
 MAX_EVENT_LINES = 10_000
@@ -85,6 +84,7 @@ def _ms(seconds: float) -> Optional[int]:
     return int(round(seconds * 1000)) if seconds > 0 else None
 
 
+@register_sink("mlflow")
 class MlflowSink(Sink):
     """Logs the metric stream, config, metadata and events of one job to one MLflow run.
 
@@ -99,10 +99,10 @@ class MlflowSink(Sink):
         >>> sink.close("FINISHED")
     """
 
-    name = "mlflow"
     ranks = "global"
+    default_store = ("tracking_uri", "sqlite:///{experiment_dir}/mlflow.db")
     options = {
-        "tracking_uri": Option(str, None, "MLflow tracking URI; default sqlite:///{experiment_dir}/mlflow.db",
+        "tracking_uri": Option(str, None, f"MLflow tracking URI; default {default_store[1]}",
                                valid=tracking_uri_problem),
         "experiment": Option(str, None, "MLflow experiment name; default the msbridge experiment"),
         "run_name": Option(str, None, "MLflow run name; default the msbridge run name"),
@@ -141,12 +141,13 @@ class MlflowSink(Sink):
         self._down = self._warned_full = self._said_histograms = False
         self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
+        self._gave_up = ""  # ``undelivered()``
 
     def open(self, run: RunInfo) -> None:
         """No I/O: points MLflow's client process at the run's tracking URI, with MLflow's HTTP limits
         (an environment variable already set wins)."""
         super().open(run)
-        self.uri = self._uri_for(run)
+        self.uri = self.store(run, "tracking_uri")
         env = {}
         for option, (variable, default) in _HTTP_ENV.items():
             value = self.settings[option]
@@ -189,33 +190,39 @@ class MlflowSink(Sink):
                 log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
                             "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
                             status, shlex.quote(self.run.run_dir))
-                self.undelivered = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
+                self._gave_up = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
                                     f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
         self._client.close()
         self.run = self._client = None
 
+    def undelivered(self) -> str:
+        return self._gave_up
+
     def describe(self, run: RunInfo) -> Dict[str, str]:
-        uri = mask_text(self._uri_for(run))
+        uri = mask_text(self.store(run, "tracking_uri"))
         return {"where": f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"}
 
     def read_back(self, run: RunInfo) -> Series:
-        """The metric histories of the job's MLflow run, read with ``MlflowClient``."""
+        """The metric histories of the job's MLflow run, and its events from the ``events.jsonl`` artifact,
+        read with ``MlflowClient``."""
         from mlflow.entities import ViewType
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(self._uri_for(run))
+        client = MlflowClient(self.store(run, "tracking_uri"))
         experiment = client.get_experiment_by_name(self.settings["experiment"] or run.experiment)
         found = experiment and client.search_runs([experiment.experiment_id], f"tags.`{RUN_ID_TAG}` = '{run.run_id}'",
                                                   run_view_type=ViewType.ALL, max_results=1)
         if not found:
             return {}
-        history = {k: client.get_metric_history(found[0].info.run_id, k) for k in found[0].data.metrics}
-        return {k: sorted(((m.step, m.value) for m in points), key=lambda p: p[0]) for k, points in history.items()}
-
-    def _uri_for(self, run: RunInfo) -> str:
-        return self.settings["tracking_uri"] or f"sqlite:///{os.path.join(run.experiment_dir, 'mlflow.db')}"
+        run_id = found[0].info.run_id
+        series = {k: sorted(((m.step, m.value) for m in client.get_metric_history(run_id, k)), key=lambda p: p[0])
+                  for k in found[0].data.metrics}
+        if EVENTS_ARTIFACT in [a.path for a in client.list_artifacts(run_id)]:
+            with tempfile.TemporaryDirectory() as tmp:
+                series.update(read_event_lines(client.download_artifacts(run_id, EVENTS_ARTIFACT, tmp)).event_series())
+        return series
 
     def _deliver(self, status: Optional[str] = None) -> bool:
         """One attempt to reach the run and send everything waiting. False if MLflow failed."""

@@ -36,12 +36,10 @@ writer; tensorboardX builds the rare events (text, hparams).
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
   session's start and end times are the training's (``Sink.start_time``/``end_time``).
-- On resume, and on a replay into a run it already holds, ``open`` reads the
-  run's own event files back: steps up to the last one they hold (or
-  ``run.resumed_from_step``) and the events they hold are skipped. Files are
-  created at the first thing to write, so a replay that brings nothing new
-  adds no file and no point; a new event file is added next to the old ones
-  otherwise.
+- On resume, and on a replay into a run it already holds, ``open`` reads the run's own event files back
+  (``held()``): the steps each directory holds and the events they hold are skipped. Files are created at the
+  first thing to write, so a replay that brings nothing new adds no file and no point; a new event file is
+  added next to the old ones otherwise.
 - ``share_writer``: when another library already writes TensorBoard events for
   this rank (mindformers' ``tensorboard:``), everything goes through its
   tensorboardX writer instead (one event file, its queue and its flush).
@@ -90,7 +88,20 @@ from msbridge.names import (
 )
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink, flatten
+from msbridge.sinks.base import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    Event,
+    Held,
+    Record,
+    RunInfo,
+    Series,
+    Sink,
+    events_series,
+    flatten,
+)
+from msbridge.sinks.registry import register_sink
 
 log = logging.getLogger("msbridge")
 
@@ -139,6 +150,7 @@ def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
             for k, v in flatten(tree, prefix).items() if v is not None}
 
 
+@register_sink("tensorboard")
 class TensorBoardSink(WritesUntilFailed, Sink):
     """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
 
@@ -148,17 +160,16 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         >>> # then: tensorboard --logdir ./tb --host 127.0.0.1
     """
 
-    name = "tensorboard"
     ranks = "all"
+    default_store = ("logdir", "{experiment_dir}/tensorboard")
     options = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at; "
-                                           "default {experiment_dir}/tensorboard, beside the run dirs")}
+                                           f"default {default_store[1]}, beside the run dirs")}
     extra = "tensorboard"
     requires = ("tensorboardX",)
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._tbx = import_tensorboardx()
-        self.logdir: Optional[str] = self.settings["logdir"]
         self._local: Optional[EventFile] = None
         self._global: Optional[EventFile] = None
         self._routes: Dict[str, Tuple[str, EventFile]] = {}
@@ -167,12 +178,12 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         self._best: Dict[str, float] = {}
         self._status_held: Optional[str] = None  # the last run/status its files hold
         self._held: Dict[str, Set[int]] = {}  # directory -> the steps whose scalars its event files hold
+        self._held_events: Set[Tuple[str, int]] = set()  # (kind, step) of the events they hold
         self._unwritten = Unwritten(self.name)  # from the first failed write on (a full disk): nothing more
         self._closed = False
 
     def _logdir(self, run: RunInfo) -> str:
-        path = self.logdir or os.path.join(run.experiment_dir, "tensorboard")
-        return os.path.abspath(os.path.expanduser(path))
+        return os.path.abspath(os.path.expanduser(self.store(run, "logdir")))
 
     def run_dir(self, run: RunInfo) -> str:
         """``{logdir}/{run_name}``: the run's global directory; ranks are its ``rank_{r}`` subdirs."""
@@ -188,6 +199,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self._closed = False
+        self._held_events = set()
         if self._shared is not None:
             self._open_files()
         else:
@@ -206,11 +218,14 @@ class TensorBoardSink(WritesUntilFailed, Sink):
                 else:
                     self._held_event(tag, step, text)
 
+    def held(self) -> Held:
+        return Held(super().held().last_step, frozenset(self._held_events))
+
     def _held_event(self, tag: str, step: int, text: Optional[bytes]) -> None:
         if tag.startswith("events/"):
-                self.held_events.add((tag[len("events/"):], step))
+            self._held_events.add((tag[len("events/"):], step))
         elif tag.startswith(WEIGHTS_HISTOGRAM_PREFIX):
-            self.held_events.add((HISTOGRAM, step))
+            self._held_events.add((HISTOGRAM, step))
         elif tag == "run/status" and text is not None:
             self._status_held = text.decode("utf-8", "replace")
 
@@ -292,7 +307,6 @@ class TensorBoardSink(WritesUntilFailed, Sink):
                 self._failed(exc)
         if self._unwritten:  # its files are left as they are: closing them would only fail again
             self._unwritten.status = status
-            self.undelivered = self._unwritten.text()
         self._local = self._global = None
 
     def _close_files(self, status: str) -> None:
@@ -310,18 +324,21 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         return {"where": self.run_dir(run)}
 
     def read_back(self, run: RunInfo) -> Series:
-        """Every scalar under the run's directory (its ranks' subdirs too), read with TensorBoard's
-        ``EventAccumulator``."""
+        """Every scalar under the run's directory (its ranks' subdirs too), and each ``events/<kind>`` text
+        counted per step, read with TensorBoard's ``EventAccumulator``."""
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         out: Series = {}
+        events: List[Tuple[str, int]] = []
         files = glob.glob(os.path.join(self.run_dir(run), "**", "events.out.tfevents.*"), recursive=True)
         for path in sorted({os.path.dirname(p) for p in files}):
-            acc = EventAccumulator(path, size_guidance={"scalars": 0})
+            acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
             acc.Reload()
             for tag in acc.Tags()["scalars"]:
                 out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-        return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
+            events += [(tag[len("events/"):], e.step) for tag in acc.Tags()["tensors"] if tag.startswith("events/")
+                       for e in acc.Tensors(tag)]
+        return {**{tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}, **events_series(events)}
 
     # -- internals ----------------------------------------------------------------
     def _files(self) -> List[EventFile]:

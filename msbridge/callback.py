@@ -35,7 +35,7 @@ from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
 from .capture.ring_reader import RingReader, check_ring_size
 from .capture.train_step import TrainStep
-from .capture.window import Window
+from .capture.window import StepSource, Window
 from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .masking import mask_text
@@ -81,7 +81,7 @@ class BridgeMonitor(Callback):
             self.plan.progress = progress
         self.dispatcher: Optional[Dispatcher] = None
         self.run: Optional[RunInfo] = None
-        self._buffer: Union[StepBuffer, RingReader] = StepBuffer()
+        self._buffer: StepSource = StepBuffer()
         self._budget: Optional[OverheadBudget] = None
         self._every = self.config.step_interval
         self._stream: Optional[Stream] = None

@@ -32,7 +32,7 @@ import shutil
 import sys
 import time
 import unicodedata
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .errors import ConfigError
 from .masking import is_secret_key, mask_text
@@ -204,27 +204,6 @@ def render_experiment_dir(template: str, experiment: str) -> str:
         raise ConfigError(f"experiment_dir: {template!r} is not a valid template ({exc}); "
                           "its only placeholder is {experiment}") from None
     return os.path.abspath(os.path.expanduser(path))
-
-
-def store_defaults(experiment_dir: str) -> Dict[str, Dict[str, str]]:
-    """Where each tracker sink writes by default: its option name and value, in the experiment dir.
-
-    Example:
-        >>> store_defaults("/runs/exp")["tensorboard"]
-        {'logdir': '/runs/exp/tensorboard'}
-    """
-    return {"mlflow": {"tracking_uri": "sqlite:///" + os.path.join(experiment_dir, "mlflow.db")},
-            "tensorboard": {"logdir": os.path.join(experiment_dir, "tensorboard")},
-            "mindinsight": {"summary_base_dir": os.path.join(experiment_dir, "summary")}}
-
-
-def with_store_defaults(name: str, options: Mapping[str, Any], experiment_dir: str) -> Dict[str, Any]:
-    """Sink ``name``'s options with its store placed in ``experiment_dir`` unless the options place it."""
-    out = dict(options)
-    for key, value in store_defaults(experiment_dir).get(name, {}).items():
-        if not out.get(key):
-            out[key] = value
-    return out
 
 
 def recorded_experiment_dir(meta: Mapping[str, Any], run_dir: str) -> str:

@@ -14,8 +14,6 @@ from msbridge.paths import (
     render_experiment_dir,
     render_output_dir,
     safe_component,
-    store_defaults,
-    with_store_defaults,
 )
 
 HOSTILE = [
@@ -89,17 +87,6 @@ def test_rendered_dirs_are_absolute_and_names_stay_one_component(tmp_path):
         render_experiment_dir("/x/{run_name}", "e")
     with pytest.raises(ConfigError, match=r"unknown placeholder 'experiment_dir'"):
         render_output_dir("{experiment_dir}/{run_name}", "e", "r", 0, "t")  # dump_dir has no experiment dir
-
-
-def test_store_defaults_fill_only_what_the_options_do_not_place():
-    stores = store_defaults("/e")
-    assert stores == {"mlflow": {"tracking_uri": "sqlite:////e/mlflow.db"}, "tensorboard": {"logdir": "/e/tensorboard"},
-                      "mindinsight": {"summary_base_dir": "/e/summary"}}
-    assert with_store_defaults("mlflow", {"close_timeout": 1}, "/e") == {"close_timeout": 1,
-                                                                          "tracking_uri": "sqlite:////e/mlflow.db"}
-    assert with_store_defaults("mlflow", {"tracking_uri": "http://h:5000"}, "/e") == {"tracking_uri": "http://h:5000"}
-    assert with_store_defaults("tensorboard", {"logdir": None}, "/e") == {"logdir": "/e/tensorboard"}
-    assert with_store_defaults("jsonl", {}, "/e") == {}
 
 
 def test_recorded_experiment_dir_follows_a_moved_run_dir():

@@ -3,9 +3,9 @@
 ``msbridge.run.plan`` adds it (last, after every other sink) when ``alerts.targets`` is set; it is not
 named under ``sinks:``. Being a sink gives it, with no new plumbing: every health event, the stall
 watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink raises, the run's end
-status in ``close``, and the other sinks' ``undelivered`` (they are closed before it). ``emit`` runs on the
+status in ``close``, and the other sinks' ``undelivered()`` (they are closed before it). ``emit`` runs on the
 dispatcher thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
-the outbox and named in ``undelivered``, so the run's outcome says ``msbridge replay RUN_DIR --to alerts``.
+the outbox and named in ``undelivered()``, so the run's outcome says ``msbridge replay RUN_DIR --to alerts``.
 
 Example:
     >>> sink = AlertSink(AlertSpec.parse({"targets": [{"type": "webhook", "url": "https://ops/hook"}]}))
@@ -31,7 +31,7 @@ class AlertSink(Sink):
 
     Args:
         spec: the ``alerts`` section.
-        peers: the run's other sinks (their ``undelivered`` at close alerts as ``undelivered``).
+        peers: the run's other sinks (their ``undelivered()`` at close alerts as ``undelivered``).
         config_file: the config file the run was started with (kept in the outbox for the replay).
         backoff_s: the first retry's wait (tests shorten it).
 
@@ -50,6 +50,7 @@ class AlertSink(Sink):
         self.sender: Optional[Sender] = None
         self._cause: Optional[Event] = None
         self._step = 0
+        self._kept = ""  # ``undelivered()``
 
     def describe(self, run) -> dict:
         return {"where": f"{len(self.spec.targets)} alert target(s): "
@@ -87,7 +88,7 @@ class AlertSink(Sink):
             self._offer(run_end_alert(self.run, status, self._step, FAILED_RUN, self._cause))
         elif self.policy.allows(RUN_END):
             self._offer(run_end_alert(self.run, status, self._step, RUN_END, self._cause))
-        lost = "; ".join(f"{peer.name}: {peer.undelivered}" for peer in self.peers if peer.undelivered)
+        lost = "; ".join(f"{peer.name}: {what}" for peer in self.peers for what in [peer.undelivered()] if what)
         if lost and self.policy.allows(UNDELIVERED):
             self._offer(run_end_alert(self.run, status, self._step, UNDELIVERED, lost=lost))
         for alert in self.policy.held():
@@ -96,4 +97,7 @@ class AlertSink(Sink):
         sender.close(self.spec.close_wait_s)
         kept = len(self.outbox)  # also what an earlier start left and could not send either
         if kept:
-            self.undelivered = f"{kept} alert(s) kept in {self.outbox.path}"
+            self._kept = f"{kept} alert(s) kept in {self.outbox.path}"
+
+    def undelivered(self) -> str:
+        return self._kept

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from ..names import LOSS, LOSS_SCALE_OUTPUT, LR, MINDFORMERS_OUTPUT
-from .window import Window
+from .window import LrAt, Window
 
 log = logging.getLogger("msbridge")
 
@@ -85,7 +85,13 @@ class HostSteps:
 
 class StepBuffer:
     """Collects per-step tensor references and host timings between flushes; the output layout
-    is detected from the first step."""
+    is detected from the first step. A ``window.StepSource``.
+
+    Example:
+        >>> buffer = StepBuffer()
+        >>> buffer.append(1, 1, loss, 0.01, 0.0)
+        >>> buffer.drain().scalars["train/loss"]
+    """
 
     def __init__(self) -> None:
         self.layout: Optional[Layout] = None
@@ -118,7 +124,7 @@ class StepBuffer:
         live = {name for index, name in self.layout if index >= 0 and isinstance(outputs[index], Parameter)}
         self._tensors = {name: [] for _, name in self.layout if name not in live}
 
-    def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
+    def drain(self, lr_at: Optional[LrAt] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""
         host = self._host
         if not host.steps:

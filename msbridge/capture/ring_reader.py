@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..names import LOSS, LR, STEP_SCALARS
 from .host_buffer import HostSteps, detect_layout
 from .ring_cell import RingCell
-from .window import Window
+from .window import LrAt, Window
 
 log = logging.getLogger("msbridge")
 
@@ -73,7 +73,8 @@ def check_ring_size(ring_size: int, flush_steps: int, steps_per_call: int = 1, b
 
 
 class RingReader:
-    """Reads a ``RingCell``'s ring at flush time; a drop-in for ``StepBuffer`` in the callback.
+    """Reads a ``RingCell``'s ring at flush time; a drop-in for ``StepBuffer`` in the callback (both are a
+    ``window.StepSource``).
 
     Args:
         cell: the train cell that carries the ring (``TrainStep`` or ``attach_ring``'s).
@@ -119,7 +120,7 @@ class RingReader:
         self._counts.append(count)
         self._host.add(step, epoch, step_time_s, monitor_s)
 
-    def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
+    def drain(self, lr_at: Optional[LrAt] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""
         if not self._host.steps:
             return None

@@ -1,4 +1,5 @@
-"""``Window``: the steps between two flushes as host arrays, what capture hands to metrics and health.
+"""``Window``: the steps between two flushes as host arrays, what capture hands to metrics and health;
+``StepSource``: what collects the steps between flushes and drains them into a ``Window``.
 
 Example:
     >>> window = Window(steps=np.arange(3), epochs=np.zeros(3), wall_time=np.zeros(3),
@@ -9,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -48,3 +49,27 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+
+#: Maps a window's steps to their learning rates (None: not known).
+LrAt = Callable[[np.ndarray], Optional[np.ndarray]]
+
+
+class StepSource(Protocol):
+    """What the callback collects steps into: ``StepBuffer`` (the step's output tensors) and ``RingReader``
+    (the device ring). ``append`` is O(1) host work per step; ``drain`` is the flush's one device->host copy.
+
+    Example:
+        >>> source: StepSource = StepBuffer()
+        >>> source.append(1, 1, outputs, 0.01, 0.0); len(source), source.drain(None).steps
+        (1, array([1]))
+    """
+
+    def __len__(self) -> int:
+        """Steps collected since the last drain."""
+
+    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
+        """Keep one step: its outputs (never converted to floats here) and host timings."""
+
+    def drain(self, lr_at: Optional[LrAt] = None) -> Optional[Window]:
+        """Everything since the last drain as a ``Window`` (None when empty)."""

@@ -27,14 +27,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..adapters.mindinsight_sink import rank_dir
 from ..adapters._mlflow_fields import MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, loss_first_view
+from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
 from ..masking import mask_text
 from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
-from ..paths import recorded_experiment_dir, safe_component, store_defaults, with_store_defaults
+from ..paths import recorded_experiment_dir, safe_component
 from ..run.metadata import RUN_JSON
+from ..sinks.registry import store_defaults, with_store_defaults
 from ..sinks.runlog import rank_file
 from .viewers import (
     Viewer,

@@ -22,7 +22,8 @@ from ..adapters._mlflow_sweep import PARENT_TAG
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
 from ..names import LOSS, SAMPLES_PER_S
-from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir, store_defaults
+from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir
+from ..sinks.registry import sink_class
 
 NAN = float("nan")
 
@@ -108,4 +109,4 @@ def default_tracking_uri(experiment: str, root: Optional[str] = None) -> str:
     ``experiment_dir`` nor ``output_dir``, of the demo and of ``examples/sweep``.
     """
     template = os.path.join(root, "{experiment}") if root else DEFAULT_EXPERIMENT_DIR
-    return store_defaults(render_experiment_dir(template, experiment))["mlflow"]["tracking_uri"]
+    return sink_class("mlflow").store_default(render_experiment_dir(template, experiment))["tracking_uri"]

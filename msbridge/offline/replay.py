@@ -38,10 +38,10 @@ from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
 from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import HISTOGRAM, LOSS
-from ..paths import recorded_experiment_dir, with_store_defaults
+from ..paths import recorded_experiment_dir
 from ..run.metadata import README, RUN_JSON, write_outcome
 from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, RunInfo
-from ..sinks.registry import resolve
+from ..sinks.registry import resolve, with_store_defaults
 from ..sinks.runlog import RunLog, RunLogError, read_run
 
 BATCH = 1000
@@ -145,8 +145,8 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
             sink.close(FAILED)
             raise
         sink.close(status)
-        if sink.undelivered:
-            raise MsbridgeError(f"{to}: {sink.undelivered}; the jsonl log still holds everything: replay again "
+        if sink.undelivered():
+            raise MsbridgeError(f"{to}: {sink.undelivered()}; the jsonl log still holds everything: replay again "
                                 "once it is reachable (or its disk has space)")
         counts["records"] += len(rank_log.records)
         counts["events"] += len(rank_log.events)

@@ -27,12 +27,11 @@ from ..paths import (
     render_experiment_dir,
     render_output_dir,
     render_template,
-    with_store_defaults,
 )
 from ..sinks.base import RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
-from ..sinks.registry import resolve
+from ..sinks.registry import resolve, with_store_defaults
 from ..sinks.runlog import last_step, rank_file
 from .metadata import collect_metadata, render_readme, run_id_for, stored_run_name, write_run_files
 from .rank_sync import agree_timestamp

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from ..options import Option, check_options, with_defaults
@@ -35,6 +35,8 @@ CLOSE_GRACE = 5.0
 MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
 DEFAULT_CLOSE_TIMEOUT = 10.0
+#: The sink that is the write-ahead log: written first, on the dispatcher's own thread.
+WAL_NAME = "jsonl"
 
 
 def json_safe(value: Any) -> Any:
@@ -57,6 +59,22 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
             out.update(flatten(value, name + "."))
         else:
             out[name] = value
+    return out
+
+
+def events_series(events: Iterable[Tuple[str, int]]) -> Series:
+    """``(kind, step)`` pairs as ``read_back`` gives events back: ``events/<kind>``, the count at each step.
+
+    Example:
+        >>> events_series([("anomaly", 30), ("anomaly", 30), ("gap", 41)])
+        {'events/anomaly': [(30, 2.0)], 'events/gap': [(41, 1.0)]}
+    """
+    counts: Dict[Tuple[str, int], int] = {}
+    for kind, step in events:
+        counts[kind, step] = counts.get((kind, step), 0) + 1
+    out: Series = {}
+    for (kind, step), count in sorted(counts.items(), key=lambda item: (item[0][1], item[0][0])):
+        out.setdefault(f"events/{kind}", []).append((step, float(count)))
     return out
 
 
@@ -135,44 +153,49 @@ class RunInfo:
         return os.path.dirname(self.run_dir.rstrip("/"))
 
 
+@dataclass(frozen=True)
+class Held:
+    """What a sink already holds for its run (its ``held()``): ``write`` hands ``emit`` no step up to
+    ``last_step`` and none of ``events`` (``(kind, step)`` pairs), so a replay into it twice adds nothing.
+
+    Example:
+        >>> Held(last_step=120, events=frozenset({("anomaly", 37)}))
+    """
+
+    last_step: int = 0
+    events: FrozenSet[Tuple[str, int]] = frozenset()
+
+
+#: What ``emit``, ``flush`` and ``close`` may return: the ``gap`` events a sink raised itself (what it finally
+#: lost), which the dispatcher hands to every other sink. None (or empty) for nothing.
+Raised = Optional[Sequence[Event]]
+
+
 class Sink:
     """Base class of every sink. The dispatcher calls it from one background thread (jsonl: the
     dispatcher's own; every other sink: a thread of its own).
 
-    A sink declares, as class attributes: ``name`` (its registry name), ``options``
-    (``{option: Option(type, default, doc)}``: all that ``sinks.<name>`` may hold,
-    checked by ``load_config`` and again here), ``extra`` and ``requires`` (the
-    ``msbridge[extra]`` that installs the import names it needs), and ``ranks``.
-    It implements ``emit`` and ``read_back``; ``self.settings`` holds its options,
-    defaults filled in.
+    What a sink implements: ``open(run)`` once, ``emit(records, events)`` per batch, ``flush()`` (everything
+    handed over is durable when it returns), ``close(status)`` once (it flushes first), ``read_back(run)``
+    (what it stored, with the tracker's own reader) and ``describe(run)`` (where it writes). It declares
+    ``options`` (``{option: Option(...)}``, checked by ``load_config`` and again here; ``self.settings``
+    holds the values), ``extra``/``requires`` (the ``msbridge[extra]`` that installs its import names),
+    ``ranks`` and ``default_store``; ``register_sink("name")`` (``msbridge.sinks.registry``) names it.
 
-    Lifecycle: ``open(run)`` once, ``write(records, events)`` per batch,
-    ``flush()`` whenever everything handed over must be durable, and
-    ``close(status)`` once (it flushes first).
+    Opt-in capabilities, each a return value (the dispatcher never reads a sink's attributes):
 
-    ``write`` drops the records of steps the sink already holds and the events
-    in ``held_events``, then calls ``emit``. ``last_step`` is the highest step
-    handed over; ``open`` sets it to ``run.resumed_from_step`` (a resumed job
-    trains again from its checkpoint), and a sink that can see what it holds
-    raises it in its own ``open`` (and fills ``held_events``): replaying a run
-    into it again then adds nothing. A sink that finally loses something (the
-    jsonl log on a full disk) appends a ``GAP`` event to ``raised``; the
-    dispatcher hands it to every other sink. A sink that gives up in ``close``
-    on what it still holds (a tracker still unreachable) says what in
-    ``undelivered``; the run's outcome lists it with the replay that fills it.
+    - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
+    - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events it raised (what it finally lost);
+    - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
+    - tracker times: ``start_time``/``end_time`` (read-only) are the training's start and the latest time
+      handed over, so a replayed run gets the times of the live one.
 
-    ``start_time`` and ``end_time`` are the training's start and end for a tracker that
-    records them: the run's start time (else the first record's time) and the latest time
-    of a record or event handed over. A replay hands over the same records, so a replayed
-    run gets the same times as the live one.
-
-    ``on_training_thread``: a sink whose ``write`` costs microseconds and does no I/O beyond
-    a line to stdout (the console) is called in ``Dispatcher.submit``, on the training
-    thread, so what it shows is never behind a slow sink. Every other sink leaves it False.
+    ``on_training_thread``: a sink whose ``write`` costs microseconds (the console) is called in
+    ``Dispatcher.submit``, on the training thread. Every other sink leaves it False.
 
     Example:
-        >>> class PrintSink(Sink):
-        ...     name = "print"
+        >>> @register_sink("print")
+        ... class PrintSink(Sink):
         ...     options = {"prefix": Option(str, "step", "the word before each step number")}
         ...     def emit(self, records, events):
         ...         for r in records:
@@ -188,6 +211,9 @@ class Sink:
     extra = ""
     #: Import names the sink needs; a missing one is reported at config time, with the extra.
     requires: Tuple[str, ...] = ()
+    #: Where the sink's store is unless its options place it: ``(option, template)``, the template's
+    #: ``{experiment_dir}`` filled in by ``store_default``; ``()`` for a sink without a shared store.
+    default_store: Tuple[str, str] = ()
     #: True only for a sink as cheap as a print (see above): ``submit`` calls it on the training thread.
     on_training_thread = False
 
@@ -197,14 +223,26 @@ class Sink:
             raise ConfigError([f"sinks.{self.name}.{key}: {message}" for key, message in problems])
         self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
-        self.last_step = 0
-        #: ``(kind, step)`` of the events the sink found it holds in ``open``; ``write`` does not hand them over again.
-        self.held_events: Set[Tuple[str, int]] = set()
-        #: Events this sink raised itself, for the dispatcher to hand to every other sink (it empties the list).
-        self.raised: List[Event] = []
-        #: What ``close`` gave up delivering ("30 records and status FINISHED ..."); "" when nothing.
-        self.undelivered = ""
-        self.start_time = self.end_time = 0.0
+        self.__held: Optional[Held] = None  # asked once per open, at the first write (``held()``)
+        self.__after = 0  # the highest step handed to ``emit``
+        self.__times = (0.0, 0.0)
+
+    @classmethod
+    def store_default(cls, experiment_dir: str) -> Dict[str, str]:
+        """``{option: value}`` placing the store in ``experiment_dir`` (``{}`` without ``default_store``).
+
+        Example:
+            >>> TensorBoardSink.store_default("/runs/exp")
+            {'logdir': '/runs/exp/tensorboard'}
+        """
+        if not cls.default_store:
+            return {}
+        option, template = cls.default_store
+        return {option: template.format(experiment_dir=experiment_dir.rstrip("/"))}
+
+    def store(self, run: RunInfo, option: str) -> str:
+        """The option's value, else its default in ``run``'s experiment dir."""
+        return self.settings.get(option) or self.store_default(run.experiment_dir)[option]
 
     @property
     def close_bound(self) -> float:
@@ -212,36 +250,69 @@ class Sink:
         ``DEFAULT_CLOSE_TIMEOUT``) plus ``CLOSE_GRACE``; a sink still closing then is listed undelivered."""
         return float(self.settings.get("close_timeout", DEFAULT_CLOSE_TIMEOUT)) + CLOSE_GRACE
 
-    def open(self, run: RunInfo) -> None:
-        self.run = run
-        self.last_step = run.resumed_from_step
-        self.start_time = self.end_time = run.start_time
+    @property
+    def last_step(self) -> int:
+        """The highest step handed over (or held) so far."""
+        return max(self.__after, self._holding().last_step) if self.run is not None else 0
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    @property
+    def start_time(self) -> float:
+        """When training started (``run.start_time``, else the first time handed over); 0.0 before."""
+        return self.__times[0]
+
+    @property
+    def end_time(self) -> float:
+        """The latest time of a record or event handed over (else the start)."""
+        return self.__times[1]
+
+    def open(self, run: RunInfo) -> None:
+        """Connect or create files for ``run``; a subclass calls ``super().open(run)`` first."""
+        self.run = run
+        self.__held, self.__after = None, 0
+        self.__times = (run.start_time, run.start_time)
+
+    def held(self) -> Held:
+        """What this sink's store already holds (after ``open``): by default the resumed step
+        (a resumed job trains again from its checkpoint). A sink that can read its store back says more."""
+        return Held(self.run.resumed_from_step if self.run is not None else 0)
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event
-        not in ``held_events``; ``end_time`` (and an unknown ``start_time``) follow the times handed over."""
+        not held; the times follow the times handed over. Returns what ``emit`` returns."""
+        held = self._holding()
         fresh = []
         for rec in records:
-            if rec.step > self.last_step:
+            if rec.step > max(self.__after, held.last_step):
                 fresh.append(rec)
-                self.last_step = rec.step
+                self.__after = rec.step
         times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
         if times:
-            self.start_time = self.start_time or min(times)
-            self.end_time = max(self.end_time, *times)
-        if self.held_events:
-            events = [ev for ev in events if (ev.kind, ev.step) not in self.held_events]
-        self.emit(fresh, events)
+            start, end = self.__times
+            self.__times = (start or min(times), max(end, *times))
+        if held.events:
+            events = [ev for ev in events if (ev.kind, ev.step) not in held.events]
+        return self.emit(fresh, events)
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def _holding(self) -> Held:
+        if self.__held is None:
+            self.__held = self.held()
+        return self.__held
+
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""
         raise NotImplementedError
 
-    def flush(self) -> None:
+    def flush(self) -> Raised:
         """Make everything written so far durable."""
 
-    def close(self, status: str = FINISHED) -> None:
-        self.flush()
+    def close(self, status: str = FINISHED) -> Raised:
+        """Flush and let go of files or clients; ``status`` is FINISHED, FAILED or KILLED."""
+        return self.flush()
+
+    def undelivered(self) -> str:
+        """What this sink gave up delivering ("30 records and status FINISHED ..."), "" when nothing:
+        the run's outcome lists it (exit code 3) with the replay that fills it."""
+        return ""
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         """Where this sink writes for ``run`` (before it is opened), for the run README.
@@ -252,6 +323,7 @@ class Sink:
 
     def read_back(self, run: RunInfo) -> Series:
         """What this sink stored for ``run``, read with the tracker's own reader (after ``close``):
-        ``{metric: [(step, value), ...]}`` in step order, a step written twice listed twice.
-        The sink contract test compares it with what the sink was handed."""
+        ``{metric: [(step, value), ...]}`` in step order, a step written twice listed twice. Events
+        come back as ``events/<kind>`` series: the number of events of that kind at each step.
+        The sink contract (``msbridge.testing.check_sink``) compares it with what the sink was handed."""
         raise NotImplementedError

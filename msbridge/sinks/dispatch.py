@@ -8,8 +8,8 @@ what it missed, and the run's outcome names it with the replay that fills it. Th
 their queues while idle (no polling).
 
 Every call is in its own try/except: a sink that raises is logged once with its name, counted,
-and the others carry on. An event a sink raises itself (``Sink.raised``: a ``gap`` in the jsonl
-log) is handed to every other sink, and kept in ``raised``.
+and the others carry on. The events a sink's ``write``/``flush``/``close`` return (a ``gap`` in the
+jsonl log: what it finally lost) are handed to every other sink, and kept in ``raised``.
 
 A sink marked ``on_training_thread`` (the console's progress line) is written in ``submit``
 itself: a progress line is printed at the flush of the step it reports, never behind a sink.
@@ -31,16 +31,14 @@ import queue
 import shlex
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import FINISHED, KILLED, Event, Record, RunInfo, Sink
+from .base import FINISHED, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
 from .worker import TrackerWorker
 
 log = logging.getLogger("msbridge")
 
 _STOP = object()
-#: The sink that is the write-ahead log.
-WAL_NAME = "jsonl"
 
 
 class Dispatcher:
@@ -75,7 +73,7 @@ class Dispatcher:
         self._closed = False
         self._close_done = threading.Event()
         self._warned_full = False
-        opened = [sink for sink in sinks if self._call(sink, "open", run)]
+        opened = [sink for sink in sinks if self._call(sink, "open", run)[0]]
         self.sinks: List[Sink] = [sink for sink in opened if not sink.on_training_thread]
         self.inline: List[Sink] = [sink for sink in opened if sink.on_training_thread]
         self.wal: Optional[Sink] = next((s for s in self.sinks if s.name == WAL_NAME), None)
@@ -144,12 +142,11 @@ class Dispatcher:
     @property
     def undelivered(self) -> Dict[str, str]:
         """Each sink that may lack records: its failed calls, what it missed (its queue was full), what it
-        gave up delivering in ``close``, and a close not seen to finish within its bound."""
+        gave up delivering (its ``undelivered()``), and a close not seen to finish within its bound."""
         out = {name: f"{count} failed call(s)" for name, count in self.errors.items()}
         missed = {w.sink.name: w.missed for w in self.workers}
         for sink in (*self.sinks, *self.inline):
-            parts = (out.get(sink.name), missed.get(sink.name), getattr(sink, "undelivered", ""),
-                     self._late.get(sink.name))
+            parts = (out.get(sink.name), missed.get(sink.name), _gave_up(sink), self._late.get(sink.name))
             if any(parts[1:]):
                 out[sink.name] = "; ".join(part for part in parts if part)
         return out
@@ -199,6 +196,8 @@ class Dispatcher:
                     self.wal_written += len(item[1])
                 for worker in self.workers:  # after jsonl holds it; never waits for a tracker
                     worker.offer(item[1], item[2])
+            elif kind == "raised":  # a tracker's own events: the trackers were handed them already
+                self._run(self.wal, "write", [], item[1])
             elif kind == "flush":
                 if self.wal is not None:
                     self._run(self.wal, "flush")
@@ -207,25 +206,25 @@ class Dispatcher:
                 self._run(self.wal, "close", item[1])
 
     def _run(self, sink: Sink, method: str, *args: object) -> bool:
-        """Call ``method``, then hand what the sink raised itself to every other sink. Runs on the sink's thread."""
-        ok = self._call(sink, method, *args)
-        raised = getattr(sink, "raised", None)
+        """Call ``method``, then hand the events it returned (what the sink raised itself) to every other sink.
+        Runs on the sink's thread."""
+        ok, returned = self._call(sink, method, *args)
+        raised = [ev for ev in returned if isinstance(ev, Event)] if isinstance(returned, (list, tuple)) else []
         if not raised:
             return ok
-        sink.raised = []
         with self._lock:
             self.raised.extend(raised)
         if sink is not self.wal and self.wal is not None and not self._closed:
-            self._queue.put(("write", [], list(raised)))  # into jsonl; after its close only in ``raised``
+            self._queue.put(("raised", raised))  # into jsonl only; after its close only in ``raised``
         for worker in self.workers:
             if worker.sink is not sink:
                 worker.offer([], list(raised))
         return ok
 
-    def _call(self, sink: Sink, method: str, *args: object) -> bool:
+    def _call(self, sink: Sink, method: str, *args: object) -> Tuple[bool, Any]:
+        """``(True, what the call returned)``, or ``(False, None)`` when it raised (counted, said once)."""
         try:
-            getattr(sink, method)(*args)
-            return True
+            return True, getattr(sink, method)(*args)
         except Exception as exc:  # one broken sink never stops training or the others
             with self._lock:
                 count = self.errors.get(sink.name, 0) + 1
@@ -235,7 +234,15 @@ class Dispatcher:
             if count == 1:
                 log.error("msbridge: sink %r failed in %s(): %s: %s; other sinks carry on",
                           sink.name, method, type(exc).__name__, exc)
-            return False
+            return False, None
+
+
+def _gave_up(sink: Sink) -> str:
+    """The sink's ``undelivered()``; a sink that raises in it is taken to have given up on everything."""
+    try:
+        return sink.undelivered()
+    except Exception as exc:
+        return f"undelivered() raised {type(exc).__name__}: {exc}"
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:

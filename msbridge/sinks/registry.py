@@ -1,64 +1,85 @@
-"""Sink names -> sink classes: the built-ins plus the ``msbridge.sinks`` entry points.
+"""Sink names -> sink classes: a sink registers itself, with ``@register_sink("name")``.
 
-The one list of sink names. A built-in is one line of ``BUILTINS``, its name and
-``module:Class`` as an entry point has them; everything else about it (options,
-extra, reader) is declared in its class. Naming, listing and checking the names
-imports no adapter module; a sink's module is imported when its class is asked for
-(its options checked, or the sink built), and its tracker library only when the
-sink is built. ``check_available`` finds a missing optional package at config time
-and says which ``pip install`` fixes it.
+A built-in sink is the file ``adapters/<name>_sink.py`` (installed as ``msbridge.adapters``) whose class is
+decorated with ``@register_sink("<name>")``: its name is known from the file name, so naming, listing and
+checking the names imports no adapter module. A sink's module is imported when its class is asked for (its
+options checked, or the sink built), and its tracker library only when the sink is built. A sink of another
+package registers under the ``msbridge.sinks`` entry-point group (``csv = "my_pkg.csv_sink:CsvSink"``) and is
+then named like a built-in; a class decorated in a module already imported is found too.
+``check_available`` finds a missing optional package at config time and says which ``pip install`` fixes it.
 
 Example:
-    >>> sink_cls = resolve("jsonl")
-    >>> sink = sink_cls(fsync=False)
+    >>> @register_sink("print")
+    ... class PrintSink(Sink):
+    ...     def emit(self, records, events):
+    ...         print([r.step for r in records])
+    >>> sink_class("print") is PrintSink
+    True
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from functools import lru_cache
+import pkgutil
 from importlib.metadata import entry_points
-from typing import Dict, Tuple, Type
+from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
 from ..errors import ConfigError, MissingDependencyError
-from .base import Sink
+from .base import WAL_NAME, Sink
 
 ENTRY_POINT_GROUP = "msbridge.sinks"
+#: The package of the built-in sinks: its module ``<name>_sink`` registers the sink ``<name>``.
+BUILTIN_PACKAGE = "msbridge.adapters"
+_SUFFIX = "_sink"
 
-#: The built-in sinks, in the order they are listed: name -> ``module:Class`` (whose ``name`` it is).
-BUILTINS: Dict[str, str] = {
-    "jsonl": "msbridge.adapters.jsonl_sink:JsonlSink",
-    "tensorboard": "msbridge.adapters.tensorboard_sink:TensorBoardSink",
-    "mlflow": "msbridge.adapters.mlflow_sink:MlflowSink",
-    "mindinsight": "msbridge.adapters.mindinsight_sink:MindInsightSink",
-}
+_REGISTERED: Dict[str, Type[Sink]] = {}
+S = TypeVar("S", bound=Type[Sink])
 
 
-@lru_cache(maxsize=None)
-def _builtin(name: str) -> Type[Sink]:
-    module_name, _, attr = BUILTINS[name].partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+def register_sink(name: str) -> Callable[[S], S]:
+    """Class decorator: the sink ``name`` (what users write under ``sinks:``) is this class.
 
+    Example:
+        >>> @register_sink("csv")
+        ... class CsvSink(Sink): ...
+        >>> CsvSink.name
+        'csv'
+    """
 
-def _entry_points() -> Dict[str, object]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    def register(cls: S) -> S:
+        cls.name = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return register
 
 
 def builtin_names() -> Tuple[str, ...]:
-    """The built-in sinks' names: ``("jsonl", "tensorboard", "mlflow", "mindinsight")``."""
-    return tuple(BUILTINS)
+    """The built-in sinks' names, jsonl first: ``("jsonl", "mindinsight", "mlflow", "tensorboard")``."""
+    spec = importlib.util.find_spec(BUILTIN_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    names = [m.name[:-len(_SUFFIX)] for m in pkgutil.iter_modules(folders)
+             if m.name.endswith(_SUFFIX) and not m.name.startswith("_")]
+    return tuple(sorted(names, key=lambda n: (n != WAL_NAME, n)))
+
+
+def _entry_points() -> Dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def available() -> Tuple[str, ...]:
-    """Every sink name that can be configured: built-ins first, then plug-ins."""
-    plugins = sorted(n for n in _entry_points() if n not in BUILTINS)
-    return builtin_names() + tuple(plugins)
+    """Every sink name that can be configured: built-ins first, then plug-ins and in-process registrations."""
+    builtins = builtin_names()
+    others = (set(_entry_points()) | set(_REGISTERED)) - set(builtins)
+    return builtins + tuple(sorted(others))
 
 
 def sink_class(name: str) -> Type[Sink]:
     """The class registered under ``name``, its extra installed or not; ``ConfigError`` for an unknown name."""
-    if name in BUILTINS:
-        return _builtin(name)
+    if name not in _REGISTERED and name in builtin_names():
+        importlib.import_module(f"{BUILTIN_PACKAGE}.{name}{_SUFFIX}")  # its decorator registers it
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     plugin = _entry_points().get(name)
     if plugin is None:
         raise ConfigError(f"unknown sink {name!r}; registered sinks: {', '.join(available())}")
@@ -77,3 +98,23 @@ def resolve(name: str) -> Type[Sink]:
     """The sink class registered under ``name``, once its packages are known to be installed."""
     check_available(name)
     return sink_class(name)
+
+
+def store_defaults(experiment_dir: str) -> Dict[str, Dict[str, str]]:
+    """Where each built-in sink with a shared store writes by default (its ``default_store``).
+
+    Example:
+        >>> store_defaults("/runs/exp")["tensorboard"]
+        {'logdir': '/runs/exp/tensorboard'}
+    """
+    classes = {name: sink_class(name) for name in builtin_names()}
+    return {name: cls.store_default(experiment_dir) for name, cls in classes.items() if cls.default_store}
+
+
+def with_store_defaults(name: str, options: Mapping[str, Any], experiment_dir: str) -> Dict[str, Any]:
+    """Sink ``name``'s options with its store placed in ``experiment_dir`` unless the options place it."""
+    out = dict(options)
+    for key, value in sink_class(name).store_default(experiment_dir).items():
+        if not out.get(key):
+            out[key] = value
+    return out

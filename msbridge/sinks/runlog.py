@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ..errors import MsbridgeError
-from .base import SCHEMA_VERSION, Event, Record, RunInfo, json_safe
+from .base import SCHEMA_VERSION, Event, Record, RunInfo, Series, events_series, json_safe
 
 _logger = logging.getLogger("msbridge")
 
@@ -102,6 +102,10 @@ class RankLog:
         for r in self.records:
             names.update(dict.fromkeys(r.values))
         return list(names)
+
+    def event_series(self) -> Series:
+        """The events as ``Sink.read_back`` gives them back: ``events/<kind>``, the count at each step."""
+        return events_series((ev.kind, ev.step) for ev in self.events)
 
 
 @dataclass
@@ -240,6 +244,13 @@ def read_rank_file(path: str, strict: bool = False) -> RankLog:
     log = RankLog(path=path, header={})
     log.records.extend(iter_rank_lines(path, log, strict))
     return finish_rank_log(log, strict)
+
+
+def read_event_lines(path: str) -> RankLog:
+    """A file of event lines without a header (the MLflow sink's ``events.jsonl`` artifact), parsed."""
+    log = RankLog(path=path, header={})
+    log.records.extend(iter_rank_lines(path, log))
+    return log
 
 
 def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Record]:

@@ -13,8 +13,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from helpers.runs import make_records, make_run  # noqa: E402
-from msbridge.adapters.mlflow_sink import MlflowSink  # noqa: E402
 
+from msbridge.adapters.mlflow_sink import MlflowSink  # noqa: E402
 from msbridge.sinks.base import FINISHED  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def main() -> None:
         time.sleep(0.01)
     sink.write(make_records(range(1, steps + 1)), [])
     sink.close(FINISHED)
-    print(f"undelivered: {sink.undelivered}", flush=True)
+    print(f"undelivered: {sink.undelivered()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ import os
 
 import pytest
 from helpers.runs import make_records, make_run
-from msbridge.adapters.jsonl_sink import JsonlSink
 
+from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.sinks.base import Event, Record
 from msbridge.sinks.runlog import RunLogError, encode_record, rank_file, read_rank_file, read_run
 

@@ -16,11 +16,11 @@ from helpers.training import train_regression
 from helpers.wire_cases import SCALAR_EVENTS
 from mindspore.train.lineage_pb2 import LineageEvent
 from mindspore.train.summary_pb2 import Event as SummaryEvent
+
+from msbridge import BridgeMonitor
 from msbridge.adapters._eventwire import MINDSPORE_VALUE, scalar_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mindinsight_sink import MindInsightSink, mindinsight_tag
-
-from msbridge import BridgeMonitor
 from msbridge.names import HEADLINE
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event
 from msbridge.sinks.registry import resolve

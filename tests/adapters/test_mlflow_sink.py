@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
+
 from msbridge.adapters._mlflow_fields import MAX_KEY_LENGTH, clean_key
 from msbridge.adapters._mlflow_process import NICE, ClientProcess, TrackerError
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
-
 from msbridge.bench.servers import MlflowServer
 from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.process_group import free_port
@@ -292,7 +292,7 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
     assert [m for m in messages if "gave up" in m] == [
         f"msbridge: gave up on MLflow at {uri}: 30 records and status FINISHED not delivered; "
         f"once it is back: msbridge replay {run.run_dir} --to mlflow"]
-    assert sink.undelivered == (f"30 records and status FINISHED not delivered to MLflow at {uri} "
+    assert sink.undelivered() == (f"30 records and status FINISHED not delivered to MLflow at {uri} "
                                 "(unreachable until close_timeout ran out)")  # the run's outcome lists it
 
 

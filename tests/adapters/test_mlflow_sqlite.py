@@ -27,6 +27,7 @@ def _history(client, run_id):
 
 def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
     from mlflow.entities import Metric, RunTag
+
     from msbridge.adapters._mlflow_sqlite import rows_for
 
     client = MlflowClient(shared_sqlite)

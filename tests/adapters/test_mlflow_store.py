@@ -20,11 +20,11 @@ import time
 import pytest
 from helpers.runs import make_records, make_run
 from mlflow.tracking import MlflowClient
+
+from msbridge.adapters._mlflow_fields import RUN_ID_TAG
 from msbridge.adapters._mlflow_process import ClientProcess
 from msbridge.adapters._mlflow_store import half_made
-from msbridge.adapters._mlflow_fields import RUN_ID_TAG
 from msbridge.adapters.mlflow_sink import MlflowSink
-
 from msbridge.sinks.base import FINISHED
 
 JOB = os.path.join(os.path.dirname(__file__), "mlflow_store_job.py")
@@ -64,7 +64,7 @@ def _next_run_works(root, name):
     sink.open(run)
     sink.write(make_records(range(1, STEPS + 1)), [])
     sink.close(FINISHED)
-    assert sink.undelivered == "", sink.undelivered
+    assert sink.undelivered() == "", sink.undelivered()
     _assert_whole_run(root, name)
 
 

@@ -10,9 +10,9 @@ from helpers.mlflow_reads import steps
 from helpers.runs import make_records, make_run
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, SWEEP_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import MlflowSink
-
 from msbridge.offline.compare import compare
 
 

@@ -18,9 +18,9 @@ from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (fixtures)
 from helpers.sweep_job import EXPERIMENT
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
-
 from msbridge.offline.compare import compare
 
 pytestmark = pytest.mark.slow

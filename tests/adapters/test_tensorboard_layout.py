@@ -8,9 +8,6 @@ import time
 
 import pytest
 from helpers.runs import make_records, make_run
-from msbridge.adapters._eventwire import custom_scalars_summary, summary_event
-from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.tensorboard_sink import LAYOUT, TensorBoardSink
 from tensorboard import context
 from tensorboard.backend.event_processing.data_provider import MultiplexerDataProvider
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
@@ -20,6 +17,9 @@ from tensorboard.plugins.scalar.scalars_plugin import ScalarsPlugin
 from tensorboardX import summary as tbx_summary
 from tensorboardX.proto import event_pb2, layout_pb2
 
+from msbridge.adapters._eventwire import custom_scalars_summary, summary_event
+from msbridge.adapters.jsonl_sink import JsonlSink
+from msbridge.adapters.tensorboard_sink import LAYOUT, TensorBoardSink
 from msbridge.names import HEADLINE
 from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from helpers.runs import make_records, make_run
 from helpers.wire_cases import SCALAR_EVENTS
-from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
-from msbridge.adapters.jsonl_sink import JsonlSink
-from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
+from msbridge.adapters._eventwire import TENSORBOARD_VALUE, scalar_event, version_event
+from msbridge.adapters.jsonl_sink import JsonlSink
+from msbridge.adapters.tensorboard_sink import TensorBoardSink, _as_hparams, clean_tag
 from msbridge.errors import MissingDependencyError
 from msbridge.names import is_global_metric
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Event, Record

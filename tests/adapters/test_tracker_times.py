@@ -13,12 +13,12 @@ from helpers.mlflow_reads import only_run
 from helpers.runs import make_records, make_run
 from mindspore.train import Callback
 from mlflow.tracking import MlflowClient
-from msbridge.adapters.mlflow_sink import MlflowSink
-from msbridge.adapters.tensorboard_sink import TensorBoardSink
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata as hp_metadata
 
 from msbridge import BridgeMonitor
+from msbridge.adapters.mlflow_sink import MlflowSink
+from msbridge.adapters.tensorboard_sink import TensorBoardSink
 from msbridge.offline.replay import replay
 from msbridge.sinks.base import FINISHED, Event
 

@@ -25,14 +25,18 @@ def spec(url, **more):
 
 class Lossy(Sink):
     name = "tracker"
+    lost = ""
 
     def emit(self, records, events):
         pass
 
+    def undelivered(self):
+        return self.lost
+
 
 def test_a_failed_run_and_a_sink_that_gave_up_alert_at_close(tmp_path):
     tracker = Lossy()
-    tracker.undelivered = "30 records and status FAILED"
+    tracker.lost = "30 records and status FAILED"
     with WebhookServer() as server:
         sink = AlertSink(spec(server.url("webhook/x")), peers=[tracker])
         sink.open(run_info(tmp_path))
@@ -42,7 +46,7 @@ def test_a_failed_run_and_a_sink_that_gave_up_alert_at_close(tmp_path):
     assert [b["category"] for b in bodies] == ["failed", "undelivered"]
     assert bodies[0]["values"]["status"] == "FAILED" and bodies[0]["values"]["cause"] == "exception"
     assert bodies[0]["step"] == 12 and "tracker: 30 records" in bodies[1]["message"]
-    assert sink.undelivered == ""
+    assert sink.undelivered() == ""
 
 
 def test_a_finished_run_sends_nothing_unless_end_is_asked_for(tmp_path):
@@ -65,7 +69,7 @@ def test_the_close_waits_a_bounded_time_and_the_next_start_sends_what_was_kept(t
         start = time.monotonic()
         sink.close("FINISHED")
         assert time.monotonic() - start < 5  # close_wait_s 1, not the request's 20 s timeout
-    assert "1 alert(s) kept in" in sink.undelivered
+    assert "1 alert(s) kept in" in sink.undelivered()
     box = Outbox(str(tmp_path), 0)
     [kept] = box.entries()
     assert kept["alert"]["step"] == 20 and "url" not in kept

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 import msbridge.config.load as config_module
-from msbridge.config.dialects import HANDLERS, SUMMARY_KEYS
+from msbridge.config.dialects import FORMAT_VALUES, HANDLERS, SUMMARY_KEYS
 from msbridge.config.load import FIELD_NAMES, ConfigError, load_config
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
@@ -257,9 +257,9 @@ def test_format_values_are_checked_with_a_suggestion(tmp_path):
                                     "  weight_state_format: 3\n"))
     assert err.value.problems == [
         "run.yaml:2: monitor_config.local_loss_format: unknown format 'tensorbord'; did you mean 'tensorboard'? "
-        "(allowed: log, jsonl, tensorboard, mlflow, mindinsight)",
-        "run.yaml:3: monitor_config.weight_state_format: expected one of 'log', 'jsonl', 'tensorboard', 'mlflow', "
-        "'mindinsight' or a list of them, got 3",
+        f"(allowed: {', '.join(FORMAT_VALUES)})",
+        f"run.yaml:3: monitor_config.weight_state_format: expected one of {', '.join(map(repr, FORMAT_VALUES))} "
+        "or a list of them, got 3",
     ]
 
 
@@ -319,7 +319,7 @@ def test_bad_target_and_zero_format_are_problems_not_crashes(tmp_path):
                                     "  local_loss_format: 0\n  mlflow: 0\n"))
     assert err.value.problems == [
         "run.yaml:2: monitor_config.target: expected a list of parameter-name patterns, got 5",
-        "run.yaml:4: monitor_config.local_loss_format: expected one of 'log', 'jsonl', 'tensorboard', 'mlflow', "
-        "'mindinsight' or a list of them, got 0",
+        f"run.yaml:4: monitor_config.local_loss_format: expected one of {', '.join(map(repr, FORMAT_VALUES))} "
+        "or a list of them, got 0",
         "run.yaml:5: monitor_config.mlflow: expected true, false or a mapping of mlflow sink options, got 0",
     ]

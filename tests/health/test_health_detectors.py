@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 from plateau_oracle import first_plateau
 
-from msbridge.health.detectors import GradNormSpike, LossSpike, NonFinite, Plateau, StepView, ThroughputDrop
+from msbridge.health.detectors import StepView
+from msbridge.health.detectors.grad_norm_spike import GradNormSpike
+from msbridge.health.detectors.loss_spike import LossSpike
+from msbridge.health.detectors.nonfinite import NonFinite
+from msbridge.health.detectors.plateau import Plateau
+from msbridge.health.detectors.throughput_drop import ThroughputDrop
 
 
 def test_nonfinite_reports_the_first_step_of_each_episode_and_ignores_a_loss_scaler_overflow():

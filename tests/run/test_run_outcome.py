@@ -67,7 +67,10 @@ class GivesUp(Sink):
         pass
 
     def close(self, status="FINISHED"):
-        self.undelivered = f"3 records and status {status} not delivered"
+        self.status = status
+
+    def undelivered(self):
+        return f"3 records and status {self.status} not delivered"
 
 
 def test_what_a_sink_gave_up_on_at_close_is_undelivered_with_exit_code_3(tmp_path):

@@ -10,7 +10,7 @@ from helpers.runs import make_records, make_run
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError
 from msbridge.options import Option
-from msbridge.sinks.base import CLOSE_GRACE, Sink
+from msbridge.sinks.base import CLOSE_GRACE, GAP, Event, Sink
 from msbridge.sinks.dispatch import Dispatcher
 
 RUN = make_run("/nonexistent")
@@ -172,8 +172,8 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
         def emit(self, records, events):
             raise ConnectionError("down")
 
-        def close(self, status="FINISHED"):
-            self.undelivered = "2 records not delivered"
+        def undelivered(self):
+            return "2 records not delivered"
 
     journal = []
     d = Dispatcher([Flaky(), Recording("ok", journal)], RUN)
@@ -220,3 +220,27 @@ def test_close_timeout_is_finite_and_positive_and_sets_the_close_bound():
             load_config({"sinks": {"jsonl": {}, "mlflow": {"close_timeout": bad}}})
     assert Timed("t", [], close_timeout=150).close_bound == 150 + CLOSE_GRACE  # the close waits 150 s, not 120
     assert Recording("tb", []).close_bound == 10 + CLOSE_GRACE  # a sink without close_timeout
+
+
+def test_the_events_a_sink_returns_are_handed_to_every_other_sink():
+    """A sink learns nothing from attributes: what ``emit`` returns (a ``gap``) goes to jsonl and the trackers."""
+    gap = Event(GAP, 2, 0, 1.0, {"records": 1, "events": 0, "first_step": 2, "last_step": 2, "sink": "lossy"})
+
+    class Lossy(Sink):
+        name = "lossy"
+
+        def emit(self, records, events):
+            return [gap] if any(r.step == 2 for r in records) else None
+
+    journal, seen = [], []
+
+    class Listening(Recording):
+        def write(self, records, events):
+            seen.extend((self.name, ev.kind) for ev in events)
+            super().write(records, events)
+
+    d = Dispatcher([Listening("jsonl", journal), Lossy(), Listening("tb", journal)], RUN)
+    d.submit(make_records([1, 2, 3]))
+    assert d.flush(timeout=30)  # lossy's write has returned: its gap is queued for jsonl and offered to tb
+    d.close()
+    assert d.raised == [gap] and sorted(seen) == [("jsonl", GAP), ("tb", GAP)]

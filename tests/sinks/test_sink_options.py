@@ -11,7 +11,7 @@ from helpers.runs import make_records, make_run
 
 from msbridge.errors import ConfigError
 from msbridge.options import Option, check_options
-from msbridge.sinks.base import Event, Sink
+from msbridge.sinks.base import Event, Held, Sink
 from msbridge.sinks.registry import resolve
 
 
@@ -112,3 +112,14 @@ def test_write_hands_emit_only_steps_the_sink_does_not_hold(tmp_path):
     sink.write(make_records([6, 7]), [])  # a step never goes back, within a batch or across batches
     assert sink.steps == [5, 6, 7] and sink.last_step == 7
     assert sink.events == [2], "events are not steps a sink holds: every one is handed over"
+
+
+def test_what_a_sink_says_it_holds_is_never_handed_over_again(tmp_path):
+    class Holding(Kept):
+        def held(self):
+            return Held(last_step=5, events=frozenset({("anomaly", 3)}))
+
+    sink = Holding()
+    sink.open(make_run(tmp_path))
+    sink.write(make_records(range(1, 8)), [Event("anomaly", 3, 0), Event("anomaly", 6, 0)])
+    assert sink.steps == [6, 7] and sink.events == [6] and sink.last_step == 7

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 import textwrap
+from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +18,70 @@ from msbridge.sinks import registry
 from msbridge.sinks.base import Sink
 
 
-def test_builtins_resolve():
-    assert registry.resolve("jsonl").name == "jsonl"
-    assert registry.available()[:4] == registry.builtin_names() == ("jsonl", "tensorboard", "mlflow", "mindinsight")
+def test_builtins_are_the_adapter_files_each_registered_by_its_class():
+    """``adapters/<name>_sink.py`` is the built-in ``<name>``: its class registered itself under that name."""
+    adapters = Path(registry.__file__).resolve().parents[2] / "adapters"
+    files = sorted(p.name[:-len("_sink.py")] for p in adapters.glob("*_sink.py") if not p.name.startswith("_"))
+    names = registry.builtin_names()
+    assert sorted(names) == files and names[0] == "jsonl", "the write-ahead log is listed first"
+    assert registry.available()[:len(names)] == names
+    assert all(registry.resolve(name).name == name for name in names if name != "mlflow" or find_spec("mlflow"))
+
+
+def test_a_built_in_is_one_file_whose_decorator_registers_it(tmp_path, monkeypatch):
+    """A ``csv_sink.py`` in the built-ins' package is the sink ``csv``, found by its file name, imported when asked."""
+    package = tmp_path / "fake_adapters"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_helper.py").write_text("raise RuntimeError('not a sink: never imported')\n")
+    (package / "jsonl_sink.py").write_text("from msbridge.adapters.jsonl_sink import JsonlSink\n"
+                                           "from msbridge.sinks.registry import register_sink\n"
+                                           "register_sink('jsonl')(JsonlSink)\n")  # the write-ahead log, always on
+    (package / "csv_sink.py").write_text(textwrap.dedent("""
+        from msbridge.sinks.base import Sink
+        from msbridge.sinks.registry import register_sink
+
+        @register_sink("csv")
+        class CsvSink(Sink):
+            def emit(self, records, events):
+                pass
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "BUILTIN_PACKAGE", "fake_adapters")
+    monkeypatch.setattr(registry, "_REGISTERED", {})
+    assert registry.builtin_names() == ("jsonl", "csv") and "fake_adapters.csv_sink" not in sys.modules
+    assert registry.sink_class("csv").__module__ == "fake_adapters.csv_sink"
+    assert dict(load_config({"sinks": {"csv": {}}}).sinks) == {"csv": {}, "jsonl": {}}
+
+
+def test_a_class_decorated_in_this_process_is_a_sink(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+
+    @registry.register_sink("print_steps")
+    class PrintSteps(Sink):
+        def emit(self, records, events):
+            print([r.step for r in records])
+
+    assert PrintSteps.name == "print_steps" and registry.resolve("print_steps") is PrintSteps
+    assert "print_steps" in registry.available()
+
+
+def test_each_store_default_is_declared_once_by_its_sink():
+    """``msbridge view``, ``replay`` and the run plan place a tracker's store from the class's ``default_store``."""
+    stores = registry.store_defaults("/e")
+    assert set(stores) == {n for n in registry.builtin_names() if registry.sink_class(n).default_store}
+    assert stores["mlflow"] == {"tracking_uri": "sqlite:////e/mlflow.db"}
+    assert stores["tensorboard"] == {"logdir": "/e/tensorboard"}
+    assert stores["mindinsight"] == {"summary_base_dir": "/e/summary"}
+    assert registry.with_store_defaults("mlflow", {"close_timeout": 1}, "/e") == {
+        "close_timeout": 1, "tracking_uri": "sqlite:////e/mlflow.db"}
+    assert registry.with_store_defaults("mlflow", {"tracking_uri": "http://h:5000"}, "/e") == {
+        "tracking_uri": "http://h:5000"}
+    assert registry.with_store_defaults("tensorboard", {"logdir": None}, "/e") == {"logdir": "/e/tensorboard"}
+    assert registry.with_store_defaults("jsonl", {}, "/e") == {}
+    for name in stores:
+        option, _ = registry.sink_class(name).default_store
+        assert option in registry.sink_class(name).options, name
 
 
 @pytest.mark.parametrize("name", registry.builtin_names())
@@ -40,7 +103,7 @@ def test_the_config_takes_sink_names_from_the_registry():
 
 
 def test_unknown_name_lists_registered():
-    with pytest.raises(ConfigError, match="registered sinks: jsonl, tensorboard, mlflow, mindinsight"):
+    with pytest.raises(ConfigError, match=f"registered sinks: {', '.join(registry.available())}$"):
         registry.resolve("wandb")
 
 

@@ -1,33 +1,47 @@
 """The health checks, one file each, and ``DETECTORS``: the one table the runner and the config read.
 
-Adding a check: a new file here with a ``Detector`` subclass (see ``base``), its
-test in ``tests/health/``, one line in ``DETECTORS`` and one row in
-``docs/health.md``. Nothing else names a check: the ``health`` section's keys,
-options, validation and default actions all come from the class.
+A check registers itself: a file in this folder whose ``Detector`` subclass is decorated with
+``@register_detector("name")`` (see ``base``) is imported here, every file of the folder in name order; a check
+of another package registers under the ``msbridge.health`` entry-point group
+(``loss_ceiling = "my_pkg.loss_ceiling:LossCeiling"``). Nothing else names a check: the ``health`` section's
+keys, options, validation and default actions all come from the class.
 
 Example:
-    >>> sorted(DETECTORS)
-    ['grad_norm_spike', 'loss_spike', 'nonfinite', 'plateau', 'throughput_drop']
+    >>> list(DETECTORS)[:2]
+    ['nonfinite', 'grad_norm_spike']
 """
 from __future__ import annotations
 
-from typing import Dict, Type
+import importlib
+import logging
+import pkgutil
+from importlib.metadata import entry_points
 
-from .base import ANOMALY, RECOVERY, Detector, Finding, Option, StepView
-from .grad_norm_spike import GradNormSpike
-from .loss_spike import LossSpike
-from .nonfinite import NonFinite
-from .plateau import Plateau
-from .throughput_drop import ThroughputDrop
+from .base import ANOMALY, DETECTORS, RECOVERY, Detector, Finding, Option, StepView, register_detector
 
-#: check name -> detector class, in the order they look at a step.
-DETECTORS: Dict[str, Type[Detector]] = {
-    NonFinite.name: NonFinite,
-    GradNormSpike.name: GradNormSpike,
-    LossSpike.name: LossSpike,
-    Plateau.name: Plateau,
-    ThroughputDrop.name: ThroughputDrop,
-}
+log = logging.getLogger("msbridge")
 
-__all__ = ["ANOMALY", "DETECTORS", "RECOVERY", "Detector", "Finding", "GradNormSpike", "LossSpike", "NonFinite",
-           "Option", "Plateau", "StepView", "ThroughputDrop"]
+ENTRY_POINT_GROUP = "msbridge.health"
+
+
+def _load_builtins() -> None:
+    """Import every check file of this folder: each registers its check."""
+    for module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):
+        importlib.import_module(f"{__name__}.{module}")
+
+
+def _load_plugins() -> None:
+    """Register each ``msbridge.health`` entry point; one that fails to load is said once and left out."""
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        try:
+            register_detector(point.name)(point.load())  # a decorated class registered itself on import too
+        except Exception as exc:  # a broken plug-in never stops import msbridge
+            log.error("msbridge: health check %r (entry point %s) did not load: %s: %s; it is not available",
+                      point.name, point.value, type(exc).__name__, exc)
+
+
+_load_builtins()
+_load_plugins()
+
+__all__ = ["ANOMALY", "DETECTORS", "ENTRY_POINT_GROUP", "RECOVERY", "Detector", "Finding", "Option", "StepView",
+           "register_detector"]

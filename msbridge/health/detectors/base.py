@@ -1,6 +1,6 @@
 """The health-check protocol: what a detector declares, what it sees each step, what it reports.
 
-A detector is one class: it declares its ``name``, its ``options`` (each an
+A detector is one class, registered with ``@register_detector("name")``: it declares its ``options`` (each an
 ``Option``, the type sinks declare theirs with: type, default, one-line doc,
 allowed range or choices) and its ``default_action`` per profile, and has one
 method, ``observe(view)``, called once per recorded step, in step order, with
@@ -10,8 +10,8 @@ steps), else None. The runner builds it as ``cls(warmup_steps=..., **options)``
 from the validated ``health`` section.
 
 Example:
-    >>> class LrZero(Detector):
-    ...     name = "lr_zero"
+    >>> @register_detector("lr_zero")
+    ... class LrZero(Detector):
     ...     options = {"limit": Option(float, 0.0, "lr at or below this is zero", low=0)}
     ...     default_action = {"debug": DUMP, "production": LOG}
     ...     def __init__(self, warmup_steps: int = 0, limit: float = 0.0) -> None:
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Mapping, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Type, TypeVar
 
 from ...names import GRAD_NORM, LOSS
 from ...options import Option
@@ -101,7 +101,7 @@ class Detector(ABC):
     """The base of every check; see the module docstring for the protocol.
 
     Class attributes:
-        name: the check's key under ``health:`` and in every finding.
+        name: the check's key under ``health:`` and in every finding (set by ``register_detector``).
         options: option name -> ``Option`` (``check`` and ``action`` are added for every check).
         default_action: profile -> action when the config names none.
         in_graph_skip: a train cell built to skip non-finite updates
@@ -127,6 +127,28 @@ class Detector(ABC):
     @abstractmethod
     def observe(self, view: StepView) -> Optional[Finding]:
         """The finding that starts at ``view.step``, or None."""
+
+
+#: check name -> detector class, in the order they look at a step: the checks a train cell can already act on
+#: inside the graph (``in_graph_skip``: ``nonfinite``) first, then by name. ``register_detector`` fills it.
+DETECTORS: Dict[str, Type[Detector]] = {}
+D = TypeVar("D", bound=Type[Detector])
+
+
+def register_detector(name: str) -> Callable[[D], D]:
+    """Class decorator: the check ``name`` (its key under ``health:``) is this class (see the example above)."""
+    return lambda cls: _registered(name, cls)
+
+
+def _registered(name: str, cls: D) -> D:
+    """``cls`` as the check ``name``, in ``DETECTORS`` in look order."""
+    if not (isinstance(cls, type) and issubclass(cls, Detector)):
+        raise TypeError(f"register_detector({name!r}): {cls!r} is not a Detector subclass")
+    cls.name = name
+    ordered = sorted({**DETECTORS, name: cls}.items(), key=lambda item: (not item[1].in_graph_skip, item[0]))
+    DETECTORS.clear()
+    DETECTORS.update(ordered)
+    return cls
 
 
 def finite(value: Optional[float]) -> bool:

@@ -15,9 +15,10 @@ from collections import deque
 from statistics import median as _median  # sorts in C: ~10x faster than np.median on these few dozen values
 from typing import Deque, Optional
 
-from .base import DUMP, MIN_BASELINE, Detector, Finding, Option, StepView, finite
+from .base import DUMP, MIN_BASELINE, Detector, Finding, Option, StepView, finite, register_detector
 
 
+@register_detector("grad_norm_spike")
 class GradNormSpike(Detector):
     """Grad norm above ``threshold``, or above ``factor`` x its recent median, ``count`` steps in a row.
 
@@ -26,7 +27,6 @@ class GradNormSpike(Detector):
         >>> spike.observe(StepView(101, grad_norm=9.0))  # a Finding once 100 normal values near 1.0 were seen
     """
 
-    name = "grad_norm_spike"
     options = {
         "factor": Option(float, 4.0, "a spike is above factor x the median of the recent normal grad norms",
                          low=1, low_open=True),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from statistics import median as _median
 from typing import Deque, Optional
 
-from .base import DUMP, LOG, MIN_BASELINE, RECOVERY, Detector, Finding, Option, StepView, finite
+from .base import DUMP, LOG, MIN_BASELINE, RECOVERY, Detector, Finding, Option, StepView, finite, register_detector
 
 #: 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_STD = 1.4826
@@ -33,6 +33,7 @@ class _Spike:
     length: int = 1
 
 
+@register_detector("loss_spike")
 class LossSpike(Detector):
     """A loss jump against a rolling median/MAD, and the step it comes back.
 
@@ -40,7 +41,6 @@ class LossSpike(Detector):
         >>> LossSpike(window=30, min_rise=0.05, warmup_steps=20).observe(StepView(21, loss=2.0))  # None: no baseline
     """
 
-    name = "loss_spike"
     options = {
         "window": Option(int, 50, "how many recent normal losses the median and MAD are taken over", low=1),
         "sigmas": Option(float, 6.0, "a spike is this many robust standard deviations above the median",

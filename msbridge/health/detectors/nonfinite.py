@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .base import DUMP, STOP, Detector, Finding, StepView
+from .base import DUMP, STOP, Detector, Finding, StepView, register_detector
 
 
+@register_detector("nonfinite")
 class NonFinite(Detector):
     """NaN/inf in the loss or the grad norm; one finding per episode of non-finite steps.
 
@@ -24,7 +25,6 @@ class NonFinite(Detector):
         ['train/grad_norm']
     """
 
-    name = "nonfinite"
     default_action = {"debug": STOP, "production": DUMP}
     in_graph_skip = True  # TrainStep(skip_nonfinite=True) drops exactly these updates inside the graph
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .base import LOG, Detector, Finding, Option, StepView, finite
+from .base import LOG, Detector, Finding, Option, StepView, finite, register_detector
 
 
+@register_detector("plateau")
 class Plateau(Detector):
     """No improvement of the EMA-smoothed loss by ``min_delta`` for ``patience`` steps; reported once.
 
@@ -22,7 +23,6 @@ class Plateau(Detector):
         True
     """
 
-    name = "plateau"
     options = {
         "patience": Option(int, 500, "steps without improvement before it is reported", low=1),
         "min_delta": Option(float, 1e-3, "the smoothed loss must fall by more than this to count", low=0),

@@ -16,7 +16,7 @@ from collections import deque
 from statistics import median as _median
 from typing import Deque, List, Optional, Tuple
 
-from .base import LOG, Detector, Finding, Option, StepView, finite
+from .base import LOG, Detector, Finding, Option, StepView, finite, register_detector
 
 
 def rate_of(view: StepView) -> Tuple[float, str]:
@@ -26,6 +26,7 @@ def rate_of(view: StepView) -> Tuple[float, str]:
     return 1.0 / max(float(view.step_time_s), 1e-9), "steps/s"
 
 
+@register_detector("throughput_drop")
 class ThroughputDrop(Detector):
     """The recent median rate fell below ``factor`` x the baseline measured right after warm-up.
 
@@ -34,7 +35,6 @@ class ThroughputDrop(Detector):
         True
     """
 
-    name = "throughput_drop"
     options = {
         "baseline_steps": Option(int, 20, "steps after warm-up whose median rate is the baseline", low=1),
         "window": Option(int, 10, "recent steps whose median rate is compared with it", low=1),
