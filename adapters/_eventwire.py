@@ -259,6 +259,7 @@ class WritesUntilFailed:
     defines ``_emit``, ``_flush_files`` and ``_failure_dir``.
 
     Example:
+        >>> from msbridge.sinks.base import Sink
         >>> class TensorBoardSink(WritesUntilFailed, Sink): ...
     """
 

@@ -163,6 +163,7 @@ def check_sink(cls: Type[Sink], directory: Optional[str] = None, steps: int = 10
     check's length. Raises ``ContractError`` at the first check that fails, naming it.
 
     Example:
+        >>> from msbridge.adapters.jsonl_sink import JsonlSink
         >>> check_sink(JsonlSink, steps=1_000)
         ['records_and_events', 'empty_run', 'non_finite', 'resume', 'many_steps']
     """

@@ -6,6 +6,7 @@ in every tracker. ``Sink`` says what a sink declares and implements.
 
 Example:
     >>> Record(step=3, rank=0, time=1700000000.0, values={"train/loss": 2.5})
+    Record(step=3, rank=0, time=1700000000.0, values={'train/loss': 2.5})
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ class Record:
     to a float; a non-finite float is kept as it is (sinks decide how to store it).
 
     Example:
-        >>> Record(step=3, rank=0, time=1700000000.0, values={"train/loss": 2.5})
+        >>> Record(step=3, rank=0, time=1700000000.0, values={"train/loss": 2.5}).values["train/loss"]
+        2.5
     """
 
     step: int
@@ -105,6 +107,7 @@ class Event:
 
     Example:
         >>> Event(kind="anomaly", step=3700, rank=0, detail={"check": "nonfinite_loss"})
+        Event(kind='anomaly', step=3700, rank=0, time=0.0, detail={'check': 'nonfinite_loss'})
     """
 
     kind: str
@@ -159,7 +162,8 @@ class Held:
     ``last_step`` and none of ``events`` (``(kind, step)`` pairs), so a replay into it twice adds nothing.
 
     Example:
-        >>> Held(last_step=120, events=frozenset({("anomaly", 37)}))
+        >>> Held(last_step=120, events=frozenset({("anomaly", 37)})).last_step
+        120
     """
 
     last_step: int = 0
@@ -194,6 +198,7 @@ class Sink:
     ``Dispatcher.submit``, on the training thread. Every other sink leaves it False.
 
     Example:
+        >>> from msbridge.sinks.registry import register_sink
         >>> @register_sink("print")
         ... class PrintSink(Sink):
         ...     options = {"prefix": Option(str, "step", "the word before each step number")}
@@ -232,6 +237,7 @@ class Sink:
         """``{option: value}`` placing the store in ``experiment_dir`` (``{}`` without ``default_store``).
 
         Example:
+            >>> from msbridge.adapters.tensorboard_sink import TensorBoardSink
             >>> TensorBoardSink.store_default("/runs/exp")
             {'logdir': '/runs/exp/tensorboard'}
         """

@@ -65,7 +65,8 @@ class ConsoleSink(Sink):
     """Prints a progress line every ``print_interval`` steps.
 
     Example:
-        >>> ConsoleSink(print_interval=20)
+        >>> ConsoleSink(print_interval=20).settings["print_interval"]
+        20
     """
 
     name = "console"

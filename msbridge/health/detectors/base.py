@@ -52,6 +52,7 @@ class Finding:
 
     Example:
         >>> Finding("nonfinite", 3700, detail={"nonfinite": ["train/loss"]})
+        Finding(check='nonfinite', step=3700, kind='anomaly', detail={'nonfinite': ['train/loss']})
     """
 
     check: str
