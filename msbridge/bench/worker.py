@@ -330,6 +330,8 @@ def _summarise(setup: str, timer: _Timer, callbacks: List[Any], wall: float, cpu
         "setup": setup, "steps": int(timer.times[-1][0]) if timer.times else 0,
         "steps_per_s": (len(marks) - warm) / measured if measured > 0 else None,
         "median_step_ms": float(np.median(np.diff(marks[warm:]))) * 1e3,
+        # the second half, from just after the mid-run stall: every sink is past its start (MLflow's child too)
+        "late_steps_per_s": float((len(marks) - len(marks) // 2 - 3) / (marks[-1] - marks[len(marks) // 2 + 2])),
         "wall_s": wall, "cpu_s": cpu,
         "cpu_ms_per_step": None if steady_cpu is None else steady_cpu / (len(marks) - warm) * 1e3,
         "sink_thread_ms_per_step": None if sink_cpu is None else sink_cpu / (len(marks) - warm) * 1e3,
