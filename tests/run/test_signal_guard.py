@@ -9,6 +9,15 @@ import pytest
 from msbridge.run.signals import SignalGuard, TrainingInterrupted
 
 
+@pytest.fixture(autouse=True)
+def python_default_sigint():
+    """Each test starts from Python's own SIGINT handler, as in a terminal. A process started in the background of a
+    non-interactive shell (``cmd &``, ``nohup``) inherits SIGINT ignored, and the guard leaves an ignored signal so."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_sigint_raises_pythons_own_keyboard_interrupt_and_is_named():
     guard = SignalGuard()
     assert guard.install()
