@@ -13,7 +13,7 @@ import time
 
 import pytest
 import yaml
-from helpers.training import regression_data, train_regression
+from helpers.training import regression_data
 from helpers.webhook_server import WebhookServer, refused_url
 from mindspore.train import Callback
 
