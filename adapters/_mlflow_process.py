@@ -13,7 +13,8 @@ reach it through its pipe (``connect``) when the run is known, so nothing secret
 Priority, in two phases. The child starts at nice ``NICE`` (5), normal class: its import of MLflow, the
 store's check or migrations and the run's creation (seconds of CPU) finish in bounded time on a busy host
 (beside 2 CPU-bound processes: 42-49 s; at nice 19 or ``SCHED_IDLE`` they did not finish in 120 s,
-``examples/bench/child_priority.py``). Beside training (MindSpore loaded in the parent) it then drops to
+``examples/bench/child_priority.py``). Beside a live training (``connect(..., beside_training=True)``: the sink
+opened by a training's run, ``RunInfo.training``) it then drops to
 ``SCHED_IDLE`` once its first metrics are stored: steady delivery is ~1% of a core, and MindSpore's CPU
 kernels keep both cores of this project's 2-vCPU VM busy, so any normal-class CPU it takes stalls a kernel
 thread. Measured 2026-12-01, interleaved, setup (e) of ``msbridge bench`` against no monitoring:
@@ -93,6 +94,7 @@ class ClientProcess:
     def __init__(self) -> None:
         self.uri = ""
         self._env: Dict[str, str] = {}
+        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (module docstring)
         self._proc: Optional[subprocess.Popen] = None
         self._connected = False  # whether the running child has the URI
         self.start()
@@ -101,15 +103,17 @@ class ClientProcess:
         """Start the child (if none is running); it imports MLflow while the caller goes on."""
         if self._proc is None or self._proc.poll() is not None:
             # not ``-m``: as ``__main__`` the child's TrackerError would not unpickle here
-            command = f"from {__name__} import main; main({os.getpid()}, idle_after_start={beside_training()})"
+            command = f"from {__name__} import main; main({os.getpid()})"
             self._proc = subprocess.Popen([sys.executable, "-c", command],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected = False
 
-    def connect(self, uri: str, env: Dict[str, str]) -> None:
-        """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses; sent
-        with the next call, and again to a restarted child."""
+    def connect(self, uri: str, env: Dict[str, str], beside_training: bool = False) -> None:
+        """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses, and
+        whether it serves a live training (then it drops to ``SCHED_IDLE`` once its first metrics are stored);
+        sent with the next call, and again to a restarted child."""
         self.uri, self._env, self._connected = uri, dict(env), False
+        self._beside_training = beside_training
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -120,7 +124,7 @@ class ClientProcess:
         self.start()
         if not self._connected:
             self._connected = True
-            self._call(_CONNECT, (self.uri, self._env), {})
+            self._call(_CONNECT, (self.uri, self._env, self._beside_training), {})
         proc = self._proc
         try:
             pickle.dump((name, args, kwargs), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -237,10 +241,11 @@ def _reply(ok: bool, value: Any) -> bytes:
     return pickle.dumps((ok, _plain(value) if ok else value), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def serve(requests: BinaryIO, replies: BinaryIO, idle_after_start: bool = False) -> None:
-    """Answer calls until the input ends; ``_connect(uri, env)`` (re)points the tracker. With
-    ``idle_after_start``, drop to ``SCHED_IDLE`` once the first metrics are stored (module docstring)."""
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """Answer calls until the input ends; ``_connect(uri, env, beside_training)`` (re)points the tracker, and
+    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (module docstring)."""
     tracker = _Tracker("")
+    idle_after_start = False
     while True:
         try:
             name, args, kwargs = pickle.load(requests)
@@ -249,7 +254,7 @@ def serve(requests: BinaryIO, replies: BinaryIO, idle_after_start: bool = False)
             return
         try:
             if name == _CONNECT:
-                uri, env = args
+                uri, env, idle_after_start = args
                 os.environ.update(env)
                 tracker.close()
                 tracker = _Tracker(uri)
@@ -293,11 +298,6 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def beside_training() -> bool:
-    """Whether this process trains (MindSpore is loaded): then the child drops to ``SCHED_IDLE`` after its start."""
-    return "mindspore" in sys.modules
-
-
 def go_idle() -> bool:
     """This process to Linux's idle scheduling class; False where there is none (it stays where it is)."""
     try:
@@ -307,7 +307,7 @@ def go_idle() -> bool:
     return True
 
 
-def main(parent: int = 0, nice: int = NICE, idle_after_start: bool = False) -> None:
+def main(parent: int = 0, nice: int = NICE) -> None:
     """The child: ``nice``, dies with ``parent`` (its pid), answers calls on stdin/stdout until the input ends."""
     die_with_parent(parent)
     os.nice(nice)
@@ -321,7 +321,7 @@ def main(parent: int = 0, nice: int = NICE, idle_after_start: bool = False) -> N
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
     sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"
     try:
-        serve(sys.stdin.buffer, replies, idle_after_start)
+        serve(sys.stdin.buffer, replies)
     except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to answer, nothing to say
         pass
     try:

@@ -153,7 +153,7 @@ class MlflowSink(Sink):
             value = self.settings[option]
             if value is not None or variable not in os.environ:
                 env[variable] = str(int(default if value is None else value))
-        self._client.connect(self.uri, env)
+        self._client.connect(self.uri, env, beside_training=run.training)
         if run.config.get("histograms"):
             self._skip_histograms()
 

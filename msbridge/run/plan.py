@@ -88,7 +88,7 @@ class RunPlan:
         run = RunInfo(run_id=self.run_id, run_name=self.run_name, experiment=cfg.experiment,
                       rank=self.ranks.rank, world_size=self.ranks.world_size,
                       is_global=self.ranks.is_global, run_dir=self.run_dir,
-                      config=config_dict, metadata=meta, start_time=time.time(),
+                      config=config_dict, metadata=meta, start_time=time.time(), training=True,
                       resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
         where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
         run = replace(run, readme=render_readme(self.run_name, self.run_id, meta, where, self.run_dir))

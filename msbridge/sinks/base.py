@@ -134,6 +134,8 @@ class RunInfo:
         resumed_from_step: the last step already recorded when a run is resumed, else 0.
         start_time: when training started (``time.time()``); 0.0 when unknown (then a sink takes
             the time of the first record it is handed).
+        training: True when a live training opens the sink (its run plan); False for ``msbridge replay``
+            and tools, where a sink need not yield the CPU to anything.
     """
 
     run_id: str
@@ -148,6 +150,7 @@ class RunInfo:
     readme: str = ""
     resumed_from_step: int = 0
     start_time: float = 0.0
+    training: bool = False
 
     @property
     def experiment_dir(self) -> str:

@@ -63,7 +63,7 @@ def test_a_child_whose_parent_stopped_listening_ends_quietly():
     child = subprocess.Popen([sys.executable, "-c", "from msbridge.adapters._mlflow_process import main; main()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     child.stdout.close()  # nobody reads the replies any more
-    pickle.dump(("_connect", ("sqlite:///unused.db", {}), {}), child.stdin)
+    pickle.dump(("_connect", ("sqlite:///unused.db", {}, False), {}), child.stdin)
     child.stdin.flush()
     _, err = child.communicate(timeout=120)
     assert child.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err

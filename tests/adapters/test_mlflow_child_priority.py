@@ -1,6 +1,7 @@
 """MLflow's child runs in two phases (``msbridge.adapters._mlflow_process``): at nice 5 in the normal class
-while it starts (MLflow's import, the store, the run), then, beside training, in Linux's idle class once its
-first metrics are stored. Away from training (``msbridge replay``: no MindSpore loaded) it stays at nice 5."""
+while it starts (MLflow's import, the store, the run), then, when it serves a live training, in Linux's idle
+class once its first metrics are stored. Anywhere else (``msbridge replay``, a sink opened by hand) it stays at
+nice 5. That a real training opens its sinks as a live one is checked through the callback."""
 from __future__ import annotations
 
 import os
@@ -8,16 +9,17 @@ import subprocess
 import sys
 
 import pytest
+from helpers.training import train_regression
 
+from msbridge import BridgeMonitor
 from msbridge.adapters._mlflow_process import NICE
+from msbridge.sinks.base import Sink
 
 PARENT = """
 import os, sys, time
-if sys.argv[2] == "training":
-    import mindspore  # what makes a process a training one for the child
 from msbridge.adapters._mlflow_process import ClientProcess
 client = ClientProcess()
-client.connect(sys.argv[1], {})
+client.connect(sys.argv[1], {}, beside_training=sys.argv[2] == "training")
 run = client.create_run(client.create_experiment("priority"))
 pid = client._proc.pid
 before = os.sched_getscheduler(pid)
@@ -27,6 +29,8 @@ print(before, os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), 
 client.close()
 """
 
+needs_idle_class = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+
 
 def child_classes(tmp_path, kind: str):
     out = subprocess.run([sys.executable, "-c", PARENT, f"sqlite:///{tmp_path}/mlflow.db", kind],
@@ -35,13 +39,34 @@ def child_classes(tmp_path, kind: str):
     return tuple(int(x) for x in out.stdout.split())
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+@needs_idle_class
 def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_first_metrics(tmp_path):
     before, after, nice = child_classes(tmp_path, "training")
     assert before == os.SCHED_OTHER, "its start (import, store, run) must not be starved"
     assert after == os.SCHED_IDLE and nice == NICE
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+@needs_idle_class
 def test_away_from_training_the_child_stays_at_nice_5(tmp_path):
     assert child_classes(tmp_path, "replay") == (os.SCHED_OTHER, os.SCHED_OTHER, NICE)
+
+
+class OpenedWith(Sink):
+    """A sink that keeps the ``RunInfo`` it was opened with."""
+
+    name = "opened_with"
+
+    def open(self, run):
+        super().open(run)
+        self.opened = run
+
+    def emit(self, records, events):
+        return None
+
+
+def test_a_real_training_opens_its_sinks_as_a_live_training(tmp_path):
+    """What the MLflow sink hands its child as ``beside_training``: True from the callback's run."""
+    probe = OpenedWith()
+    train_regression([BridgeMonitor({"experiment": "live", "output_dir": str(tmp_path / "run"), "sinks": ["jsonl"]},
+                                    sinks=[probe])], steps=4)
+    assert probe.opened.training is True and probe.opened.run_dir == str(tmp_path / "run")
