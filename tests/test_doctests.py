@@ -207,7 +207,7 @@ def test_docstring_examples_run(module_name, tmp_path, monkeypatch, registries_r
 
 def _run(tests: List[doctest.DocTest]) -> List[str]:
     """The failure reports of ``tests`` (none: every example printed what it shows)."""
-    runner = doctest.DocTestRunner(optionflags=FLAGS)
+    runner = doctest.DocTestRunner(optionflags=FLAGS, verbose=False)  # not from "-v" in sys.argv
     failed: List[str] = []
     for test in tests:
         result = runner.run(test, out=failed.append)
