@@ -10,19 +10,21 @@ free, it only decides who waits when the cores are busy. The child starts when t
 before training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits
 reach it through its pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
-Priority, in two phases. The child starts at nice ``NICE`` (5), normal class: its import of MLflow, the
+Priority. The child starts at the priority of the process that starts it. Beside a live training
+(``connect(..., beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two
+phases. The parent sets it at once to nice ``NICE`` (5) above its own, normal class: its import of MLflow, the
 store's check or migrations and the run's creation (seconds of CPU) finish in bounded time on a busy host
 (beside 2 CPU-bound processes: 42-49 s; at nice 19 or ``SCHED_IDLE`` they did not finish in 120 s,
-``examples/bench/child_priority.py``). Beside a live training (``connect(..., beside_training=True)``: the sink
-opened by a training's run, ``RunInfo.training``) it then drops to
+``examples/bench/child_priority.py``). It then drops to
 ``SCHED_IDLE`` once its first metrics are stored: steady delivery is ~1% of a core, and MindSpore's CPU
 kernels keep both cores of this project's 2-vCPU VM busy, so any normal-class CPU it takes stalls a kernel
 thread. Measured 2026-12-01, interleaved, setup (e) of ``msbridge bench`` against no monitoring:
 ``SCHED_IDLE`` 0.92-0.96, nice 19 0.88, nice 5 0.85 (docs/benchmarks.md). ``SCHED_IDLE`` is not starvation:
 CFS gives an idle-class task weight 3 (against 1024 at nice 0), a share that never reaches zero, and a
 child that falls far behind only fills its tracker's queue, which is then named undelivered with its
-replay (the dispatcher gives each tracker its own thread). Elsewhere (``msbridge replay``, ``compare``)
-it stays at nice 5: nothing runs there that it could slow.
+replay (the dispatcher gives each tracker its own thread). Elsewhere (``msbridge replay``, ``compare``, a
+sink opened by hand) it keeps its parent's priority: no training runs there that it could slow, and the
+user is waiting on it.
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
 raises what MLflow raised there as a ``TrackerError``, ``error_code`` included. What a call returns
@@ -53,7 +55,7 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 from msbridge.masking import mask_text
 
-#: The child's nice value: under CPU contention it gets a small, never-zero share (see the module docstring).
+#: The child's nice value above its parent's while it starts beside a live training (the module docstring).
 NICE = 5
 #: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
 MLFLOW_BATCH = 900
@@ -107,13 +109,24 @@ class ClientProcess:
             self._proc = subprocess.Popen([sys.executable, "-c", command],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected = False
+            if self._beside_training:
+                self._nice_beside_training()
 
     def connect(self, uri: str, env: Dict[str, str], beside_training: bool = False) -> None:
         """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses, and
-        whether it serves a live training (then it drops to ``SCHED_IDLE`` once its first metrics are stored);
-        sent with the next call, and again to a restarted child."""
+        whether it serves a live training (then it runs at ``NICE`` above this process from now, and drops to
+        ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted child."""
         self.uri, self._env, self._connected = uri, dict(env), False
         self._beside_training = beside_training
+        if beside_training:
+            self._nice_beside_training()
+
+    def _nice_beside_training(self) -> None:
+        """The running child to ``NICE`` above this process, at once (mid-import too): a live training's start."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, self._proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE))
+        except (AttributeError, OSError):  # no child, or one that already ended: the next start sets it
+            pass
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -307,10 +320,9 @@ def go_idle() -> bool:
     return True
 
 
-def main(parent: int = 0, nice: int = NICE) -> None:
-    """The child: ``nice``, dies with ``parent`` (its pid), answers calls on stdin/stdout until the input ends."""
+def main(parent: int = 0) -> None:
+    """The child: dies with ``parent`` (its pid), answers calls on stdin/stdout until the input ends."""
     die_with_parent(parent)
-    os.nice(nice)
     # Only MindSpore needs protobuf's pure-Python runtime; MLflow (REST) is faster on the default one.
     if os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION") == "python":
         del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]

@@ -181,9 +181,15 @@ class MlflowSink(Sink):
 
     def close(self, status: str = FINISHED) -> None:
         """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds; what is
-        left then is ``undelivered`` (the run's outcome names it, with the replay that fills it)."""
-        if self.run is None:
-            return
+        left then is ``undelivered`` (the run's outcome names it, with the replay that fills it). A sink never
+        opened (its training refused at the start) ends its client process too."""
+        if self.run is not None:
+            self._deliver_by_close_timeout(status)
+        if self._client is not None:
+            self._client.close()
+        self.run = self._client = None
+
+    def _deliver_by_close_timeout(self, status: str) -> None:
         deadline = time.monotonic() + self.settings["close_timeout"]
         while not self._deliver(status):
             if time.monotonic() >= deadline:
@@ -194,8 +200,6 @@ class MlflowSink(Sink):
                                     f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
-        self._client.close()
-        self.run = self._client = None
 
     def undelivered(self) -> str:
         return self._gave_up

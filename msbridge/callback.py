@@ -122,7 +122,8 @@ class BridgeMonitor(Callback):
             with self._signals.critical():  # one landing while the sinks open is raised once they are open
                 self._begin(run_context)
         except BaseException:
-            if self.dispatcher is None:  # refused before the run started: nothing to close, nothing to guard
+            if self.dispatcher is None:  # refused before the run started: nothing opened, nothing to guard
+                self.plan.discard()
                 self._signals.restore()
                 release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
             raise

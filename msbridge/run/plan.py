@@ -28,7 +28,7 @@ from ..paths import (
     render_output_dir,
     render_template,
 )
-from ..sinks.base import RunInfo, Sink
+from ..sinks.base import FAILED, RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.registry import resolve, with_store_defaults
@@ -74,6 +74,15 @@ class RunPlan:
                 f"training starts at step {first_step}: its steps up to {last} would not be recorded. For a new run "
                 "put {timestamp} in run_name (run_name: " + repr(self.config.run_name + "-{timestamp}") + "); to "
                 f"continue this run from its checkpoint set resume: true (steps up to {last} are kept as recorded)")
+
+    def discard(self) -> None:
+        """Let go of the sinks of a run refused before it started: nothing is written, and MLflow's sink ends
+        the client process it started when it was built."""
+        for sink in self.sinks:
+            try:
+                sink.close(FAILED)
+            except Exception as exc:  # the refusal is what the user must see
+                log.debug("msbridge: %s: close of a sink never opened: %s", sink.name, exc)
 
     def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
         cfg = self.config

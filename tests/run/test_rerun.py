@@ -54,6 +54,19 @@ def test_the_same_run_name_trained_again_from_step_1_is_refused_and_changes_noth
         list(range(1, 7))
 
 
+def test_a_refused_training_ends_the_mlflow_client_process_its_sinks_started(tmp_path):
+    """The sinks are built before training (MLflow's child imports MLflow meanwhile); a refused start closes
+    them, so a notebook that retries does not keep one MLflow process per refusal."""
+    train_regression([BridgeMonitor(config(tmp_path, sinks=["jsonl"]), progress=False)], steps=4)
+    tracked = config(tmp_path, sinks={"jsonl": {}, "mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"}})
+    second = BridgeMonitor(tracked, progress=False)
+    child = next(sink for sink in second.plan.sinks if sink.name == "mlflow")._client._proc
+    assert child.poll() is None
+    with pytest.raises(ConfigError, match="already holds the run 'same' up to step 4"):
+        train_regression([second], steps=4)
+    assert child.poll() == 0, "the refusal ended MLflow's client process"
+
+
 def train_from_checkpoint(monitor, ckpt_dir, epochs, initial_epoch=0, checkpoint=None):
     """``Model.train`` of the test regressor, saving a checkpoint every epoch; resumed from ``checkpoint``."""
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
