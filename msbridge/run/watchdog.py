@@ -125,17 +125,15 @@ class StallWatchdog:
             self._wake.clear()
             if not self._stopped:
                 self._check()
+        # Steps came back, then training ended before this thread ran again (a busy host): the stall still ends.
+        self._record_resume()
 
     def _check(self) -> None:
         last, now = self._last_end, self.clock()
         if last is None:
             return
         if self._stalled_at is not None:
-            if self._resume is not None:  # a step ended since the stall was recorded
-                step, when = self._resume
-                stalled = when - self._stalled_at + self._stall_age
-                self._stalled_at, self._resume = None, None
-                self._emit(RESUMED, stalled_s=round(stalled, 3), step=step)
+            self._record_resume()
             return
         age = now - last
         if age >= self.threshold():
@@ -143,6 +141,15 @@ class StallWatchdog:
             self._stalled_at, self._stall_age = now, age
             self._emit(STALL, seconds_since_step=round(age, 3), stall_seconds=round(self.threshold(), 3),
                        doing=self.doing, step_time_s=self._recent_median(), derived=self.stall_seconds is None)
+
+    def _record_resume(self) -> None:
+        """In a stall that a step end has ended since: ``resumed``, with how long the stall lasted."""
+        if self._stalled_at is None or self._resume is None:
+            return
+        step, when = self._resume
+        stalled = when - self._stalled_at + self._stall_age
+        self._stalled_at, self._resume = None, None
+        self._emit(RESUMED, stalled_s=round(stalled, 3), step=step)
 
     def _recent_median(self) -> Optional[float]:
         return round(statistics.median(self._times), 6) if self._times else None

@@ -75,3 +75,30 @@ def test_the_thread_sleeps_between_deadlines_instead_of_polling(monkeypatch):
         time.sleep(0.025)
     dog.stop()
     assert CountingEvent.waits <= 4, CountingEvent.waits
+
+
+def test_steps_that_come_back_just_before_the_end_still_end_the_stall():
+    """A busy host: the stall is recorded, steps come back and training ends before the thread runs again
+    (the last 10 steps of a small model take 10 ms). Here the thread is held inside its stall event's
+    delivery until the stop has begun, so the order is certain; the stall must still get its ``resumed``."""
+    held, release = threading.Event(), threading.Event()
+    got = []
+
+    def slow_submit(event):
+        got.append(event)
+        held.set()
+        release.wait(5)  # the thread is busy (or not scheduled) while training resumes and ends
+
+    dog = StallWatchdog(slow_submit, rank=0, stall_seconds=0.2)
+    dog.start()
+    dog.step_ended(30)
+    assert held.wait(5)
+    dog.step_ended(31)
+    stopper = threading.Thread(target=dog.stop)
+    stopper.start()
+    while not dog._stopped:
+        time.sleep(0.001)
+    release.set()
+    stopper.join(5)
+    assert [(e.kind, e.step) for e in got] == [("stall", 30), ("resumed", 31)]
+    assert got[1].detail["stalled_s"] >= 0.2
