@@ -107,6 +107,9 @@ class PostgresCluster:
             detail = f"{exc.stdout or ''}{exc.stderr or ''}\n{_tail(self.log_path)}"
             self.stop()
             raise MsbridgeError(f"PostgreSQL did not start ({' '.join(map(str, exc.cmd[-3:]))}): {detail}") from None
+        except BaseException:  # a Ctrl-C or SIGTERM while it starts: nothing of it is left running
+            self.stop()
+            raise
         return self
 
     def create_database(self, name: str) -> str:
@@ -185,16 +188,23 @@ class MlflowServer:
                  "--workers", "1", "--backend-store-uri", self.backend_uri,
                  "--artifacts-destination", os.path.join(self.root, "artifacts")],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:  # not healthy in time, or a Ctrl-C or SIGTERM meanwhile: nothing of it is left running
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
                 with urllib.request.urlopen(self.uri + "/health", timeout=2) as resp:
                     if resp.status == 200:
-                        return self
+                        return
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
                 raise MsbridgeError(f"mlflow server on {self.uri} not healthy within {timeout:.0f} s:\n"
                                     f"{_tail(self.log_path)}")
             time.sleep(0.2)

@@ -17,15 +17,17 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from statistics import median
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import MsbridgeError
 from .costs import fixed_cost_row, fixed_costs_markdown
@@ -302,15 +304,56 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What stops a bench: Ctrl-C, a scheduler's or ``kill``'s SIGTERM, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class BenchStopped(Exception):
+    """The bench was stopped by signal ``signum``: raised where it runs, so its servers stop on the way out.
+
+    Example:
+        >>> BenchStopped(signal.SIGTERM).exit_code
+        143
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """The first of ``STOP_SIGNALS`` raises ``BenchStopped`` in the main thread; later ones are ignored, so a
+    second Ctrl-C cannot cut the servers' stop short. The handlers before are back afterwards."""
+    def stop(signum: int, _frame: Any) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise BenchStopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``msbridge bench`` as a function (``examples/bench/run_bench.py`` calls it); returns the exit code."""
+    """``msbridge bench`` as a function (``examples/bench/run_bench.py`` calls it); returns the exit code.
+    Stopped by a signal, it stops its servers and the setup running, says so in one line and exits 128 + it."""
     parser = argparse.ArgumentParser(prog="msbridge bench", description=__doc__.splitlines()[0].replace("``", ""))
     add_arguments(parser)
+    args = parser.parse_args(argv)
     try:
-        return run_from_args(parser.parse_args(argv))
+        with stopped_by_signals():
+            return run_from_args(args)
     except MsbridgeError as exc:  # as every msbridge command says it: one line, exit 2
         print(f"msbridge: error: {exc}", file=sys.stderr)
         return 2
+    except BenchStopped as stopped:
+        print(f"msbridge: bench stopped by {stopped}; its servers and the setup running were stopped, "
+              "no report written", file=sys.stderr)
+        return stopped.exit_code
 
 
 if __name__ == "__main__":

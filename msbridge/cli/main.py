@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from typing import List, Optional
@@ -119,8 +120,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def run_bench_program(argv: List[str]) -> int:
     """``msbridge bench ARGS``: the lab's benchmark is a program of its own (``python -m msbridge.bench.suite``);
-    the user's command line only starts it, so nothing of the lab is imported here."""
-    return subprocess.call([sys.executable, "-m", "msbridge.bench.suite", *argv])
+    the user's command line only starts it, so nothing of the lab is imported here. It waits for the bench
+    whatever arrives: a Ctrl-C reaches the bench too (one process group), a SIGTERM or SIGHUP sent here is
+    passed on, and the bench stops its servers before it exits."""
+    proc = subprocess.Popen([sys.executable, "-m", "msbridge.bench.suite", *argv])
+    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+                for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sent the bench its own
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def build_parser() -> argparse.ArgumentParser:

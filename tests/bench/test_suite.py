@@ -1,7 +1,17 @@
-"""``msbridge bench``: ratios paired per repeat, the targets, every setup buildable, and (slow) a real bench."""
+"""``msbridge bench``: ratios paired per repeat, the targets, every setup buildable, and (slow) a real bench,
+and a real bench stopped by Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+from helpers.processes import alive, command_line, family, stop_group
 
 from msbridge.bench.suite import BASELINE, SETUPS, TARGETS, check_targets, markdown, summarise
 from msbridge.bench.worker import TRAIN_STEP_SETUPS, builders
@@ -72,3 +82,47 @@ def test_hist_is_paired_with_a_ts_and_checked_against_its_target():
     assert TARGETS["ratio_hist"] == 0.97
     assert targets["ratio_hist"]["target"] == ">= 0.97"
     assert targets["ratio_hist"]["measured"] == pytest.approx(0.9625) and targets["ratio_hist"]["met"] is False
+
+
+def _wait_for_a_setup_training(proc: subprocess.Popen, timeout: float = 300.0) -> set:
+    """The bench's processes once its first setup trains: its servers are healthy by then."""
+    deadline = time.monotonic() + timeout
+    while not any("msbridge.bench.worker" in command_line(pid) for pid in family(proc.pid)):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "no setup started training in time"
+        time.sleep(0.5)
+    return family(proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stopped_bench_stops_its_mlflow_server_and_says_so_in_one_line(tmp_path, how):
+    """``msbridge bench`` with a real ``mlflow server`` (in a session of its own, so a Ctrl-C does not reach it),
+    stopped while a setup trains: by Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it) or by
+    a SIGTERM to the ``msbridge`` process alone (``kill PID``, a scheduler). The bench exits 128 + the signal with
+    one line and no traceback, and none of its processes is left: not the server, not the training."""
+    msbridge = str(Path(sys.executable).parent / "msbridge")
+    proc = subprocess.Popen([msbridge, "bench", "--setups", "e_srv", "--repeats", "1", "--steps", "100000",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env=dict(os.environ, GLOG_v="3"))
+    started = {proc.pid}
+    try:
+        started = _wait_for_a_setup_training(proc)
+        assert any(command_line(pid).split()[1:4] == ["-m", "mlflow", "server"] for pid in started), \
+            [command_line(pid) for pid in started]
+        sig = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+        if how == "ctrl-c":
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out = proc.communicate(timeout=120)[0]
+        left = {pid: command_line(pid) for pid in alive(started)}
+    finally:  # whatever failed, nothing of this bench outlives the test
+        started |= family(proc.pid)
+        for pid in alive(started):
+            with contextlib.suppress(ProcessLookupError):
+                stop_group(os.getpgid(pid), wait_s=5)
+    assert proc.returncode == 128 + sig, out
+    assert f"msbridge: bench stopped by {sig.name}; its servers and the setup running were stopped" in out, out
+    assert "Traceback" not in out, out
+    assert not left, left

@@ -12,7 +12,7 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 from msbridge.process_group import free_port, group_alive, stop_group
 
-__all__ = ["free_port", "group_alive", "stop_group", "listening", "family", "alive"]
+__all__ = ["free_port", "group_alive", "stop_group", "listening", "family", "alive", "command_line"]
 
 
 def _stats() -> Dict[int, Tuple[str, int, int]]:
@@ -84,3 +84,12 @@ def alive(pids: Iterable[int]) -> Set[int]:
     """Those of ``pids`` that still run (zombies do not count)."""
     stats = _stats()
     return {pid for pid in pids if pid in stats and stats[pid][0] != "Z"}
+
+
+def command_line(pid: int) -> str:
+    """The command line of process ``pid``, its arguments joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
