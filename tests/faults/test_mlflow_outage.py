@@ -1,9 +1,10 @@
 """A real ``mlflow server`` SIGKILLed while a real training job logs to it, and still down at the close.
 
-The close gives up after ``close_timeout``: the run ends FINISHED with exit code 3, and run.json and
-README name MLflow with the exact replay command. The server is started again on the same store and
-port; that command, run as printed, completes the MLflow run: every step of every metric, each once,
-and the final status (issue 19: a server restart loses nothing, or ``msbridge replay`` completes it).
+The close gives up after ``close_timeout`` (or, on a busy host, the run's close bound ends first): the run
+ends FINISHED with exit code 3, and run.json and README name MLflow with the exact replay command. The
+server is started again on the same store and port; that command, run as printed, completes the MLflow
+run: every step of every metric, each once, and the final status (issue 19: a server restart loses
+nothing, or ``msbridge replay`` completes it).
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
 from msbridge import BridgeMonitor
 from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_UNDELIVERED
-from msbridge.sinks.base import FINISHED
+from msbridge.sinks.base import CLOSE_GRACE, FINISHED
 
 pytestmark = pytest.mark.slow
 
 EXPERIMENT = "outage"
 STEPS = 40
+CLOSE_TIMEOUT = 1.0
 REPLAY = re.compile(r"msbridge replay \S+ --to mlflow")
 
 
@@ -56,10 +58,24 @@ class KillServer(Callback):
         self.server.kill()
 
 
+def sink_gave_up(caplog, run_dir, timeout=300.0):
+    """The MLflow sink's "gave up" lines for ``run_dir`` (an earlier test's tracker thread, still closing after
+    its bound, may log its own meanwhile), once there is one: the close logs it when it ends, which beside busy
+    processes can be after the run's close bound."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [r.getMessage() for r in caplog.records
+                 if "gave up on MLflow" in r.getMessage() and run_dir in r.getMessage()]
+        if lines or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.5)
+
+
 def test_a_server_down_at_the_close_is_undelivered_and_the_printed_replay_completes_it(tmp_path, caplog):
     server = MlflowServer(tmp_path / "server").start()
     try:
-        mlflow = {"tracking_uri": server.uri, "close_timeout": 1.0, "backoff_initial": 0.2, "backoff_max": 0.5}
+        mlflow = {"tracking_uri": server.uri, "close_timeout": CLOSE_TIMEOUT, "backoff_initial": 0.2,
+                  "backoff_max": 0.5}
         monitor = BridgeMonitor({"experiment": EXPERIMENT, "run_name": "r", "flush_steps": 5,
                                  "output_dir": str(tmp_path / "runs" / "{run_name}"),
                                  "sinks": {"jsonl": {}, "mlflow": mlflow}}, progress=False)
@@ -72,14 +88,16 @@ def test_a_server_down_at_the_close_is_undelivered_and_the_printed_replay_comple
         assert outcome.exit_code == EXIT_UNDELIVERED == 3
         with open(os.path.join(monitor.run_dir, "run.json"), encoding="utf-8") as fh:
             missed = json.load(fh)["outcome"]["not delivered"]
-        assert set(missed) == {"mlflow"} and "status FINISHED not delivered to MLflow" in missed["mlflow"]
+        # Named by the sink once its close_timeout ran out, or, on a busy host where its client process (idle
+        # class beside a training) did not get there within the close bound, by the dispatcher: both with the replay.
+        assert set(missed) == {"mlflow"}
+        bound = f"its close had not finished after {CLOSE_TIMEOUT + CLOSE_GRACE:g} s"
+        assert "status FINISHED not delivered to MLflow" in missed["mlflow"] or bound in missed["mlflow"], missed
         command = REPLAY.search(missed["mlflow"]).group(0)
         assert command == f"msbridge replay {monitor.run_dir} --to mlflow"
         readme = open(os.path.join(monitor.run_dir, "README.md"), encoding="utf-8").read()
         assert f"- not delivered: {{'mlflow': {missed['mlflow']!r}}}" in readme
-        # this run's (an earlier test's tracker thread, still closing after its bound, may log its own meanwhile)
-        gave_up = [r.getMessage() for r in caplog.records
-                   if "gave up on MLflow" in r.getMessage() and monitor.run_dir in r.getMessage()]
+        gave_up = sink_gave_up(caplog, monitor.run_dir)  # its close has ended: none of it reaches the restarted server
         assert len(gave_up) == 1 and gave_up[0].endswith(f"once it is back: {command}")
 
         def run_printed_command():
