@@ -183,23 +183,19 @@ class MlflowSink(Sink):
         """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds; what is
         left then is ``undelivered`` (the run's outcome names it, with the replay that fills it). A sink never
         opened (its training refused at the start) ends its client process too."""
-        if self.run is not None:
-            self._deliver_by_close_timeout(status)
-        if self._client is not None:
-            self._client.close()
-        self.run = self._client = None
-
-    def _deliver_by_close_timeout(self, status: str) -> None:
         deadline = time.monotonic() + self.settings["close_timeout"]
-        while not self._deliver(status):
+        while self.run is not None and not self._deliver(status):
             if time.monotonic() >= deadline:
                 log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
                             "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
                             status, shlex.quote(self.run.run_dir))
                 self._gave_up = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
-                                    f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
+                                 f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
+        if self._client is not None:
+            self._client.close()
+        self.run = self._client = None
 
     def undelivered(self) -> str:
         return self._gave_up
