@@ -1,40 +1,43 @@
 """MLflow's client in a child process, so MLflow's CPU never holds the training process's GIL.
 
-MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 metrics, seconds to
-create a sqlite store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms
-a record). Run on a thread of the training process, every millisecond of it costs training about as
-much: the training thread waits up to the GIL's switch interval (5 ms) each time it needs the GIL
-back. In a child process it has its own GIL, and it must use little CPU: on this project's 2-vCPU VM
-even an idle-class process using 15% of a core cost training 16-22%, so priority does not make CPU
-free, it only decides who waits when the cores are busy. The child starts when the sink is built,
-before training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits
-reach it through its pipe (``connect``) when the run is known, so nothing secret is on its command line.
+MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 metrics, seconds to create a sqlite
+store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms a record). Run on a thread of the
+training process, every millisecond of it costs training about as much: the training thread waits up to the GIL's
+switch interval (5 ms) each time it needs the GIL back. In a child process it has its own GIL, and it must use little
+CPU: on this project's 2-vCPU VM even an idle-class process using 15% of a core cost training 16-22%, so priority does
+not make CPU free, it only decides who waits when the cores are busy. The child starts when the sink is built, before
+training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
+pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
-Priority. The child starts at the priority of the process that starts it. Beside a live training
-(``connect(..., beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two
-phases. The parent sets it at once to nice ``NICE`` (5) above its own, normal class: its import of MLflow, the
-store's check or migrations and the run's creation (seconds of CPU) finish in bounded time on a busy host
-(beside 2 CPU-bound processes: 42-49 s; at nice 19 or ``SCHED_IDLE`` they did not finish in 120 s,
-``examples/bench/child_priority.py``). It then drops to
-``SCHED_IDLE`` once its first metrics are stored: steady delivery is ~1% of a core, and MindSpore's CPU
-kernels keep both cores of this project's 2-vCPU VM busy, so any normal-class CPU it takes stalls a kernel
-thread. Measured 2026-12-01, interleaved, setup (e) of ``msbridge bench`` against no monitoring:
-``SCHED_IDLE`` 0.92-0.96, nice 19 0.88, nice 5 0.85 (docs/benchmarks.md). ``SCHED_IDLE`` is not starvation:
-CFS gives an idle-class task weight 3 (against 1024 at nice 0), a share that never reaches zero, and a
-child that falls far behind only fills its tracker's queue, which is then named undelivered with its
-replay (the dispatcher gives each tracker its own thread). Elsewhere (``msbridge replay``, ``compare``, a
-sink opened by hand) it keeps its parent's priority: no training runs there that it could slow, and the
-user is waiting on it.
+Priority. The child starts at the priority of the process that starts it. Beside a live training (``connect(...,
+beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two phases. The parent sets
+it at once to nice ``NICE`` (5) above its own, normal class: its import of MLflow, the store's check or migrations and
+the run's creation (seconds of CPU) finish in bounded time on a busy host (beside 2 CPU-bound processes: 42-49 s; at
+nice 19 or ``SCHED_IDLE`` they did not finish in 120 s, ``examples/bench/child_priority.py``). It then drops to
+``SCHED_IDLE`` once its first metrics are stored: steady delivery is ~1% of a core, and MindSpore's CPU kernels keep
+both cores of this project's 2-vCPU VM busy, so any normal-class CPU it takes stalls a kernel thread. Measured
+2026-12-01, interleaved, setup (e) of ``msbridge bench`` against no monitoring: ``SCHED_IDLE`` 0.92-0.96, nice 19
+0.88, nice 5 0.85 (docs/benchmarks.md). ``SCHED_IDLE`` is not starvation while training runs: CFS gives an idle-class
+task weight 3 (against 1024 at nice 0), a share that never reaches zero, and a child that falls far behind only fills
+its tracker's queue, which is then named undelivered with its replay (the dispatcher gives each tracker its own
+thread). Once training has ended there is nothing left to slow, but beside other busy processes (data loaders, other
+jobs) a niced or idle-class child still gets little or no CPU (a close beside 2 CPU-bound processes took 35 s, its
+bound, with MLflow undelivered), and an unprivileged process can undo neither (``RLIMIT_NICE`` 0). So a close still
+running ``HURRY_AFTER`` seconds in calls ``hurry``: a child that is starved (its call spent over half its time waiting
+for a CPU) is killed and the call it was in runs again on a new child at this process's priority; on an idle host
+nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are written the same
+again; the store survives a kill at any moment, ``_mlflow_store``) except ``create_run``, which is left to finish
+first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) it keeps its parent's priority: no training
+runs there that it could slow, and the user is waiting on it.
 
-Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and
-raises what MLflow raised there as a ``TrackerError``, ``error_code`` included. What a call returns
-comes back as plain data (MLflow's entities as ``SimpleNamespace`` with the same attribute names),
-so the training process never imports MLflow (~1.2 CPU-s and ~120 MB of its RSS on this project's
-VM). A child that died is started again on the next call. The child dies with the process that
-started it, ``kill -9`` included: Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, set by the child (the
-signal comes when the thread that started it ends: the sink's builder, or the sink's own thread for a
-restarted child); elsewhere it ends at the end of its input. A reply to a parent that is gone ends it
-without a word (no ``BrokenPipeError``), and it ends with ``os._exit``: MLflow's modules are not torn down.
+Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and raises what MLflow
+raised there as a ``TrackerError``, ``error_code`` included. What a call returns comes back as plain data (MLflow's
+entities as ``SimpleNamespace`` with the same attribute names), so the training process never imports MLflow (~1.2
+CPU-s and ~120 MB of its RSS on this project's VM). A child that died is started again on the next call. The child
+dies with the process that started it, ``kill -9`` included: Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, set by the
+child (the signal comes when the thread that started it ends: the sink's builder, or the sink's own thread for a
+restarted child); elsewhere it ends at the end of its input. A reply to a parent that is gone ends it without a word
+(no ``BrokenPipeError``), and it ends with ``os._exit``: MLflow's modules are not torn down.
 
 Example:
     >>> client = ClientProcess()                      # MLflow is imported in the child meanwhile
@@ -44,12 +47,15 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
@@ -67,6 +73,10 @@ SKIPPED = ("pandas", "pyarrow", "scipy")
 #: ``mlflow.entities.ViewType`` values, for ``search_runs`` (without importing MLflow here).
 ACTIVE_ONLY, ALL_RUNS = 1, 3
 _CONNECT = "_connect"
+#: Calls ``hurry`` does not cut short: run twice, they would make two runs.
+NOT_REDONE = ("create_run",)
+#: Seconds a call must have run before ``hurry`` may judge the child starved.
+STARVED_AFTER = 0.1
 
 
 class TrackerError(Exception):
@@ -99,6 +109,11 @@ class ClientProcess:
         self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (module docstring)
         self._proc: Optional[subprocess.Popen] = None
         self._connected = False  # whether the running child has the URI
+        self._slowed = False  # the running child is niced or idle-class for a live training
+        self._in_flight = ""  # the call the child is in
+        self._timing: Tuple[float, Optional[float], Optional[float], Optional[float]] = (0.0, None, None, None)
+        self._replaced: Optional[subprocess.Popen] = None  # the child ``hurry`` killed: its call is redone
+        self._lock = threading.Lock()  # ``hurry`` (any thread) against a call starting
         self.start()
 
     def start(self) -> None:
@@ -108,7 +123,7 @@ class ClientProcess:
             command = f"from {__name__} import main; main({os.getpid()})"
             self._proc = subprocess.Popen([sys.executable, "-c", command],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self._connected = False
+            self._connected, self._slowed = False, self._beside_training
             if self._beside_training:
                 self._nice_beside_training()
 
@@ -117,7 +132,7 @@ class ClientProcess:
         whether it serves a live training (then it runs at ``NICE`` above this process from now, and drops to
         ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted child."""
         self.uri, self._env, self._connected = uri, dict(env), False
-        self._beside_training = beside_training
+        self._beside_training = self._slowed = beside_training
         if beside_training:
             self._nice_beside_training()
 
@@ -128,42 +143,84 @@ class ClientProcess:
         except (AttributeError, OSError):  # no child, or one that already ended: the next start sets it
             pass
 
+    def hurry(self) -> bool:
+        """Training has ended: from now the child runs at this process's priority. A child slowed for training
+        (niced or idle-class, which no unprivileged process can undo) and ``_starved`` is killed, its call redone on
+        a new one; in a ``NOT_REDONE`` call, or not starved yet, it is replaced after its first starved call. Safe
+        from any thread; True if a child was killed."""
+        with self._lock:
+            proc, self._beside_training = self._proc, False
+            if proc is None or not self._slowed or self._in_flight in NOT_REDONE or not self._starved():
+                return False
+            self._replaced, self._slowed = proc, False
+            proc.kill()
+            return True
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         return lambda *args, **kwargs: self._call(name, args, kwargs)
 
     def _call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        self.start()
-        if not self._connected:
-            self._connected = True
-            self._call(_CONNECT, (self.uri, self._env, self._beside_training), {})
-        proc = self._proc
-        try:
-            pickle.dump((name, args, kwargs), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            proc.stdin.flush()
-            ok, value = pickle.load(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
-            self.close()
-            raise ConnectionError(f"MLflow's client process ended ({type(exc).__name__}: {exc})") from None
+        while True:
+            self.start()
+            if not self._connected:
+                self._connected = True
+                self._call(_CONNECT, (self.uri, self._env, self._beside_training), {})
+            with self._lock:
+                proc, self._in_flight = self._proc, name
+                self._timing = (time.monotonic(), run_queue_wait(proc.pid), None, None)
+            try:
+                pickle.dump((name, args, kwargs), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                proc.stdin.flush()
+                ok, value = pickle.load(proc.stdout)
+                break
+            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                if self._replaced is proc:  # ``hurry`` killed it: the same call on a new child
+                    self._replaced = None
+                    proc.wait()
+                    continue
+                self.close()
+                raise ConnectionError(f"MLflow's client process ended ({type(exc).__name__}: {exc})") from None
+            finally:
+                self._in_flight = ""
+        self._timing = self._timing[:2] + (time.monotonic(), run_queue_wait(proc.pid))
+        if self._slowed and not self._beside_training:  # hurried, and this call was starved: replaced now
+            self.hurry()
         if ok:
             return value
         raise value
+
+    def _starved(self) -> bool:
+        """Whether the call in flight (else the last one) has taken ``STARVED_AFTER`` s or more and spent over
+        half of them waiting for a CPU (Linux's run-queue wait): a child beside busy cores. Elsewhere False."""
+        start, wait_then, end, wait_now = self._timing
+        if end is None and self._proc is not None:
+            end, wait_now = time.monotonic(), run_queue_wait(self._proc.pid)
+        return (None not in (end, wait_then, wait_now) and end - start >= STARVED_AFTER
+                and wait_now - wait_then > (end - start) / 2)
 
     def close(self) -> None:
         """End the child: it finishes the call it is in, then sees the end of its input."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             proc.stdin.close()
-        except OSError:
-            pass
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def run_queue_wait(pid: int) -> Optional[float]:
+    """Seconds the process has waited to run on a CPU so far (``/proc/PID/schedstat``); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Skip:

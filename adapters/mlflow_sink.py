@@ -1,24 +1,22 @@
 """The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
 
-Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its pure-Python store
-never holds the training process's GIL (a sqlite store gets its metric rows from sqlite itself there:
-``_mlflow_sqlite``); ``open`` starts it and does no other I/O, and MLflow is reached on the first flush or write,
-from the dispatcher thread. Metrics keep the stream's names, at most 999 per call; a non-finite value is logged as
-NaN (MLflow keeps NaN but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too).
-Params are the job's ``params`` with dot keys plus msbridge's settings under ``msbridge.``; a value over 6000
-characters is logged as ``sha256:<hex>`` (``config/resolved.yaml`` has it). Everything is masked. Resume
-reattaches to the run tagged with the job's ``run_id`` and skips steps up to its ``msbridge.last_step``. The runs
-of a ``sweep_id`` are child runs of one parent run per sweep (``_mlflow_sweep``). An unreachable tracker never
-stops training: one warning, a bounded backlog, retries with backoff, a last bounded try in ``close``. A
-``sqlite:///`` store is made once and whole, however many runs start on it and whenever one is killed
-(``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
+Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its pure-Python store never
+holds the training process's GIL (a sqlite store gets its metric rows from sqlite itself there: ``_mlflow_sqlite``);
+``open`` starts it and does no other I/O, and MLflow is reached on the first flush or write, from the dispatcher
+thread. Metrics keep the stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps NaN
+but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too). Params are the job's ``params`` with
+dot keys plus msbridge's settings under ``msbridge.``; a value over 6000 characters is logged as ``sha256:<hex>``
+(``config/resolved.yaml`` has it). Everything is masked. Resume reattaches to the run tagged with the job's ``run_id``
+and skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one parent run per
+sweep (``_mlflow_sweep``). An unreachable tracker never stops training: one warning, a bounded backlog, retries with
+backoff, a last bounded try in ``close``. A ``sqlite:///`` store is made once and whole, however many runs start on it
+and whenever one is killed (``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
 
-The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is
-reached, and the same when the run is replayed. The run README is the run's description
-(``mlflow.note.content``, cut to MLflow's 8000 characters; whole in ``README.md``).
-An experiment this sink creates is tagged ``mlflow.experimentKind: custom_model_development`` (MLflow's "Machine
-learning" kind, which its kind selector writes there); MLflow 3.17's UI picks its GenAI or ML view from the URL
-(``?workflowType=machine_learning``) or the browser's last choice.
+The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is reached,
+and the same when the run is replayed. The run README is the run's description (``mlflow.note.content``, cut to
+MLflow's 8000 characters; whole in ``README.md``). An experiment this sink creates is tagged ``mlflow.experimentKind:
+custom_model_development`` (MLflow's "Machine learning" kind, which its kind selector writes there); MLflow 3.17's UI
+picks its GenAI or ML view from the URL (``?workflowType=machine_learning``) or the browser's last choice.
 
 Example:
     >>> sinks: {jsonl: {}, mlflow: {tracking_uri: "http://127.0.0.1:5000", experiment: tiny-lm}}
@@ -144,8 +142,7 @@ class MlflowSink(Sink):
         self._gave_up = ""  # ``undelivered()``
 
     def open(self, run: RunInfo) -> None:
-        """No I/O: points MLflow's client process at the run's tracking URI, with MLflow's HTTP limits
-        (an environment variable already set wins)."""
+        """No I/O: points MLflow's client process at the run's URI and HTTP limits (a variable set wins)."""
         super().open(run)
         self.uri = self.store(run, "tracking_uri")
         env = {}
@@ -180,9 +177,8 @@ class MlflowSink(Sink):
             self._deliver()
 
     def close(self, status: str = FINISHED) -> None:
-        """Deliver the rest and the final status, retrying for at most ``close_timeout`` seconds; what is
-        left then is ``undelivered`` (the run's outcome names it, with the replay that fills it). A sink never
-        opened (its training refused at the start) ends its client process too."""
+        """Deliver the rest and the status, retrying for ``close_timeout`` s; what is left then is ``undelivered``
+        (the outcome names its replay). A sink never opened (training refused at its start) ends its client too."""
         deadline = time.monotonic() + self.settings["close_timeout"]
         while self.run is not None and not self._deliver(status):
             if time.monotonic() >= deadline:
@@ -197,6 +193,12 @@ class MlflowSink(Sink):
             self._client.close()
         self.run = self._client = None
 
+    def hurry(self) -> None:
+        """Training has ended: MLflow's client takes the training's priority (``ClientProcess.hurry``)."""
+        client = self._client  # the sink's thread may end it meanwhile
+        if client is not None and client.hurry():
+            log.info("msbridge: mlflow: training has ended, MLflow is behind: its client now runs at full priority")
+
     def undelivered(self) -> str:
         return self._gave_up
 
@@ -205,8 +207,7 @@ class MlflowSink(Sink):
         return {"where": f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"}
 
     def read_back(self, run: RunInfo) -> Series:
-        """The metric histories of the job's MLflow run, and its events from the ``events.jsonl`` artifact,
-        read with ``MlflowClient``."""
+        """The job's MLflow run's metric histories and events (``events.jsonl``), read with ``MlflowClient``."""
         from mlflow.entities import ViewType
         from mlflow.tracking import MlflowClient
 
@@ -286,8 +287,7 @@ class MlflowSink(Sink):
         self._tags.clear()
 
     def _log_batch(self, what: str, **batch: Any) -> None:
-        """``log_batch`` of tuples (see ``ClientProcess``); a batch MLflow rejects as invalid is skipped
-        with an error, never retried."""
+        """``log_batch`` of tuples (``ClientProcess``); a batch MLflow rejects as invalid is skipped, never retried."""
         try:
             self._client.log_batch(self.run_id, **batch)
         except Exception as exc:
@@ -371,8 +371,8 @@ class MlflowSink(Sink):
         return experiment.experiment_id
 
     def _catch_up(self, run: RunInfo) -> None:
-        """MLflow may lag the write-ahead log (a crash lost its backlog): queue the steps it misses
-        up to ``resumed_from_step`` and rebuild the events from this rank's jsonl, once."""
+        """MLflow may lag jsonl (a crash lost its backlog): queue the steps it misses up to ``resumed_from_step``
+        and rebuild the events from this rank's jsonl, once."""
         path = rank_file(run.run_dir, run.rank)
         if self._caught_up or not os.path.exists(path):
             return

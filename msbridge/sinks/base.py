@@ -32,6 +32,8 @@ STATUSES = (FINISHED, FAILED, KILLED)
 GAP = "gap"
 #: Seconds a sink's close may take beyond its ``close_timeout`` (its last call, ending its client).
 CLOSE_GRACE = 5.0
+#: Seconds into a close after which the dispatcher calls ``hurry`` on each tracker still closing.
+HURRY_AFTER = 2.0
 #: The largest ``close_timeout`` a sink takes (an hour): a close is always bounded.
 MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
@@ -194,6 +196,8 @@ class Sink:
     - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
     - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events it raised (what it finally lost);
     - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
+    - hurry: ``hurry()`` is called from another thread once training has ended and the sink's close has run
+      ``HURRY_AFTER`` seconds: a sink that kept its client at a low priority for training's sake lifts it;
     - tracker times: ``start_time``/``end_time`` (read-only) are the training's start and the latest time
       handed over, so a replayed run gets the times of the live one.
 
@@ -317,6 +321,10 @@ class Sink:
     def close(self, status: str = FINISHED) -> Raised:
         """Flush and let go of files or clients; ``status`` is FINISHED, FAILED or KILLED."""
         return self.flush()
+
+    def hurry(self) -> None:
+        """Training has ended and this sink's close is still running (see the class docstring); called from
+        the dispatcher's closing thread, so it must be safe beside the sink's own. By default nothing."""
 
     def undelivered(self) -> str:
         """What this sink gave up delivering ("30 records and status FINISHED ..."), "" when nothing:

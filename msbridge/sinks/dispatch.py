@@ -16,7 +16,9 @@ itself: a progress line is printed at the flush of the step it reports, never be
 
 ``close(status)`` drains jsonl first, then closes the trackers in parallel, waiting for each at
 most its ``close_bound`` (its ``close_timeout`` plus ``CLOSE_GRACE``) from the start of the close;
-one still closing then is listed in ``undelivered`` with what it was not seen to finish.
+one still closing ``HURRY_AFTER`` seconds in is told to ``hurry`` (training has ended: a client kept at a low
+priority may take the CPU now), and one still closing at its bound is listed in ``undelivered`` with what it
+was not seen to finish.
 
 Example:
     >>> d = Dispatcher([JsonlSink(), MlflowSink()], run_info)
@@ -33,7 +35,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import FINISHED, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
+from .base import FINISHED, HURRY_AFTER, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
 from .worker import TrackerWorker
 
 log = logging.getLogger("msbridge")
@@ -164,6 +166,10 @@ class Dispatcher:
             log.error("msbridge: jsonl did not finish within %.0f s: it took %d of the %d records submitted",
                       time.monotonic() - start, self.wal_written, self.submitted)
         closing = [(w, w.request_close(status)) for w in self.workers]
+        hurry_at = time.monotonic() + HURRY_AFTER
+        for worker, closed in closing:
+            if not closed.wait(max(0.0, min(hurry_at, start + bound(worker.sink)) - time.monotonic())):
+                self._call(worker.sink, "hurry")
         for worker, closed in closing:
             if not closed.wait(max(0.0, start + bound(worker.sink) - time.monotonic())):
                 self._say_late(worker, bound(worker.sink))

@@ -1,10 +1,12 @@
 """MLflow's child beside a live training runs in two phases (``msbridge.adapters._mlflow_process``): from the
 sink's open at nice 5 above the training process, normal class, while it starts (MLflow's import, the store, the
-run), then in Linux's idle class once its first metrics are stored. Anywhere else (``msbridge replay``, a sink
-opened by hand) it keeps its parent's priority. That a real training opens its sinks as a live one is checked
-through the callback."""
+run), then in Linux's idle class once its first metrics are stored. Once training has ended, ``hurry`` replaces an
+idle-class child by one at its parent's priority, and the call in flight is redone there. Anywhere else
+(``msbridge replay``, a sink opened by hand) it keeps its parent's priority. That a real training opens its sinks as
+a live one is checked through the callback."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +38,63 @@ print(at_connect, before, after, nice, restarted, flush=True)
 client.close()
 """
 
+HURRIED = """
+import json, os, signal, subprocess, sys, threading
+from msbridge.adapters._mlflow_process import ClientProcess
+client, when, said = ClientProcess(), sys.argv[2], {}
+client.connect(sys.argv[1], {}, beside_training=True)
+experiment = client.create_experiment("hurry")
+first = client._proc
+
+
+def call_hurried(name, *args, **kwargs):
+    \"\"\"``name`` on a thread, hurried while it runs. The thread lives on: a child dies with the thread that started
+    it (like the sink's, which lives until the close).\"\"\"
+    returned, end, answer = threading.Event(), threading.Event(), []
+    def sink_thread():
+        answer.append(getattr(client, name)(*args, **kwargs))
+        returned.set()
+        end.wait()
+    threading.Thread(target=sink_thread, daemon=True).start()
+    said["waited"] = not returned.wait(1.0)
+    said["hurried"] = client.hurry()
+    if when == "in create_run":
+        os.kill(first.pid, signal.SIGCONT)
+    said["returned"] = returned.wait(300)
+    return answer[0]
+
+
+if when == "in create_run":
+    os.kill(first.pid, signal.SIGSTOP)  # stopped, it cannot answer: the call is certainly in flight
+    run_id = call_hurried("create_run", experiment).info.run_id
+else:
+    run_id = client.create_run(experiment).info.run_id
+client.log_batch(run_id, metrics=[("train/loss", 2.5, 1000, 1)])
+said["idle"] = os.sched_getscheduler(first.pid) == os.SCHED_IDLE
+step_2 = [("train/loss", 2.4, 2000, 2)] + [(f"wide/m{i}", 0.5, 2000, 2) for i in range(20_000)]
+hogs = []
+if when == "starved":  # two busy processes: the idle-class child gets almost no CPU for its 20,000 rows
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        call_hurried("log_batch", run_id, metrics=step_2)
+    finally:
+        for hog in hogs:
+            hog.kill()
+else:
+    if when == "not starved":
+        said["hurried"] = client.hurry()
+    client.log_batch(run_id, metrics=step_2)
+said["killed"] = first.poll() == -signal.SIGKILL
+new = client._proc.pid
+said["normal class"] = os.sched_getscheduler(new) == os.SCHED_OTHER
+said["nice"] = os.getpriority(os.PRIO_PROCESS, new) - os.getpriority(os.PRIO_PROCESS, 0)
+said["runs"] = len(client.search_runs([experiment]))
+said["steps"] = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
+said["wide rows"] = len(client.get_metric_history(run_id, "wide/m19999"))
+print(json.dumps(said), flush=True)
+client.close()
+"""
+
 needs_idle_class = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
 
 
@@ -59,6 +118,26 @@ def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_firs
 def test_away_from_training_the_child_keeps_its_parents_priority(tmp_path):
     """``msbridge replay`` is waited on: a niced child behind busy processes made it several times slower."""
     assert child_classes(tmp_path, "replay") == (0, os.SCHED_OTHER, os.SCHED_OTHER, 0, 0)
+
+
+@needs_idle_class
+@pytest.mark.parametrize("when", ["starved", "not starved", "in create_run"])
+def test_after_training_a_starved_child_is_replaced_at_its_parents_priority_and_loses_no_call(tmp_path, when):
+    """``hurry`` (the run's close, training over): an idle-class child starved by two busy processes (started and
+    stopped in the test) is killed, and the call it was in is redone on a new child at the parent's priority; every
+    step is stored once. A child that gets the CPU it needs is left alone, and a ``create_run`` is never cut short
+    (run twice it would make two runs)."""
+    out = subprocess.run([sys.executable, "-c", HURRIED, f"sqlite:///{tmp_path}/mlflow.db", when],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = json.loads(out.stdout.splitlines()[-1])
+    assert (said.pop("steps"), said.pop("wide rows"), said.pop("runs")) == ([1, 2], 1, 1), "each row stored once"
+    replaced = when == "starved"
+    expected = {"idle": True, "hurried": replaced, "killed": replaced, "normal class": replaced,
+                "nice": 0 if replaced else NICE}
+    if when != "not starved":
+        expected.update(waited=True, returned=True)
+    assert said == expected
 
 
 class OpenedWith(Sink):

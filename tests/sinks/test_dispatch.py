@@ -10,7 +10,7 @@ from helpers.runs import make_records, make_run
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError
 from msbridge.options import Option
-from msbridge.sinks.base import CLOSE_GRACE, GAP, Event, Sink
+from msbridge.sinks.base import CLOSE_GRACE, GAP, HURRY_AFTER, Event, Sink
 from msbridge.sinks.dispatch import Dispatcher
 
 RUN = make_run("/nonexistent")
@@ -123,6 +123,33 @@ def test_close_waits_at_most_the_sinks_close_timeout_then_lists_it_undelivered()
     late = d.undelivered["hangs"]
     assert late.startswith(f"its close had not finished after {hangs.close_bound:g} s") and "3 records" in late
     assert set(d.undelivered) == {"hangs"}
+
+
+def test_a_tracker_still_closing_after_hurry_after_is_hurried_once_from_the_closing_thread():
+    """Training has ended: a tracker whose close runs on is told to ``hurry`` (MLflow lifts its client's low
+    priority then); one whose close returned at once is not."""
+    journal, release, hurried = [], threading.Event(), []
+
+    class Slow(Timed):
+        def close(self, status="FINISHED"):
+            release.wait(60)
+
+        def hurry(self):
+            hurried.append((self.name, threading.current_thread().name, time.monotonic() - started))
+            release.set()
+
+    class Quick(Slow):
+        def close(self, status="FINISHED"):
+            pass
+
+    d = Dispatcher([Recording("jsonl", journal), Slow("slow", journal, close_timeout=30), Quick("quick", journal)],
+                   RUN)
+    d.submit(make_records([1, 2]))
+    started = time.monotonic()
+    d.close("FINISHED")
+    assert [(name, thread) for name, thread, _ in hurried] == [("slow", threading.current_thread().name)]
+    assert HURRY_AFTER <= hurried[0][2] < HURRY_AFTER + 10
+    assert d.undelivered == {}, "hurried in time, it closed within its bound"
 
 
 def test_submit_is_safe_from_many_threads():
