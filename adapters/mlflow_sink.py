@@ -197,7 +197,7 @@ class MlflowSink(Sink):
         """Training has ended: MLflow's client takes the training's priority (``ClientProcess.hurry``)."""
         client = self._client  # the sink's thread may end it meanwhile
         if client is not None and client.hurry():
-            log.info("msbridge: mlflow: training has ended, MLflow is behind: its client now runs at full priority")
+            log.info("msbridge: mlflow: training ended; MLflow's starved client runs at the training's priority now")
 
     def undelivered(self) -> str:
         return self._gave_up
