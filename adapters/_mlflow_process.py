@@ -9,26 +9,8 @@ not make CPU free, it only decides who waits when the cores are busy. The child 
 training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
 pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
-Priority. The child starts at the priority of the process that starts it. Beside a live training (``connect(...,
-beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two phases. The parent sets
-it at once to nice ``NICE`` (5) above its own, normal class: its import of MLflow, the store's check or migrations and
-the run's creation (seconds of CPU) finish in bounded time on a busy host (beside 2 CPU-bound processes: 42-49 s; at
-nice 19 or ``SCHED_IDLE`` they did not finish in 120 s, ``examples/bench/child_priority.py``). It then drops to
-``SCHED_IDLE`` once its first metrics are stored: steady delivery is ~1% of a core, and MindSpore's CPU kernels keep
-both cores of this project's 2-vCPU VM busy, so any normal-class CPU it takes stalls a kernel thread. Measured
-2026-12-01, interleaved, setup (e) of ``msbridge bench`` against no monitoring: ``SCHED_IDLE`` 0.92-0.96, nice 19
-0.88, nice 5 0.85 (docs/benchmarks.md). ``SCHED_IDLE`` is not starvation while training runs: CFS gives an idle-class
-task weight 3 (against 1024 at nice 0), a share that never reaches zero, and a child that falls far behind only fills
-its tracker's queue, which is then named undelivered with its replay (the dispatcher gives each tracker its own
-thread). Once training has ended there is nothing left to slow, but beside other busy processes (data loaders, other
-jobs) a niced or idle-class child still gets little or no CPU (a close beside 2 CPU-bound processes took 35 s, its
-bound, with MLflow undelivered), and an unprivileged process can undo neither (``RLIMIT_NICE`` 0). So a close still
-running ``HURRY_AFTER`` seconds in calls ``hurry``: a child that is starved (its call spent over half its time waiting
-for a CPU) is killed and the call it was in runs again on a new child at this process's priority; on an idle host
-nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are written the same
-again; the store survives a kill at any moment, ``_mlflow_store``) except ``create_run``, which is left to finish
-first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) it keeps its parent's priority: no training
-runs there that it could slow, and the user is waiting on it.
+Priority: the child is niced, then idle-class, beside a live training, and ``hurry`` hands a starved one over
+once training has ended (``_child_sched``).
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and raises what MLflow
 raised there as a ``TrackerError``, ``error_code`` included. What a call returns comes back as plain data (MLflow's
@@ -51,7 +33,6 @@ import contextlib
 import logging
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -59,14 +40,12 @@ import time
 from types import SimpleNamespace
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
+from msbridge.adapters._child_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
+                                            starved)
 from msbridge.masking import mask_text
 
-#: The child's nice value above its parent's while it starts beside a live training (the module docstring).
-NICE = 5
 #: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
 MLFLOW_BATCH = 900
-#: ``prctl`` option: the signal the kernel sends this process when its parent thread ends (Linux).
-PR_SET_PDEATHSIG = 1
 #: What MLflow imports when installed but does not need for tracking (mlflow-skinny goes without them): the
 #: child imports MLflow without them (~65 MB and ~0.35 CPU-s less here); a call that needs one imports it then.
 SKIPPED = ("pandas", "pyarrow", "scipy")
@@ -75,8 +54,6 @@ ACTIVE_ONLY, ALL_RUNS = 1, 3
 _CONNECT = "_connect"
 #: Calls ``hurry`` does not cut short: run twice, they would make two runs.
 NOT_REDONE = ("create_run",)
-#: Seconds a call must have run before ``hurry`` may judge the child starved.
-STARVED_AFTER = 0.1
 
 
 class TrackerError(Exception):
@@ -106,12 +83,12 @@ class ClientProcess:
     def __init__(self) -> None:
         self.uri = ""
         self._env: Dict[str, str] = {}
-        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (module docstring)
+        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (``_child_sched``)
         self._proc: Optional[subprocess.Popen] = None
         self._connected = False  # whether the running child has the URI
         self._slowed = False  # the running child is niced or idle-class for a live training
         self._in_flight = ""  # the call the child is in
-        self._timing: Tuple[float, Optional[float], Optional[float], Optional[float]] = (0.0, None, None, None)
+        self._timing: Tuple[float, CpuAndWait, Optional[float], CpuAndWait] = (0.0, None, None, None)
         self._replaced: Optional[subprocess.Popen] = None  # the child ``hurry`` killed: its call is redone
         self._lock = threading.Lock()  # ``hurry`` (any thread) against a call starting
         self.start()
@@ -125,23 +102,16 @@ class ClientProcess:
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected, self._slowed = False, self._beside_training
             if self._beside_training:
-                self._nice_beside_training()
+                nice_beside_training(self._proc)
 
     def connect(self, uri: str, env: Dict[str, str], beside_training: bool = False) -> None:
         """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses, and
-        whether it serves a live training (then it runs at ``NICE`` above this process from now, and drops to
+        whether it serves a live training (then it runs at ``_child_sched.NICE`` above this process from now, and drops to
         ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted child."""
         self.uri, self._env, self._connected = uri, dict(env), False
         self._beside_training = self._slowed = beside_training
         if beside_training:
-            self._nice_beside_training()
-
-    def _nice_beside_training(self) -> None:
-        """The running child to ``NICE`` above this process, at once (mid-import too): a live training's start."""
-        try:
-            os.setpriority(os.PRIO_PROCESS, self._proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE))
-        except (AttributeError, OSError):  # no child, or one that already ended: the next start sets it
-            pass
+            nice_beside_training(self._proc)
 
     def hurry(self) -> bool:
         """Training has ended: from now the child runs at this process's priority. A child slowed for training
@@ -169,7 +139,7 @@ class ClientProcess:
                 self._call(_CONNECT, (self.uri, self._env, self._beside_training), {})
             with self._lock:
                 proc, self._in_flight = self._proc, name
-                self._timing = (time.monotonic(), run_queue_wait(proc.pid), None, None)
+                self._timing = (time.monotonic(), cpu_and_wait(proc.pid), None, None)
             try:
                 pickle.dump((name, args, kwargs), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                 proc.stdin.flush()
@@ -184,7 +154,7 @@ class ClientProcess:
                 raise ConnectionError(f"MLflow's client process ended ({type(exc).__name__}: {exc})") from None
             finally:
                 self._in_flight = ""
-        self._timing = self._timing[:2] + (time.monotonic(), run_queue_wait(proc.pid))
+        self._timing = self._timing[:2] + (time.monotonic(), cpu_and_wait(proc.pid))
         if self._slowed and not self._beside_training:  # hurried, and this call was starved: replaced now
             self.hurry()
         if ok:
@@ -192,13 +162,12 @@ class ClientProcess:
         raise value
 
     def _starved(self) -> bool:
-        """Whether the call in flight (else the last one) has taken ``STARVED_AFTER`` s or more and spent over
-        half of them waiting for a CPU (Linux's run-queue wait): a child beside busy cores. Elsewhere False."""
-        start, wait_then, end, wait_now = self._timing
-        if end is None and self._proc is not None:
-            end, wait_now = time.monotonic(), run_queue_wait(self._proc.pid)
-        return (None not in (end, wait_then, wait_now) and end - start >= STARVED_AFTER
-                and wait_now - wait_then > (end - start) / 2)
+        """Whether the call in flight (else the last one) is ``starved``."""
+        start, then, end, now = self._timing
+        if end is not None:  # no call in flight: the last one's, every wait of it counted
+            return starved(then, now, end - start)
+        proc = self._proc
+        return proc is not None and starved(then, cpu_and_wait(proc.pid), time.monotonic() - start, proc.pid)
 
     def close(self) -> None:
         """End the child: it finishes the call it is in, then sees the end of its input."""
@@ -212,15 +181,6 @@ class ClientProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def run_queue_wait(pid: int) -> Optional[float]:
-    """Seconds the process has waited to run on a CPU so far (``/proc/PID/schedstat``); None where unknown."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class _Skip:
@@ -313,7 +273,7 @@ def _reply(ok: bool, value: Any) -> bytes:
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """Answer calls until the input ends; ``_connect(uri, env, beside_training)`` (re)points the tracker, and
-    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (module docstring)."""
+    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (``_child_sched``)."""
     tracker = _Tracker("")
     idle_after_start = False
     while True:
@@ -351,30 +311,6 @@ class _Masked:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
-
-
-def die_with_parent(parent: int) -> None:
-    """End at once (SIGKILL from the kernel) when the process that started this one dies, even by ``kill -9``
-    (Linux ``prctl(PR_SET_PDEATHSIG)``); elsewhere the child ends at the end of its input."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if parent and os.getppid() != parent:  # it died before prctl took effect
-        os._exit(0)
-
-
-def go_idle() -> bool:
-    """This process to Linux's idle scheduling class; False where there is none (it stays where it is)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
 
 
 def main(parent: int = 0) -> None:

@@ -39,7 +39,8 @@ class Child(ClientProcess):
     def start(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             idle = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); " if self.idle else ""
-            code = f"{idle}from msbridge.adapters._mlflow_process import main; main({os.getpid()}, {self.nice})"
+            code = (f"import os; os.nice({self.nice}); {idle}"
+                    f"from msbridge.adapters._mlflow_process import main; main({os.getpid()})")
             self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected = False
 
