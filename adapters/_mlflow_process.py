@@ -10,7 +10,7 @@ training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow'
 pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
 Priority: the child is niced, then idle-class, beside a live training, and ``hurry`` hands a starved one over
-once training has ended (``_child_sched``).
+once training has ended (``_mlflow_sched``).
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and raises what MLflow
 raised there as a ``TrackerError``, ``error_code`` included. What a call returns comes back as plain data (MLflow's
@@ -40,8 +40,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
-from msbridge.adapters._child_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
-                                            starved)
+from msbridge.adapters._mlflow_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
+                                             starved)
 from msbridge.masking import mask_text
 
 #: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
@@ -83,7 +83,7 @@ class ClientProcess:
     def __init__(self) -> None:
         self.uri = ""
         self._env: Dict[str, str] = {}
-        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (``_child_sched``)
+        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (``_mlflow_sched``)
         self._proc: Optional[subprocess.Popen] = None
         self._connected = False  # whether the running child has the URI
         self._slowed = False  # the running child is niced or idle-class for a live training
@@ -106,8 +106,9 @@ class ClientProcess:
 
     def connect(self, uri: str, env: Dict[str, str], beside_training: bool = False) -> None:
         """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses, and
-        whether it serves a live training (then it runs at ``_child_sched.NICE`` above this process from now, and drops to
-        ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted child."""
+        whether it serves a live training (then it runs at ``_mlflow_sched.NICE`` above this process from now, and
+        drops to ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted
+        child."""
         self.uri, self._env, self._connected = uri, dict(env), False
         self._beside_training = self._slowed = beside_training
         if beside_training:
@@ -273,7 +274,7 @@ def _reply(ok: bool, value: Any) -> bytes:
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """Answer calls until the input ends; ``_connect(uri, env, beside_training)`` (re)points the tracker, and
-    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (``_child_sched``)."""
+    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (``_mlflow_sched``)."""
     tracker = _Tracker("")
     idle_after_start = False
     while True:

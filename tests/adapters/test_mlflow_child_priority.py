@@ -15,7 +15,7 @@ import pytest
 from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._child_sched import NICE
+from msbridge.adapters._mlflow_sched import NICE
 from msbridge.sinks.base import Sink
 
 PARENT = """
