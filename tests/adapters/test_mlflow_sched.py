@@ -3,7 +3,7 @@ idle-class process sharing a CPU with a busy one (both started and stopped here)
 on an MLflow server is. Linux adds a wait to ``/proc/PID/schedstat`` only when it ends, and an idle-class process
 beside a busy core runs one slice every second or so: measured here on 2026-12-02, beside 3 busy processes, its
 counted wait stood still for 1.3 s at a time while it waited. A judgement on the counted wait alone missed it
-(``hurry`` beside the whole suite's busy processes left such a child in place once in two runs)."""
+(the likely cause of the one failure of the hurry test in two suite runs beside 2 busy processes)."""
 from __future__ import annotations
 
 import os
