@@ -14,25 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping
 
 from msbridge.masking import mask_secrets, mask_text
-from msbridge.names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
 from msbridge.sinks.base import RunInfo, flatten, json_safe
 
 RUN_ID_TAG = "msbridge.run_id"
 NOTE_TAG = "mlflow.note.content"  # the run page's description
 #: MLflow's "Machine learning" experiment kind, as its UI's kind selector writes it.
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
-#: MLflow 3's UI opens in its GenAI mode unless the URL asks for model training (``workflowType``; else the
-#: browser's last choice): every URL msbridge prints carries this query.
-MODEL_TRAINING_QUERY = "workflowType=machine_learning"
-#: An experiment tag MLflow's UI reads as a saved view (what its Share button stores), opened by
-#: ``?viewStateShareKey=<key>``.
-VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-#: Chart sections in this order (MLflow sorts them by name otherwise: health, perf, train), loss charts first.
-VIEW_SECTIONS = ("train", "dist", "perf", "grad_norm", "attention", "memory", "weight_norm", "optimizer", "health")
-VIEW_FIRST_CHARTS = {"train": (LOSS, GLOBAL_LOSS, GRAD_NORM, LR), "perf": (SAMPLES_PER_S,)}
 MAX_PARAM_LENGTH = 6000
 MAX_TAG_LENGTH = 8000
 MAX_KEY_LENGTH = 250
@@ -101,35 +91,3 @@ def run_tags(run: RunInfo) -> Dict[str, str]:
                  "msbridge.git_dirty": git.get("dirty"), "msbridge.sweep_id": run.config.get("sweep_id"),
                  **dict(run.config.get("tags") or {}), RUN_ID_TAG: run.run_id})
     return {k: str(v) for k, v in mask_secrets(tags).items() if v is not None}
-
-
-def _line_chart(key: str, section: str) -> Dict[str, Any]:
-    """One line chart card as MLflow's UI stores it (its ``RunsChartsLineCardConfig`` defaults)."""
-    return {"uuid": f"msbridge-{clean_key(key).replace('/', '-')}", "type": "LINE", "runsCountToCompare": 10,
-            "metricSectionId": f"msbridge-{section}", "deleted": False, "isGenerated": True,
-            "displayName": key.split("/")[-1], "metricKey": key, "lineSmoothness": 0, "xAxisScaleType": "linear",
-            "scaleType": "linear", "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "",
-            "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True,
-            "useGlobalLineSmoothing": True}
-
-
-def loss_first_view(mlflow_run_id: Optional[str] = None) -> Tuple[str, str]:
-    """The experiment tag ``(key, JSON value)`` of an MLflow view whose charts open on the loss: sections in
-    ``VIEW_SECTIONS`` order, the train section's loss charts first, charts of metrics a run lacks hidden;
-    with ``mlflow_run_id``, only that run. Open it at ``#/experiments/<id>/runs?viewStateShareKey=<key>``.
-
-    Example:
-        >>> key, value = loss_first_view("e36a30f1d658")
-        >>> key
-        'mlflow.sharedViewState.msbridge-e36a30f1d658'
-    """
-    sections: List[Dict[str, Any]] = [
-        {"uuid": f"msbridge-{name}", "name": name, "display": True, "isReordered": name in VIEW_FIRST_CHARTS,
-         "deleted": False, "isGenerated": True} for name in VIEW_SECTIONS]
-    charts = [_line_chart(key, section) for section, keys in VIEW_FIRST_CHARTS.items() for key in keys]
-    state: Dict[str, Any] = {"compareRunSections": sections, "compareRunCharts": charts,
-                             "isAccordionReordered": True, "hideEmptyCharts": True}
-    if mlflow_run_id:
-        state["searchFilter"] = f"attributes.run_id = '{mlflow_run_id}'"
-    name = "msbridge-" + (mlflow_run_id or "loss-first")
-    return VIEW_TAG_PREFIX + name, json.dumps(state, separators=(",", ":"))

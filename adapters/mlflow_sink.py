@@ -49,26 +49,27 @@ from msbridge.adapters._mlflow_fields import (
     run_params,
     run_tags,
 )
+from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, EventLog
+from msbridge.adapters._mlflow_models import CheckpointModels
 from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
+from msbridge.adapters._mlflow_view import OBJECTIVE_TAG, mark_best
 from msbridge.errors import MissingDependencyError, exception_text
 from msbridge.masking import mask_secrets, mask_text
-from msbridge.names import HISTOGRAM
+from msbridge.names import objective_metric
 from msbridge.options import Option
 from msbridge.paths import free_space, tracking_uri_problem
 from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
 from msbridge.sinks.registry import register_sink
-from msbridge.sinks.runlog import encode_event, rank_file, read_event_lines, read_rank_file
+from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file
 
 log = logging.getLogger("msbridge")
 
 LAST_STEP_TAG = "msbridge.last_step"
-EVENTS_ARTIFACT = "events.jsonl"
 #: Metrics per call to the child: one sqlite transaction where its row writer serves, else MLflow's batches of 1000.
 METRICS_PER_CALL = 20_000
 PARAMS_TAGS_PER_CALL = 100
-MAX_EVENT_LINES = 10_000
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
 _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
               "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND"}
@@ -116,6 +117,9 @@ class MlflowSink(Sink):
                                              "ends within it plus 5 s", low=0, low_open=True, high=MAX_CLOSE_TIMEOUT),
         "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it "
                                            "the oldest are dropped (jsonl keeps every record)", 1),
+        "log_checkpoints": Option(str, "link", "each checkpoint as a LoggedModel of the run, its step's metrics "
+                                               "linked (link); with its file uploaded (upload); none (off)",
+                                  choices=("link", "upload", "off")),
     }
     extra = "mlflow"
     requires = ("mlflow",)
@@ -128,18 +132,20 @@ class MlflowSink(Sink):
         self.run_id: Optional[str] = None  # the MLflow run, once reached
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
         self._logged_step = 0  # the highest step MLflow holds (its last-step tag, once reached)
+        self._store_step = 0  # the last step the store held when this sink reattached to its run: not resent
         self._pending: Deque[Record] = deque(maxlen=self.settings["max_pending"])
         self._tags: Dict[str, str] = {}
-        self._events: Dict[str, None] = {}  # events.jsonl lines, in order, each once (replay is idempotent)
-        self._events_dirty = False
+        self._events = EventLog(self._key)  # events.jsonl and each kind's .last tag
         self._caught_up = False
         self._keys: Dict[str, str] = {}
         self._next_try = 0.0
         self._delay = float(self.settings["backoff_initial"])
-        self._down = self._warned_full = self._said_histograms = False
+        self._down = self._warned_full = False
         self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
         self._gave_up = ""  # ``undelivered()``
+        mode = self.settings["log_checkpoints"]
+        self._models = CheckpointModels(upload=mode == "upload") if mode != "off" else None
 
     def open(self, run: RunInfo) -> None:
         """No I/O: points MLflow's client process at the run's URI and HTTP limits (a variable set wins)."""
@@ -152,14 +158,7 @@ class MlflowSink(Sink):
                 env[variable] = str(int(default if value is None else value))
         self._client.connect(self.uri, env, beside_training=run.training)
         if run.config.get("histograms"):
-            self._skip_histograms()
-
-    def _skip_histograms(self) -> None:
-        """Say once that MLflow gets no histograms."""
-        if not self._said_histograms:
-            self._said_histograms = True
-            log.info("msbridge: mlflow: MLflow cannot show histograms; the histogram events are not logged "
-                     "to it (TensorBoard, MindInsight and the jsonl log keep them)")
+            self._events.skip_histograms()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
@@ -168,7 +167,9 @@ class MlflowSink(Sink):
                 log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
                             "(jsonl holds every record)", self._pending.maxlen)
             self._pending.append(rec)
-        self._add_events(events)
+        self._tags.update(self._events.add(events))
+        if self._models is not None:
+            self._models.see(records, events)
         self.flush()
 
     def flush(self) -> None:
@@ -232,13 +233,12 @@ class MlflowSink(Sink):
                 self._connect()
             self._send_metrics()
             self._send_tags()
-            if self._events_dirty:
-                self._client.log_text(self.run_id, "\n".join(self._events) + "\n", EVENTS_ARTIFACT)
-                self._events_dirty = False
+            if self._events.dirty:
+                self._client.log_text(self.run_id, self._events.text(), EVENTS_ARTIFACT)
+            if self._models is not None and self._models.waiting:
+                self._models.deliver(self._client, self._experiment, self.run_id, self.run.run_name)
             if status is not None:
-                self._client.set_terminated(self.run_id, status, end_time=_ms(self.end_time))
-                if self._parent is not None:
-                    settle(self._client, self._experiment, str(self.run.config["sweep_id"]), self._parent, self.run_id)
+                self._end(status)
         except Exception as exc:  # whatever the tracker does, training goes on: retry later
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
@@ -260,18 +260,30 @@ class MlflowSink(Sink):
         self._down, self._delay, self._next_try = False, float(self.settings["backoff_initial"]), 0.0
         return True
 
+    def _end(self, status: str) -> None:
+        """The run's status, the sweep's parent settled, and the best run of its sweep (or experiment) marked."""
+        objective = dict(self.run.config.get("objective") or {})
+        metric = objective_metric(objective.get("metric"), set(self._keys))
+        if metric is not None:
+            self._client.set_tag(self.run_id, OBJECTIVE_TAG, f"{metric} ({objective.get('mode', 'min')})")
+        self._client.set_terminated(self.run_id, status, end_time=_ms(self.end_time))
+        sweep_id = self.run.config.get("sweep_id")
+        if self._parent is not None:
+            settle(self._client, self._experiment, str(sweep_id), self._parent, self.run_id)
+        mark_best(self._client, self._experiment, sweep_id, objective.get("mode", "min"))
+
     def _send_metrics(self) -> None:
         while self._pending:
             chunk: List[Record] = []
             size = 0
             for rec in self._pending:  # whole records, oldest first; a huge record goes alone
-                n = len(rec.values) if rec.step > self._logged_step else 0  # MLflow has it already: skipped
+                n = len(rec.values) if rec.step > self._store_step else 0  # MLflow has it already: skipped
                 if chunk and size + n > METRICS_PER_CALL:
                     break
                 chunk.append(rec)
                 size += n
             metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
-                       for rec in chunk if rec.step > self._logged_step for k, v in rec.values.items()]
+                       for rec in chunk if rec.step > self._store_step for k, v in rec.values.items()]
             step = max(self._logged_step, max(rec.step for rec in chunk))
             # resending is harmless (same key, time, step, value); the tag lands with the last of the rows
             self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
@@ -320,6 +332,7 @@ class MlflowSink(Sink):
                 client.restore_run(run_id)
             client.update_run(run_id, status="RUNNING")
             self._logged_step = max(self._logged_step, int(found[0].data.tags.get(LAST_STEP_TAG, 0)))
+            self._store_step = self._logged_step
             log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
             parent = {PARENT_RUN_TAG: self._parent.run_id} if self._parent else {}
@@ -380,21 +393,5 @@ class MlflowSink(Sink):
         wal = read_rank_file(path)
         missed = [r for r in wal.records if self._logged_step < r.step <= run.resumed_from_step]
         self._pending.extendleft(reversed(missed))
-        self._events = {}
-        self._add_events(wal.events)  # jsonl is written first: it holds the events handed over so far
-
-    def _add_events(self, events: Sequence[Event]) -> None:
-        """Each event sets its kind's ``.last`` tag and is one line of events.jsonl (bounded)."""
-        for ev in events:
-            if ev.kind == HISTOGRAM:
-                self._skip_histograms()
-                continue
-            detail = mask_secrets(json_safe(dict(ev.detail)))
-            text = json.dumps(detail, default=str, allow_nan=False)
-            self._tags[self._key(f"msbridge.event.{ev.kind}.last")] = f"step {ev.step}: {text}"[:500]
-            line = encode_event(Event(ev.kind, ev.step, ev.rank, ev.time, detail)).rstrip("\n")
-            if line not in self._events:
-                self._events[line] = None
-                self._events_dirty = True
-        while len(self._events) > MAX_EVENT_LINES:  # jsonl keeps every event
-            del self._events[next(iter(self._events))]
+        self._events = EventLog(self._key)
+        self._tags.update(self._events.add(wal.events))  # jsonl is written first: it holds the events so far

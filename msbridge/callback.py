@@ -1,17 +1,11 @@
 """``BridgeMonitor``: the one callback that turns every training step into the metric stream.
 
-Two paces:
-
-- every step: O(1) host work (append the step's output tensors and a timestamp);
-- every flush (``flush_steps`` steps or ``flush_seconds`` seconds, whichever
-  first, and at train end): one device->host copy per column, records built,
-  handed to the dispatcher thread. No tracker I/O ever runs on this thread.
-
-When the train cell carries a device ring buffer (``msbridge.TrainStep`` or
-``msbridge.attach_ring``) a flush is one copy of the whole ring instead
-(``RingReader``); otherwise the step's output tensors are kept (``StepBuffer``).
-``OverheadBudget`` widens the flush window when the monitor's own time goes
-over ``overhead_budget`` of the step time.
+Two paces: every step, O(1) host work (the step's output tensors and a timestamp kept); every flush
+(``flush_steps`` steps or ``flush_seconds`` seconds, whichever first, and at train end), one device->host copy
+per column (of the whole device ring with ``msbridge.TrainStep`` / ``attach_ring``: ``RingReader``), records
+built and handed to the dispatcher: no tracker I/O ever runs on this thread. ``OverheadBudget`` widens the
+flush window when the monitor's own time goes over ``overhead_budget`` of the step time. Evaluations
+(``on_eval_*``) are ``EvalHooks``'.
 
 Example:
     >>> from msbridge import BridgeMonitor
@@ -29,16 +23,19 @@ from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
 from .capture.cb_params import batch_size_of, expected_steps, first_train_step, param, resume_offset, steps_per_call
+from .capture.checkpoints import CheckpointWatch
 from .capture.host_buffer import StepBuffer
 from .capture.internals import Internals
 from .capture.lr import LrReader, find_optimizer
 from .capture.ring_cell import find_ring_cell
-from .capture.ring_reader import RingReader, check_ring_size
+from .capture.ring_reader import ring_source
 from .capture.train_step import TrainStep
 from .capture.window import StepSource, Window
 from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
+from .eval_hooks import EvalHooks
 from .masking import mask_text
+from .metrics.objective import Objective
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.outcome import RunOutcome, RunTally
@@ -52,7 +49,7 @@ from .sinks.dispatch import Dispatcher
 log = logging.getLogger("msbridge")
 
 
-class BridgeMonitor(Callback):
+class BridgeMonitor(EvalHooks, Callback):
     """Records every training step to the sinks chosen in the config.
 
     Args:
@@ -98,6 +95,9 @@ class BridgeMonitor(Callback):
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
         self._watchdog = StallWatchdog(self._on_watchdog, 0, self.config.alert_spec.stall_seconds)
+        self._objective = Objective(self.config.objective["metric"], self.config.objective["mode"])
+        self._checkpoints = CheckpointWatch([], 0)
+        self._init_eval()
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Sequence[str] = (), **kwargs: Any) -> "BridgeMonitor":
@@ -134,13 +134,8 @@ class BridgeMonitor(Callback):
         self.plan.check_rerun(first_train_step(cb))  # a used run dir and a training from step 1: refused here
         first_step = int(param(cb, "cur_step_num", 0) or 0)
         ring_cell = find_ring_cell(param(cb, "train_network", None))
-        per_call = steps_per_call(cb)
         if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run
-            check_ring_size(ring_cell.ring_size, cfg.flush_steps, per_call, cfg.buffer_size)
-            self._buffer = RingReader(ring_cell, first_step=first_step, interval=cfg.step_interval,
-                                      steps_per_call=per_call)
-            self._every = 1  # the ring holds every step; the reader keeps every step_interval-th
-            widest = ring_cell.ring_size - per_call
+            self._buffer, self._every, widest = ring_source(ring_cell, cfg, first_step, steps_per_call(cb))
         else:
             widest = cfg.buffer_size or 8 * cfg.flush_steps
         batch_size = batch_size_of(cb)
@@ -159,6 +154,7 @@ class BridgeMonitor(Callback):
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
         self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step)
+        self._checkpoints = CheckpointWatch.from_callbacks(param(cb, "list_callback", None), self.run.rank)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 
@@ -197,7 +193,7 @@ class BridgeMonitor(Callback):
         cb = run_context.original_args()
         step = int(cb.cur_step_num)
         if self._offset is None:
-            self._offset = resume_offset(cb, step)
+            self._offset = self._checkpoints.offset = resume_offset(cb, step)
         step += self._offset
         self._watchdog.step_ended(step)
         self._seen_outputs = cb.net_outputs
@@ -209,6 +205,7 @@ class BridgeMonitor(Callback):
         if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
             self.health.on_step(step, cb)
+        self._pending_events.extend(self._checkpoints.poll())  # ModelCheckpoint's files: two attribute reads
         budget = self._budget
         due = len(self._buffer) + len(self._pending) >= budget.flush_steps or (
                 # Ranks must flush at the same steps (one collective each), so time triggers single processes only.
@@ -227,10 +224,13 @@ class BridgeMonitor(Callback):
             self._reducer.timer.hook_done(start, end)
 
     def on_train_end(self, run_context: Any) -> None:
-        self.close(FINISHED)
+        if not self._depth:  # inside Model.train the manager's exit closes, after every callback's train end
+            self.close(FINISHED)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        # MindSpore's callback manager exits every callback, also when training raised.
+        # MindSpore's callback manager exits every callback, also when training raised (an evaluation's is nested).
+        if self.nested_exit():
+            return
         rank = self.run.rank if self.run else 0
         try:
             if exc_type is None:
@@ -286,6 +286,8 @@ class BridgeMonitor(Callback):
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
+            if LOSS in window.absent:
+                window.absent[GLOBAL_LOSS] = window.absent[LOSS]
         records = self._stream.records(window)
         self.tally.steps_recorded += len(records)
         verdict = self.health.check(window, records)  # adds health/* counters; may set health.stop
@@ -299,7 +301,7 @@ class BridgeMonitor(Callback):
         self._pending.extend(verdict.records)
         self._pending_events.extend(verdict.events)
         self.events.extend(verdict.events)
-        self.tally.track_loss(window.scalars.get(LOSS))
+        self.tally.track_loss(window.given(LOSS))
         if dispatch or self._pending_events:
             self._dispatch_pending()
         if budget is not None:
@@ -321,6 +323,7 @@ class BridgeMonitor(Callback):
             return
         with self._signals.critical():
             self._watchdog.stop()
+            self._pending_events.extend(self._checkpoints.poll())  # the one ModelCheckpoint saved at train end
             try:
                 # Only a normal end meets the other ranks in the collective: after an exception here
                 # the others are still training, and a collective would pair with theirs or block.
@@ -352,7 +355,9 @@ class BridgeMonitor(Callback):
         if self.plan is None:
             return
         try:
-            self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late))
+            objective = self._objective.summary() if self.run is not None and self.run.is_global else None
+            self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late,
+                                                objective))
         except Exception:
             log.exception("msbridge: could not write the outcome into run.json and README.md")
         release_rank_file(self.plan.run_dir, self.plan.ranks.rank)
@@ -382,6 +387,8 @@ class BridgeMonitor(Callback):
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
         self._last_flush = time.perf_counter()
+        if self.run is not None and self.run.is_global and self._pending:  # the objective's best and final
+            self._objective.observe(self._pending)
         if self.dispatcher is not None:
             self.dispatcher.submit(self._pending, self._pending_events)
         self._pending, self._pending_events = [], []

@@ -2,7 +2,9 @@
 
 The data are arithmetic token sequences (``x[t+1] = (x[t] + stride) % vocab``,
 a random start and stride per sample): a pattern the model learns within a few
-hundred steps, so the loss falls visibly.
+hundred steps, so the loss falls visibly. Every ``eval_every`` steps a callback validates the model on held-out
+sequences with ``Model.eval(valid, callbacks=[monitor])``: ``eval/loss`` and ``eval/accuracy`` (next-token
+accuracy), recorded at that step.
 
 ``msbridge demo`` exits with the run's ``exit_code`` (``exit_status``): 0 when
 it finished and every sink received everything, 3 when a sink did not, 4 when
@@ -29,7 +31,7 @@ import numpy as np
 DEMO_DEFAULTS: Dict[str, Any] = {
     "model": {"vocab_size": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32},
     "optimizer": {"learning_rate": 0.003, "warmup_steps": 20, "weight_decay": 0.01, "clip_grad_norm": 1.0},
-    "train": {"batch_size": 16, "seed": 7, "mode": "graph"},
+    "train": {"batch_size": 16, "seed": 7, "mode": "graph", "eval_every": 50, "eval_batches": 4},
 }
 
 
@@ -101,6 +103,44 @@ def build_model(vocab_size: int, hidden_size: int, num_layers: int, num_heads: i
     return net, LMLoss(net)
 
 
+def build_eval(loss_net: Any) -> Any:
+    """The demo's validation: ``(eval_network, metrics)`` for ``Model``; the network returns ``(loss, logits,
+    labels)``, the metrics ``loss`` (the mean loss) and ``accuracy`` (next-token accuracy)."""
+    from mindspore import nn
+    from mindspore.train import Metric
+
+    class LMEval(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__(auto_prefix=False)
+            self.loss_net = loss_net
+
+        def construct(self, tokens):
+            logits = self.loss_net.net(tokens[:, :-1])
+            return self.loss_net(tokens), logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+
+    class Mean(Metric):
+        """The mean of what ``pick(loss, logits, labels)`` gives per batch."""
+
+        def __init__(self, pick: Any) -> None:
+            super().__init__()
+            self.pick = pick
+            self.clear()
+
+        def clear(self) -> None:
+            self.total, self.count = 0.0, 0
+
+        def update(self, *outputs: Any) -> None:
+            self.total += float(self.pick(*(o.asnumpy() for o in outputs)))
+            self.count += 1
+
+        def eval(self) -> float:
+            return self.total / max(self.count, 1)
+
+    metrics = {"loss": Mean(lambda loss, logits, labels: loss),
+               "accuracy": Mean(lambda loss, logits, labels: (logits.argmax(-1) == labels).mean())}
+    return LMEval(), metrics
+
+
 def demo_config(out: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The embedded demo config: every sink whose package is installed, the experiment dir ``out/<experiment>``."""
     from .sinks.registry import builtin_names, check_available
@@ -154,10 +194,30 @@ def train(monitor: Any, steps: int, params: Mapping[str, Any], extra_callbacks: 
     lr = nn.WarmUpLR(float(opt_cfg["learning_rate"]), int(opt_cfg["warmup_steps"]))
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr,
                                    weight_decay=float(opt_cfg["weight_decay"]))
+    eval_net, metrics = build_eval(loss_net)
     # TrainStep records loss, grad norm, lr and the rest into a device ring buffer inside the compiled step.
-    model = Model(TrainStep(loss_net, optimizer, clip_grad_norm=float(opt_cfg.get("clip_grad_norm", 1.0))))
-    model.train(1, dataset, callbacks=[monitor, *extra_callbacks], dataset_sink_mode=False)
+    model = Model(TrainStep(loss_net, optimizer, clip_grad_norm=float(opt_cfg.get("clip_grad_norm", 1.0))),
+                  eval_network=eval_net, metrics=metrics)
+    held_out = make_tokens(int(train_cfg.get("eval_batches", 4)) * batch, model_cfg["seq_length"],
+                           model_cfg["vocab_size"], int(train_cfg["seed"]) + 1)
+    valid = ds.NumpySlicesDataset({"tokens": held_out}, shuffle=False).batch(batch)
+    every = int(train_cfg.get("eval_every", 0) or 0)
+    validate = [_Validate(model, valid, monitor, every)] if every else []
+    model.train(1, dataset, callbacks=[monitor, *validate, *extra_callbacks], dataset_sink_mode=False)
     return monitor
+
+
+def _Validate(model: Any, valid: Any, monitor: Any, every: int) -> Any:
+    """A callback that runs ``Model.eval(valid, callbacks=[monitor])`` every ``every`` steps and at the end."""
+    from mindspore.train import Callback
+
+    class Validate(Callback):
+        def on_train_step_end(self, run_context: Any) -> None:
+            cb = run_context.original_args()
+            if cb.cur_step_num % every == 0 or cb.cur_step_num == cb.batch_num:
+                model.eval(valid, callbacks=[monitor], dataset_sink_mode=False)
+
+    return Validate()
 
 
 def exit_status(monitor: Any) -> int:

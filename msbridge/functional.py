@@ -32,7 +32,7 @@ from .capture.window import Window
 from .config.load import Config
 from .errors import ConfigError
 from .health.detectors.base import CHECKPOINT_AND_STOP
-from .names import GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW, STEP_SCALARS
+from .names import EVAL_PREFIX, EVAL_SAMPLES, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW, STEP_SCALARS
 from .sinks.base import Sink
 
 log = logging.getLogger("msbridge")
@@ -48,8 +48,16 @@ def metric_name(key: str) -> str:
 
 class NamedStepBuffer(StepBuffer):
     """``StepBuffer`` for named values: ``append`` takes ``{name: Tensor or number}``. A name that a step
-    leaves out is NaN at that step. The five step scalars go to ``Window.scalars`` (health reads them),
-    every other name to ``Window.series``."""
+    leaves out is absent at that step (``Window.absent``): never recorded there, in no sink. The five step
+    scalars go to ``Window.scalars`` (health reads them), every other name to ``Window.series``.
+
+    Example:
+        >>> buffer = NamedStepBuffer()
+        >>> buffer.append(1, 1, {"train/loss": 2.0}, 0.01, 0.0)
+        >>> buffer.append(2, 1, {"train/loss": 1.9, "eval/accuracy": 0.5}, 0.01, 0.0)
+        >>> buffer.drain().absent["eval/accuracy"].tolist()
+        [True, False]
+    """
 
     def append(self, step: int, epoch: int, outputs: Mapping[str, Any], step_time_s: float, monitor_s: float) -> None:
         if self.layout is None:
@@ -58,23 +66,28 @@ class NamedStepBuffer(StepBuffer):
             self._in_host_memory = get_context("device_target") == "CPU"
             self.layout = ()
         held = len(self._host)
-        for name in outputs.keys() - self._tensors.keys():  # a name first given now: NaN before
-            self._tensors[name] = [math.nan] * held
+        for name in outputs.keys() - self._tensors.keys():  # a name first given now: absent before
+            self._tensors[name] = [None] * held
         for name, column in self._tensors.items():
-            column.append(outputs.get(name, math.nan))
+            column.append(outputs.get(name))
         self._host.add(step, epoch, step_time_s, monitor_s)
 
     def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
+        absent = {name: np.array([v is None for v in column]) for name, column in self._tensors.items()}
         window = super().drain(lr_at)
-        if window is not None:
-            for name in [n for n in window.scalars if n not in STEP_SCALARS]:
-                window.series[name] = window.scalars.pop(name)
+        if window is None:
+            return None
+        window.absent = {name: mask for name, mask in absent.items() if mask.any()}
+        for name in [n for n in window.scalars if n not in STEP_SCALARS]:
+            window.series[name] = window.scalars.pop(name)
         return window
 
     def _to_host(self, name: str, values: List[Any]) -> np.ndarray:
-        """The Tensors of a column in one copy (``StepBuffer._to_host``); numbers as they are."""
+        """The Tensors of a column in one copy (``StepBuffer._to_host``); numbers as they are; an absent
+        value (None) is a NaN filler that ``Window.absent`` marks."""
         at = [i for i, v in enumerate(values) if hasattr(v, "asnumpy")]
-        out = np.array([math.nan if hasattr(v, "asnumpy") else float(v) for v in values], dtype=np.float64)
+        out = np.array([math.nan if v is None or hasattr(v, "asnumpy") else float(v) for v in values],
+                       dtype=np.float64)
         if at:
             out[at] = super()._to_host(name, [values[i] for i in at])
         return out
@@ -170,6 +183,7 @@ class TrackedRun:
         self._context = _Context(self._params)
         self._step = 0
         self._per_epoch = size
+        self.refused_steps = 0  # steps given at or below the last recorded one
 
     @property
     def run_dir(self) -> Optional[str]:
@@ -207,6 +221,9 @@ class TrackedRun:
         for key, value in values.items():
             _check_value(key, value)
         named: Dict[str, Any] = {metric_name(k): v for k, v in values.items()}
+        if step is not None and int(step) <= self._step:
+            self._refuse(int(step))
+            return
         self._step = int(step) if step is not None else self._step + 1
         params = self._params
         params["cur_step_num"], params["net_outputs"] = self._step, named
@@ -215,6 +232,27 @@ class TrackedRun:
         if epoch is not None:
             params["cur_epoch_num"] = int(epoch)
         self.monitor.on_train_step_end(self._context)
+
+    def eval(self, *, samples: Optional[int] = None, **metrics: Any) -> None:
+        """Record one evaluation at the current step: ``run.eval(loss=0.41, accuracy=0.88)`` is ``eval/loss``,
+        ``eval/accuracy`` (numbers, or Tensors read now: an evaluation is not on the step's path). ``samples``:
+        how many samples it evaluated (the weight of this rank's values in data parallel)."""
+        for key, value in metrics.items():
+            _check_value(key, value)
+        values = {f"{EVAL_PREFIX}{k}": float(v.asnumpy()) if hasattr(v, "asnumpy") else float(v)
+                  for k, v in metrics.items()}
+        if samples:
+            values[EVAL_SAMPLES] = float(samples)
+        self.monitor.record_eval(values)
+
+    def _refuse(self, step: int) -> None:
+        """A step at or below the last recorded one: refused (a step is recorded once, in order), said once."""
+        self.refused_steps += 1
+        self.monitor.tally.refused_steps = self.refused_steps
+        if self.refused_steps == 1:
+            log.warning("msbridge: run.step(step=%d) is not after step %d, the last recorded: refused (steps are "
+                        "recorded once, in increasing order; the run's outcome counts the refused steps)",
+                        step, self._step)
 
     def close(self, status: Optional[str] = None) -> None:
         """End the run: the final flush, then every sink closed (FINISHED unless ``status`` says otherwise)."""

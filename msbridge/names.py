@@ -11,6 +11,9 @@
     model internals: grad_norm/{param}  weight_norm/{param}  optimizer/{state}_norm/{param}
     attention/max_logit/{layer}  attention/max_logit_max  attention/max_logit_mean  (from mindformers)
     histogram event tags: weights/{param}  grads/{param}
+    validation, at the training step it ran: eval/<metric>  eval/loss  eval/time_s  eval/samples
+    (data parallel, global rank: eval/global_<metric>)
+    the run's objective, on the global rank: objective/best  objective/best_step  objective/final
     memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb
     system/npu_utilization_pct  system/npu_hbm_used_mb  system/npu_hbm_total_mb
     system/npu_memory_used_mb  system/npu_memory_total_mb  system/npu_temperature_c  system/npu_power_w
@@ -21,6 +24,8 @@ Example:
     ('train/loss', 'dist/loss/rank_3')
 """
 from __future__ import annotations
+
+from typing import AbstractSet, Optional
 
 LOSS = "train/loss"
 GLOBAL_LOSS = "train/global_loss"
@@ -67,6 +72,18 @@ MAX_LOGIT_MEAN = "attention/max_logit_mean"
 HISTOGRAM = "histogram"
 WEIGHTS_HISTOGRAM_PREFIX = "weights/"
 GRADS_HISTOGRAM_PREFIX = "grads/"
+
+# Validation (``metrics.evaluation``): recorded at the training step at which the evaluation ran.
+EVAL_PREFIX = "eval/"
+EVAL_LOSS = "eval/loss"
+EVAL_TIME = "eval/time_s"  # the evaluation's wall time (kept out of perf/: the next step's time excludes it)
+EVAL_SAMPLES = "eval/samples"  # samples evaluated on this rank, when each eval batch's size is known
+GLOBAL_EVAL_PREFIX = "eval/global_"
+
+# The run's objective (``objective:``), on the global rank, at each flush that changed it.
+OBJECTIVE_BEST = "objective/best"
+OBJECTIVE_BEST_STEP = "objective/best_step"
+OBJECTIVE_FINAL = "objective/final"
 
 # Memory (``memory: true``), per flush.
 DEVICE_ALLOCATED_MB = "memory/device_allocated_mb"
@@ -118,9 +135,14 @@ def rank_step_time(rank: int) -> str:
     return f"dist/step_time_ms/rank_{rank}"
 
 
+def global_eval_name(name: str) -> str:
+    """The global rank's cross-rank value of an eval metric: ``eval/loss`` -> ``eval/global_loss``."""
+    return GLOBAL_EVAL_PREFIX + name[len(EVAL_PREFIX):]
+
+
 def is_global_metric(name: str) -> bool:
     """True for metrics about the whole job (global loss, cross-rank spread), False for one rank's own."""
-    return name == GLOBAL_LOSS or name.startswith(DIST_PREFIX)
+    return name == GLOBAL_LOSS or name.startswith((DIST_PREFIX, GLOBAL_EVAL_PREFIX))
 
 
 #: The canonical per-step scalars a train step may hand over, in ring-buffer column order.
@@ -135,3 +157,23 @@ LOSS_SCALE_OUTPUT = (LOSS, OVERFLOW, LOSS_SCALE)
 #: What a tracker shows first, in this order: the loss (local, global), grad norm, lr, throughput.
 #: TensorBoard's custom-scalars layout and MindInsight's tag order follow it.
 HEADLINE = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, TOKENS_PER_S)
+
+
+#: The objective when the config names none, best first: the first of these a run records is its objective
+#: (the job's value before one rank's, validation before training).
+DEFAULT_OBJECTIVES = (GLOBAL_EVAL_PREFIX + "loss", EVAL_LOSS, GLOBAL_LOSS, LOSS)
+
+
+def objective_metric(configured: Optional[str], names: AbstractSet[str],
+                     current: Optional[str] = None) -> Optional[str]:
+    """The metric a run is compared on: ``configured``, else the best-ranked of ``DEFAULT_OBJECTIVES`` among
+    ``names`` (the metrics recorded) and ``current`` (the one followed so far); None before any is recorded.
+
+    Example:
+        >>> objective_metric(None, {"train/loss", "eval/loss", "perf/samples_per_s"})
+        'eval/loss'
+    """
+    if configured is not None:
+        return configured
+    ranked = [m for m in DEFAULT_OBJECTIVES if m in names or m == current]
+    return ranked[0] if ranked else None

@@ -196,3 +196,12 @@ class RingReader:
         shape = tuple(getattr(loss, "shape", ()))
         if shape != ():
             log.warning("msbridge: %s has shape %s, not a scalar; recording its mean", LOSS, shape)
+
+
+def ring_source(ring_cell: Any, config: Any, first_step: int, per_call: int) -> Tuple["RingReader", int, int]:
+    """The callback's step source for a train cell with a device ring: the reader, the callback's own
+    interval (1: the ring holds every step, the reader keeps every ``step_interval``-th) and the widest flush
+    window the ring allows. Refuses a ring too small for ``flush_steps`` (before any sink opens)."""
+    check_ring_size(ring_cell.ring_size, config.flush_steps, per_call, config.buffer_size)
+    reader = RingReader(ring_cell, first_step=first_step, interval=config.step_interval, steps_per_call=per_call)
+    return reader, 1, ring_cell.ring_size - per_call

@@ -31,6 +31,9 @@ class Window:
     ``timed`` are samples taken at wall-clock times (the NPU sampler), each
     recorded on the last step that ended at or before it. ``histograms`` are the weight (and
     gradient) histograms taken at the flush (plain dicts), handed to the sinks as ``histogram`` events.
+
+    ``absent`` marks, per name, the steps that did not give that value (``msbridge.track`` steps that leave a
+    name out): a marked step's array slot is a filler, never recorded. A NaN that is not marked was given as NaN.
     """
 
     steps: np.ndarray
@@ -46,9 +49,26 @@ class Window:
     series: Dict[str, np.ndarray] = field(default_factory=dict)
     timed: List[Tuple[float, Dict[str, float]]] = field(default_factory=list)
     histograms: List[Dict[str, Any]] = field(default_factory=list)
+    absent: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def given(self, name: str) -> Optional[List[Optional[float]]]:
+        """The scalar ``name`` step by step, None at a step that did not give it; None when the window has none.
+
+        Example:
+            >>> w = Window(np.arange(2), np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2),
+            ...            scalars={"train/loss": np.array([2.0, 0.0])}, absent={"train/loss": np.array([False, True])})
+            >>> w.given("train/loss")
+            [2.0, None]
+        """
+        column = self.scalars.get(name)
+        if column is None:
+            return None
+        values = column.tolist()
+        mask = self.absent.get(name)
+        return values if mask is None else [None if gone else v for v, gone in zip(values, mask.tolist())]
 
 
 #: Maps a window's steps to their learning rates (None: not known).

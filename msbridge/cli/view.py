@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..adapters._mlflow_fields import MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, loss_first_view
+from ..adapters._mlflow_view import MAX_RUNS, MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, compared_view, loss_first_view
 from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
@@ -163,11 +163,29 @@ def _mlflow_ids(api: str, experiment: str, run_id: Optional[str]) -> "tuple[str,
     return exp_id, found[0]["info"]["run_id"] if found else None
 
 
+def _share(api: str, exp_id: str, view: "tuple[str, str]", mode: str = "") -> str:
+    """Write ``view`` (``(tag key, JSON)``) to the experiment, the way MLflow's Share button does; its page."""
+    key, value = view
+    _request(f"{api}/experiments/set-experiment-tag", {"experiment_id": exp_id, "key": key, "value": value})
+    query = {"viewStateShareKey": key[len(VIEW_TAG_PREFIX):], **({"compareRunsMode": mode} if mode else {})}
+    return f"/#/experiments/{exp_id}/runs?{urllib.parse.urlencode(query)}&{MODEL_TRAINING_QUERY}"
+
+
+def _compared(api: str, exp_id: str) -> Optional["tuple[str, str]"]:
+    """The experiment's runs as ``(params, tags)`` for ``compared_view`` (its sweep view, or None)."""
+    runs = _request(f"{api}/runs/search", {"experiment_ids": [exp_id], "max_results": MAX_RUNS}).get("runs", [])
+    pairs = [({p["key"]: p["value"] for p in run.get("data", {}).get("params", [])},
+              {t["key"]: t["value"] for t in run.get("data", {}).get("tags", [])}) for run in runs]
+    return compared_view(pairs)
+
+
 def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str],
                  charts: bool = False) -> Dict[str, str]:
     """Pages on the MLflow server at ``base_url``, in its model-training view: ``run`` (the run's page, else
     the experiment's runs; "/" if neither is found) and, with ``charts``, ``charts``: the runs' charts with the
-    loss first (a saved view written to the experiment as a tag, the way MLflow's Share button does).
+    loss first. When the experiment holds two runs or more, also ``sweep``: the runs compared in a table, best
+    first (``_mlflow_view.sweep_view``), and ``charts`` is that view's charts (the objective against the swept
+    params first). Each is a saved view written to the experiment as a tag.
 
     Example:
         >>> mlflow_pages("http://127.0.0.1:5000", "tiny-lm", "0ca42c...", charts=True)["charts"]
@@ -182,11 +200,12 @@ def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str]
         run_page = f"{runs}/{mlflow_run}" if mlflow_run else runs
         pages = {"run": f"{run_page}?{MODEL_TRAINING_QUERY}"}
         if charts:
-            key, value = loss_first_view(mlflow_run)
-            _request(f"{api}/experiments/set-experiment-tag", {"experiment_id": exp_id, "key": key, "value": value})
-            share = urllib.parse.urlencode({"viewStateShareKey": key[len(VIEW_TAG_PREFIX):],
-                                            "compareRunsMode": "CHART"})
-            pages["charts"] = f"{runs}?{share}&{MODEL_TRAINING_QUERY}"
+            sweep = _compared(api, exp_id)
+            if sweep is None:
+                pages["charts"] = _share(api, exp_id, loss_first_view(mlflow_run), "CHART")
+            else:
+                pages["sweep"] = _share(api, exp_id, sweep, "TABLE")
+                pages["charts"] = _share(api, exp_id, sweep, "CHART")
         return pages
     except (OSError, ValueError, KeyError):
         return {"run": "/"}
@@ -217,7 +236,7 @@ def tensorboard_page(names: Sequence[str] = ()) -> str:
 
 
 def _line(name: str, text: str) -> None:
-    print(f"  {name:<11}: {text}", flush=True)
+    print(f"  {name:<13}: {text}", flush=True)
 
 
 def _store_exists(name: str, store: str) -> bool:
@@ -276,10 +295,10 @@ def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: flo
                 pages = {}
                 if viewer.name == "mlflow":
                     pages = mlflow_pages(viewer.base_url, target.experiment, target.run_id, charts=True)
-                    viewer.page = pages.get("charts", pages["run"])
+                    viewer.page = pages.get("sweep", pages.get("charts", pages["run"]))
                 _line(viewer.name, viewer.url)
-                if "charts" in pages:
-                    _line("mlflow run", viewer.base_url + pages["run"])
+                for name in [n for n in ("charts", "run") if n in pages and pages[n] != viewer.page]:
+                    _line(f"mlflow {name}", viewer.base_url + pages[name])
                 ready.append(viewer)
             elif state is False:
                 _line(viewer.name, f"did not start ({viewer.exit_text()})")

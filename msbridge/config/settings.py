@@ -37,6 +37,7 @@ from .value_checks import (
     MAX_ROWS,
     MAX_SECONDS,
     MAX_STEPS,
+    OBJECTIVE_DEFAULTS,
     RANKS,
     STRAGGLER_DEFAULTS,
     SYSTEM_INTERVAL_S,
@@ -44,6 +45,7 @@ from .value_checks import (
     curves_problem,
     group_regex_problem,
     normalise_sinks,
+    objective_problems,
     ranks_problem,
     regex_problem,
     sink_problems,
@@ -209,6 +211,11 @@ class Config:
         "logs; `auto`: every rank up to 16 ranks, none above (rank 0 logs min/max/mean/std/p5/p50/p95 at any size; "
         "each rank's own files always keep its curves): [distributed.md](distributed.md)",
         what=f"'auto', 'none' or {RANKS}", valid=curves_problem)
+    objective: Mapping[str, Any] = _section(abc.Mapping, OBJECTIVE_DEFAULTS,
+        "the one number a sweep is compared on: `{metric: eval/loss, mode: min}`; each run records "
+        "`objective/best`, `objective/best_step`, `objective/final` ([metrics.md](metrics.md#the-objective)); "
+        "`metric` null: `eval/loss` once an evaluation is recorded, else `train/loss`",
+        objective_problems, what="a mapping such as {metric: eval/loss, mode: min}")
     sweep_id: Optional[str] = declare(str, None,
         "groups the runs of one sweep (MLflow tag `msbridge.sweep_id`, TensorBoard hparams)")
     tags: Mapping[str, str] = declare(abc.Mapping, {},
@@ -225,6 +232,7 @@ class Config:
         object.__setattr__(self, "sinks", _frozen(normalise_sinks(plain(self.sinks))))
         object.__setattr__(self, "tags", _frozen({str(k): str(v) for k, v in self.tags.items()}))
         object.__setattr__(self, "straggler", _frozen(straggler_settings(plain(self.straggler))))
+        object.__setattr__(self, "objective", _frozen({**OBJECTIVE_DEFAULTS, **plain(self.objective)}))
         object.__setattr__(self, "alerts", _frozen(plain_section(plain(self.alerts or {}))))
         if not isinstance(self.per_rank_curves, str):
             object.__setattr__(self, "per_rank_curves", tuple(int(r) for r in self.per_rank_curves))

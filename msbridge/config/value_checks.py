@@ -46,6 +46,20 @@ STRAGGLER_OPTIONS: Dict[str, Option] = {
 STRAGGLER_DEFAULTS: Dict[str, Any] = {key: option.default for key, option in STRAGGLER_OPTIONS.items()}
 
 
+OBJECTIVE_OPTIONS: Dict[str, Option] = {
+    "metric": Option(str, None, "the recorded metric a sweep is compared on (`eval/accuracy`); null: `eval/loss` "
+                                "once an evaluation is recorded, else `train/loss` (the global values in data parallel)"),
+    "mode": Option(str, "min", "which value is best", choices=("min", "max")),
+}
+#: ``objective:`` keys and their defaults.
+OBJECTIVE_DEFAULTS: Dict[str, Any] = {key: option.default for key, option in OBJECTIVE_OPTIONS.items()}
+
+
+def objective_problems(value: Mapping[str, Any]) -> Problems:
+    """``objective: {metric, mode}``: its keys."""
+    return keyed_problems("objective", OBJECTIVE_OPTIONS, value)
+
+
 def regex_problem(value: str) -> Optional[str]:
     """Why ``value`` is not a regex msbridge compiles (``msbridge.limits.compile_user_regex``), or None."""
     try:

@@ -176,12 +176,12 @@ class Health:
 
         A stop-class action sets ``self.stop``; the caller requests the stop and closes the sinks.
         """
-        columns = [window.scalars.get(name) for name in _COLUMNS]
+        columns = [window.given(name) for name in _COLUMNS]
         out: List[Record] = []
         events: List[Event] = []
         healthy = True
         for i, rec in enumerate(records):
-            view = _view(rec, [None if c is None else float(c[i]) for c in columns], float(window.step_time_s[i]))
+            view = _view(rec, [None if c is None else c[i] for c in columns], float(window.step_time_s[i]))
             if view.nonfinite:
                 self.nan_steps += 1
                 healthy = False
@@ -205,14 +205,27 @@ class Health:
         self._batches.clear()
         return Verdict(out, events)
 
+    def check_eval(self, record: Record) -> List[Event]:
+        """Check one evaluation (``record``: its ``eval/*`` values at the training step it ran) with the checks
+        that watch evaluations; their actions as for a step (a stop sets ``self.stop``)."""
+        if self.stop is not None:
+            return []
+        view = StepView(record.step, values=record.values)
+        events: List[Event] = []
+        for finding in self._observe(view, on_eval=True):
+            events += self._act(finding)
+            if self.stop is not None:
+                break
+        return events
+
     def summary(self) -> Dict[str, Any]:
         """For the run README's outcome."""
         return {"nan steps": self.nan_steps, "skipped steps": self.skipped_steps,
                 "stopped by": self.stop.reason if self.stop else None}
 
     # -- helpers -------------------------------------------------------------------
-    def _observe(self, view: StepView) -> List[Finding]:
-        findings = (detector.observe(view) for detector in self._detectors.values())
+    def _observe(self, view: StepView, on_eval: bool = False) -> List[Finding]:
+        findings = (d.observe(view) for d in self._detectors.values() if d.on_eval == on_eval)
         return [finding for finding in findings if finding is not None]
 
     def _live_is_healthy(self, check: str) -> bool:

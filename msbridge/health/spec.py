@@ -85,7 +85,7 @@ class HealthSpec:
     @property
     def every_step(self) -> bool:
         """True when a check may stop training: it must then see each step as it ends."""
-        return bool(self.checks_with(*STOP_ACTIONS))
+        return any(not DETECTORS[name].on_eval for name in self.checks_with(*STOP_ACTIONS))
 
 
 #: The top-level options, as declared on ``HealthSpec``'s fields.
@@ -111,7 +111,7 @@ def resolve_health(section: Any) -> Tuple[Optional[HealthSpec], List[Problem]]:
     profile = top.get("profile", SETTINGS["profile"].default)
     checks: Dict[str, Dict[str, Any]] = {}
     for name in DETECTORS:
-        options, found = _resolve_check(name, section.get(name, {}), profile)
+        options, found = _resolve_check(name, section.get(name), profile)
         problems += found
         if options is not None:
             checks[name] = options
@@ -135,12 +135,15 @@ def _top_problems(top: Mapping[str, Any]) -> List[Problem]:
 
 
 def _resolve_check(name: str, given: Any, profile: str) -> Tuple[Optional[Dict[str, Any]], List[Problem]]:
-    """The check's options with defaults filled in (None when it is off), and the problems found."""
+    """The check's options with defaults filled in (None when it is off), and the problems found. ``given`` is
+    None when the section does not name the check: an ``opt_in`` check is then off."""
+    detector = DETECTORS[name]
+    on = given is not None or not detector.opt_in
+    given = {} if given is None else given
     if isinstance(given, bool):  # ``plateau: false`` is short for ``plateau: {check: false}``
         given = {CHECK: given}
     if not isinstance(given, Mapping):
         return None, [(("health", name), expected("a mapping of options or true/false", given))]
-    detector = DETECTORS[name]
     declared = detector.options
     action = detector.default_action[profile if profile in PROFILES else SETTINGS["profile"].default]
     problems: List[Problem] = []
@@ -155,7 +158,7 @@ def _resolve_check(name: str, given: Any, profile: str) -> Tuple[Optional[Dict[s
             problem = declared[key].check(value)
         if problem:
             problems.append((("health", name, key), problem))
-    options = {**{k: o.default for k, o in declared.items()}, CHECK: True, ACTION: action, **given}
+    options = {**{k: o.default for k, o in declared.items()}, CHECK: on, ACTION: action, **given}
     return (options if options[CHECK] is not False else None), problems
 
 

@@ -70,9 +70,12 @@ class Stream:
         """One ``Record`` per step of ``window``, in step order (the smoothed loss goes on from the last window)."""
         columns: Dict[str, np.ndarray] = {}
         loss = window.scalars.get(LOSS)
+        absent = dict(window.absent)
         if loss is not None and self._on("local_loss"):
             columns[LOSS] = loss
-            columns[LOSS_EMA] = self._smooth(loss)
+            columns[LOSS_EMA] = self._smooth(np.where(absent[LOSS], np.nan, loss) if LOSS in absent else loss)
+            if LOSS in absent:
+                absent[LOSS_EMA] = absent[LOSS]
         if self._on("grad_norm") and GRAD_NORM in window.scalars:
             columns[GRAD_NORM] = window.scalars[GRAD_NORM]
         if self._on("learning_rate") and LR in window.scalars:
@@ -101,6 +104,8 @@ class Stream:
                    values=dict(zip(names, row)))
             for step, wall, row in zip(window.steps.tolist(), window.wall_time.tolist(), matrix)
         ]
+        if absent:
+            _drop_absent(records, {name: mask for name, mask in absent.items() if name in columns and mask.any()})
         if records and window.at_flush:
             records[-1].values.update(window.at_flush)
         if records and window.timed:
@@ -119,3 +124,10 @@ class Stream:
             out[i] = ema if ema is not None else math.nan
         self.ema = ema
         return out
+
+
+def _drop_absent(records: List[Record], absent: Dict[str, np.ndarray]) -> None:
+    """Take out of each record the names its step did not give: absent stays absent, never NaN."""
+    for name, mask in absent.items():
+        for i in np.flatnonzero(mask).tolist():
+            del records[i].values[name]

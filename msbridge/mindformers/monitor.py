@@ -11,6 +11,8 @@ What it adds to ``BridgeMonitor``:
   is None under mindformers);
 - what TrainingStateMonitor and CheckpointMonitor find becomes events
   (``forward.MindformersFindings``);
+- with ``do_eval: True``, each evaluation's results become ``eval/*`` metrics at the step it ran
+  (``evaluation.watch_evaluations``);
 - with ``monitor_config.max_attention_logit_format``, the max attention logits
   mindformers tracks become ``attention/max_logit/*`` metrics at each flush
   (``attention.MaxAttentionLogits``);
@@ -44,6 +46,7 @@ from ..capture.window import Window
 from ..sinks.base import Event
 from .attention import MaxAttentionLogits
 from .entry import ENTRY_NAME, entry_config
+from .evaluation import watch_evaluations
 from .forward import MindformersFindings
 from .pipeline import PipelineLoss
 from .pynative import PynativeSteps, TrainingStopped
@@ -93,6 +96,7 @@ class MSBridgeMonitor(BridgeMonitor):
             callbacks = param(cb, "list_callback", None) or []
             self._findings = MindformersFindings.from_callbacks(callbacks, self.run.rank)
             self._logits = MaxAttentionLogits.from_callbacks(callbacks, param(cb, "train_network", None), self)
+            watch_evaluations(callbacks, self)  # do_eval's results as eval/* metrics
 
     # -- mindformers.pynative's TrainerCallback convention (the graph-mode Trainer never calls these) --
     def on_step_end(self, args: Any, state: Any, **kwargs: Any) -> None:

@@ -28,12 +28,11 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
-
-import numpy as np
 
 from ..sinks.base import FAILED, FINISHED, KILLED, Event
 
@@ -91,7 +90,7 @@ class RunTally:
 
     Example:
         >>> tally = RunTally()
-        >>> tally.track_loss(np.array([2.5, 2.1, np.nan]))
+        >>> tally.track_loss([2.5, 2.1, None, float("nan")])
         >>> tally.final_loss, tally.best_loss
         (nan, 2.1)
         >>> tally.ended(FINISHED, {"mlflow": "2 failed call(s)"})
@@ -101,6 +100,7 @@ class RunTally:
 
     def __init__(self) -> None:
         self.steps_recorded = 0
+        self.refused_steps = 0  # steps given at or below the last recorded one (``msbridge.track``): not recorded
         self.final_loss: Optional[float] = None
         self.best_loss: Optional[float] = None  # the smallest finite loss
         self.events: List[Event] = []
@@ -108,15 +108,16 @@ class RunTally:
         self.status: Optional[str] = None  # set when the run has ended
         self.undelivered: Dict[str, str] = {}
 
-    def track_loss(self, loss: Optional[np.ndarray]) -> None:
-        """Take a flush's losses (one per recorded step, in step order; None when the flush had none)."""
-        if loss is None:
+    def track_loss(self, loss: Optional[Sequence[Optional[float]]]) -> None:
+        """Take a flush's losses (one per recorded step, in step order, None where a step gave none; None when
+        the flush had none)."""
+        given = [float(v) for v in loss or () if v is not None]
+        if not given:
             return
-        finite = loss[np.isfinite(loss)]
-        self.final_loss = float(loss[-1])
-        if finite.size:
-            best = float(finite.min())
-            self.best_loss = best if self.best_loss is None else min(self.best_loss, best)
+        finite = [v for v in given if math.isfinite(v)]
+        self.final_loss = given[-1]
+        if finite:
+            self.best_loss = min(finite) if self.best_loss is None else min(self.best_loss, *finite)
 
     def ended(self, status: str, undelivered: Mapping[str, str], raised: Sequence[Event] = ()) -> None:
         """The run closed with ``status``; ``undelivered`` and ``raised`` (what a sink finally lost,
@@ -129,11 +130,14 @@ class RunTally:
         return RunOutcome(self.status, dict(self.undelivered))
 
     def summary(self, last_step: int, health: Mapping[str, Any], run_dir: str,
-                late: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-        """``run_summary`` of the ended run; ``late``: a signal that arrived while the sinks were closing."""
-        counts = {"steps recorded": self.steps_recorded, "last step": last_step,
+                late: Optional[Mapping[str, Any]] = None,
+                objective: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """``run_summary`` of the ended run; ``late``: a signal that arrived while the sinks were closing;
+        ``objective``: its metric, mode, best (and its step) and final value (``metrics.objective``)."""
+        refused = {"steps refused": self.refused_steps} if self.refused_steps else {}
+        counts = {"steps recorded": self.steps_recorded, **refused, "last step": last_step,
                   "wall time": f"{time.perf_counter() - self.started:.1f} s", "final loss": self.final_loss,
-                  "best loss": self.best_loss, **health}
+                  "best loss": self.best_loss, **({"objective": dict(objective)} if objective else {}), **health}
         summary = run_summary(self.status or FINISHED, counts, self.events, self.undelivered, run_dir)
         if late:
             summary["interrupted"] = f"{late['signal']} while the sinks were closing (held until they closed)"

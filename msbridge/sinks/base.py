@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError
 from ..options import Option, check_options, with_defaults
@@ -237,6 +237,7 @@ class Sink:
         self.run: Optional[RunInfo] = None
         self.__held: Optional[Held] = None  # asked once per open, at the first write (``held()``)
         self.__after = 0  # the highest step handed to ``emit``
+        self.__names: Set[str] = set()  # the metrics handed to ``emit`` at that step
         self.__times = (0.0, 0.0)
 
     @classmethod
@@ -281,7 +282,7 @@ class Sink:
     def open(self, run: RunInfo) -> None:
         """Connect or create files for ``run``; a subclass calls ``super().open(run)`` first."""
         self.run = run
-        self.__held, self.__after = None, 0
+        self.__held, self.__after, self.__names = None, 0, set()
         self.__times = (run.start_time, run.start_time)
 
     def held(self) -> Held:
@@ -290,14 +291,18 @@ class Sink:
         return Held(self.run.resumed_from_step if self.run is not None else 0)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
-        """Hand ``emit`` the records of steps after ``last_step`` (never a step twice) and every event
-        not held; the times follow the times handed over. Returns what ``emit`` returns."""
+        """Hand ``emit`` the records of steps after ``last_step`` (never a metric twice at a step: a second record
+        of the last step, an evaluation's, is handed on when it names other metrics) and every event not held;
+        the times follow the times handed over. Returns what ``emit`` returns."""
         held = self._holding()
         fresh = []
         for rec in records:
             if rec.step > max(self.__after, held.last_step):
                 fresh.append(rec)
-                self.__after = rec.step
+                self.__after, self.__names = rec.step, set(rec.values)
+            elif rec.step == self.__after >= held.last_step and not self.__names & rec.values.keys():
+                fresh.append(rec)
+                self.__names.update(rec.values)
         times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
         if times:
             start, end = self.__times

@@ -1,12 +1,14 @@
 """Progress lines on the global rank, printed at the flush of the step they report.
 
-Every ``print_interval`` steps: step/total, loss, samples/s and the ETA. Events
+Every ``print_interval`` steps: step/total, loss, samples/s and the ETA; each evaluation, one line of its
+``eval/*`` values. Events
 (anomalies, actions) are printed as they arrive, one readable line each. The sink
 is ``on_training_thread``: the dispatcher calls it in ``submit``, so a line is
 never behind a slow tracker; it does nothing but format and print a line.
 
 Example output:
     [msbridge] step  120/300 | loss 2.3411 | 812.3 samples/s | ETA 0:00:21
+    [msbridge] step  150/300 | eval loss 2.2917 | accuracy 0.4102 | in 0.3 s
     [msbridge] step 137: anomaly loss_spike, action log: loss 9.02, median 2.31, sigma 0.1093, threshold 2.85
 """
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 from datetime import timedelta
 from typing import IO, Any, Optional, Sequence
 
-from ..names import GRAD_NORM, HISTOGRAM, LOSS, SAMPLES_PER_S, STEP_TIME
+from ..names import EVAL_LOSS, EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, GRAD_NORM, HISTOGRAM, LOSS, SAMPLES_PER_S, \
+    STEP_TIME
 from ..options import Option
 from .base import Event, Record, RunInfo, Sink
 
@@ -93,6 +96,9 @@ class ConsoleSink(Sink):
         out = self.stream or sys.stdout
         lines = []
         for rec in records:
+            if EVAL_TIME in rec.values:  # an evaluation's record
+                lines.append(self.eval_line(rec))
+                continue
             ms = rec.values.get(STEP_TIME)
             if ms is not None:
                 self._step_ms = ms if self._step_ms is None else 0.9 * self._step_ms + 0.1 * ms
@@ -108,11 +114,24 @@ class ConsoleSink(Sink):
             out.write("\n".join(lines) + "\n")
             out.flush()
 
+    def _total(self, step: int) -> Optional[int]:
+        return self.total if self.total and step <= self.total else None  # past it: the estimate was wrong
+
+    def _where(self, step: int) -> str:
+        total = self._total(step)
+        return f"step {step:>{len(str(total))}}/{total}" if total else f"step {step}"
+
+    def eval_line(self, rec: Record) -> str:
+        """``step 150/300 | eval loss 2.2917 | accuracy 0.4102 | in 0.3 s``."""
+        names = [n for n in rec.values if n.startswith(EVAL_PREFIX) and n not in (EVAL_TIME, EVAL_SAMPLES)]
+        names.sort(key=lambda n: (n != EVAL_LOSS, n))
+        parts = [self._where(rec.step)]
+        parts += [f"{'eval ' if i == 0 else ''}{n[len(EVAL_PREFIX):]} {rec.values[n]:.4f}" for i, n in enumerate(names)]
+        return "[msbridge] " + " | ".join(parts + [f"in {rec.values[EVAL_TIME]:.1f} s"])
+
     def line(self, rec: Record) -> str:
-        values = rec.values
-        total = self.total if self.total and rec.step <= self.total else None  # past it: the estimate was wrong
-        width = len(str(total)) if total else 0
-        parts = [f"step {rec.step:>{width}}/{total}" if total else f"step {rec.step}"]
+        values, total = rec.values, self._total(rec.step)
+        parts = [self._where(rec.step)]
         if LOSS in values:
             parts.append(f"loss {values[LOSS]:.4f}")
         if SAMPLES_PER_S in values:

@@ -110,7 +110,7 @@ def test_demo_then_view_serves_every_step_of_the_loss_in_every_viewer(tmp_path):
     with ViewProcess(command) as view:
         urls = view.wait_serving()
         assert sorted(urls) == ["mindinsight", "mlflow", "tensorboard"], view.lines
-        [run_page] = [line.split(": ", 1)[1] for line in view.lines if line.startswith("  mlflow run : ")]
+        [run_page] = [line.split(": ", 1)[1] for line in view.lines if line.startswith("  mlflow run   : ")]
         check_mlflow(urls["mlflow"], run_page, log.header["run_id"], want)
         check_tensorboard(urls["tensorboard"], want)
         check_mindinsight(urls["mindinsight"], run_dir, want)
@@ -162,7 +162,7 @@ def test_a_run_on_a_tracking_server_gets_its_run_page_there(tmp_path, capsys):
         (run,) = client.search_runs([client.get_experiment_by_name("remote").experiment_id])
         page = (f"{server.uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
                 "?workflowType=machine_learning")
-        assert line == f"  mlflow     : {page} (the run's tracking server; nothing started)"
+        assert line == f"  mlflow       : {page} (the run's tracking server; nothing started)"
 
 
 def jsonl_and_mindinsight_run(tmp_path):
@@ -208,7 +208,7 @@ def test_view_builds_mindinsight_on_request(tmp_path, capsys, monkeypatch):
 def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):
     run_dir = jsonl_and_mindinsight_run(tmp_path)
     assert main(["view", run_dir, "--mlflow"]) == 1
-    assert capsys.readouterr().out.splitlines()[1] == f"  mlflow     : not started: {run_dir} has no mlflow sink"
+    assert capsys.readouterr().out.splitlines()[1] == f"  mlflow       : not started: {run_dir} has no mlflow sink"
     assert main(["view", str(tmp_path / "nope")]) == 2
     assert "is not a directory; give a run dir (it holds run.json) or an experiment dir" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()

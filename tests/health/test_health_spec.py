@@ -81,7 +81,8 @@ def test_every_declaration_is_complete_and_its_default_is_valid():
             assert isinstance(option, Option) and option.doc, f"{name}.{key}"
             assert option.check(option.default) is None, f"{name}.{key}"
     spec = HealthSpec.parse({})
-    assert list(spec.checks) == list(DETECTORS)
+    assert list(spec.checks) == [name for name, detector in DETECTORS.items() if not detector.opt_in]
+    assert "eval_plateau" not in spec.checks and "eval_plateau" in HealthSpec.parse({"eval_plateau": {}}).checks
     assert spec.options("plateau") == {"patience": 500, "min_delta": 1e-3, "ema_decay": 0.98}
     assert spec.dump_quota_mb == 512.0 and spec.warmup_steps == 100
 

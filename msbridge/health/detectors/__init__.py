@@ -8,7 +8,7 @@ keys, options, validation and default actions all come from the class.
 
 Example:
     >>> list(DETECTORS)[:2]
-    ['nonfinite', 'grad_norm_spike']
+    ['nonfinite', 'eval_plateau']
 """
 from __future__ import annotations
 

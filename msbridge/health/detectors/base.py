@@ -109,6 +109,9 @@ class Detector(ABC):
             (``TrainStep(skip_nonfinite=True)``) has already dropped the update of every
             step this check fires on: ``skip`` is a valid action and the live weights are healthy.
         early_stop: a stop on this check is an early stop (the run closes FINISHED, not FAILED).
+        on_eval: it observes each evaluation (a view of the ``eval/*`` values recorded at the training step the
+            evaluation ran, ``values`` only) instead of each training step.
+        opt_in: off unless ``health.<name>`` turns it on.
 
     Example:
         >>> detector = DETECTORS["plateau"](warmup_steps=100, patience=50)  # msbridge.health.detectors
@@ -121,6 +124,8 @@ class Detector(ABC):
     default_action: ClassVar[Mapping[str, str]]
     in_graph_skip: ClassVar[bool] = False
     early_stop: ClassVar[bool] = False
+    on_eval: ClassVar[bool] = False
+    opt_in: ClassVar[bool] = False
 
     def __init__(self, warmup_steps: int = 0) -> None:
         self.warmup_steps = warmup_steps

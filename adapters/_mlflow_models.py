@@ -1,0 +1,129 @@
+"""Each checkpoint of a run as an MLflow 3 LoggedModel, its step's metrics linked to it.
+
+A ``checkpoint`` event (``ModelCheckpoint``'s and mindformers' ``CheckpointMonitor``'s files, seen by
+``capture.checkpoints``; the health action ``checkpoint_and_stop``'s healthy weights) becomes one LoggedModel of
+the run, named ``<run name>-step<N>``, with tags: the file's path (``msbridge.checkpoint.path``), the step, the
+saver, and the health state at that step (``msbridge.health``: ``finite``, ``nonfinite: train/loss``, or
+``anomaly: loss_spike at step 37`` when a health check fired within the last ``RECENT_ANOMALY_STEPS`` steps).
+The metrics of its step (and the run's latest evaluation at or before it) are logged again with its ``model_id``, with the same step and time, so the run's own rows stay one per step and
+``search_logged_models(order_by=[{"field_name": "metrics.eval/loss", "ascending": True}])`` names the best
+checkpoint of a whole sweep. The weights are uploaded only with the sink option ``log_checkpoints: upload``.
+
+A replay hands the same events again: a model whose key (``msbridge.checkpoint`` = run id, step, path) the
+store already has is not made twice.
+
+Example:
+    >>> models = CheckpointModels(upload=False)
+    >>> models.see(records, events)                       # every batch the sink is handed
+    >>> models.deliver(client, experiment_id, run_id, "tiny-lm-lr0.01")   # once the run is reached
+    ['m-4a83f6...']
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import tempfile
+from typing import Any, Deque, Dict, List, Sequence, Tuple
+
+from msbridge.names import EVAL_PREFIX, GLOBAL_LOSS, GRAD_NORM, LOSS
+from msbridge.sinks.base import Event, Record
+
+CHECKPOINT = "checkpoint"
+KEY_TAG = "msbridge.checkpoint"
+#: Steps back from a checkpoint in which a health finding marks it ``anomaly: ...``.
+RECENT_ANOMALY_STEPS = 100
+#: Steps whose values are kept for the checkpoints still to come (a checkpoint's event follows its step's record).
+KEPT_STEPS = 256
+
+Point = Tuple[float, float, int]  # value, time (s), step
+
+
+class CheckpointModels:
+    """Collects what a checkpoint's LoggedModel needs from the batches the sink is handed, then makes them.
+
+    Args:
+        upload: log the checkpoint file itself as the model's artifact (``log_checkpoints: upload``).
+    """
+
+    def __init__(self, upload: bool = False) -> None:
+        self.upload = upload
+        self._steps: "collections.OrderedDict[int, Dict[str, Point]]" = collections.OrderedDict()
+        self._evals: Deque[Tuple[int, Dict[str, Point]]] = collections.deque(maxlen=64)  # (step, its eval/* values)
+        self._anomalies: Deque[Tuple[int, str]] = collections.deque(maxlen=64)
+        self._waiting: List[Tuple[Event, Dict[str, Point], str]] = []
+
+    def see(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        """Keep each record's values by step and queue each checkpoint event with what it links."""
+        for rec in records:
+            step = self._steps.setdefault(rec.step, {})
+            step.update((name, (value, rec.time, rec.step)) for name, value in rec.values.items())
+            evals = {n: (v, rec.time, rec.step) for n, v in rec.values.items() if n.startswith(EVAL_PREFIX)}
+            if evals:
+                self._evals.append((rec.step, evals))
+            while len(self._steps) > KEPT_STEPS:
+                self._steps.popitem(last=False)
+        for ev in events:
+            if ev.kind == "anomaly":
+                self._anomalies.append((ev.step, str(ev.detail.get("check", "?"))))
+            elif ev.kind == CHECKPOINT and ev.detail.get("path"):
+                step = int(ev.detail.get("healthy_step", ev.step))
+                at_step = dict(self._steps.get(step, {}))
+                latest = [values for at, values in self._evals if at <= step][-1:]  # its latest evaluation
+                self._waiting.append((ev, {**(latest[0] if latest else {}), **at_step}, self._health(step, at_step)))
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _health(self, step: int, values: Dict[str, Point]) -> str:
+        bad = [n for n in (LOSS, GLOBAL_LOSS, GRAD_NORM) if n in values and not math.isfinite(values[n][0])]
+        if bad:
+            return "nonfinite: " + ", ".join(bad)
+        recent = [(s, check) for s, check in self._anomalies if step - RECENT_ANOMALY_STEPS < s <= step]
+        if recent:
+            s, check = recent[-1]
+            return f"anomaly: {check} at step {s}"
+        return "finite" if values else "unknown (its step's metrics were not handed to this sink)"
+
+    def deliver(self, client: Any, experiment_id: str, run_id: str, run_name: str) -> List[str]:
+        """Make a LoggedModel for each queued checkpoint the store does not hold yet; returns their ids. A
+        failed call raises (the sink retries later) and keeps what is still queued."""
+        made = []
+        while self._waiting:
+            event, linked, health = self._waiting[0]
+            key = f"{run_id}:{event.step}:{event.detail['path']}"
+            found = client.search_logged_models([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{_quote(key)}'",
+                                                max_results=1)
+            if not found:
+                made.append(self._make(client, experiment_id, run_id, run_name, event, linked, health, key))
+            self._waiting.pop(0)
+        return made
+
+    def _make(self, client: Any, experiment_id: str, run_id: str, run_name: str, event: Event,
+              linked: Dict[str, Point], health: str, key: str) -> str:
+        detail = event.detail
+        tags = {KEY_TAG: key, "msbridge.checkpoint.path": str(detail["path"]), "msbridge.step": str(event.step),
+                "msbridge.health": health, "msbridge.checkpoint.source": str(detail.get("source", "msbridge health"))}
+        model = client.create_logged_model(experiment_id, name=f"{run_name}-step{event.step}", source_run_id=run_id,
+                                           tags=tags, model_type="checkpoint")
+        for name, (value, when, step) in sorted(linked.items()):
+            client.log_metric(run_id, name, value if math.isfinite(value) else math.nan,
+                              timestamp=int(when * 1000), step=step, model_id=model.model_id)
+        if self.upload and os.path.isfile(detail["path"]):
+            with tempfile.TemporaryDirectory() as folder:  # MLflow uploads a folder: the file linked into one
+                os.symlink(os.path.abspath(detail["path"]), os.path.join(folder, os.path.basename(detail["path"])))
+                client.log_model_artifacts(model.model_id, folder)
+        client.finalize_logged_model(model.model_id, "READY")
+        return model.model_id
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "\\'")
+
+
+def best_checkpoint(client: Any, experiment_ids: Sequence[str], metric: str, ascending: bool = True) -> Any:
+    """The experiments' LoggedModel with the best linked ``metric`` (``eval/loss``), None when none has it."""
+    found = client.search_logged_models(list(experiment_ids), order_by=[{"field_name": f"metrics.{metric}",
+                                                                        "ascending": ascending}], max_results=1)
+    return found[0] if found else None

@@ -1,0 +1,87 @@
+"""``EvalHooks``: the validation half of ``BridgeMonitor``: evaluations recorded at the training step they ran.
+
+MindSpore calls a callback's ``on_eval_*`` hooks from ``Model.fit(..., valid_dataset=, valid_frequency=)`` after
+the epochs it validates, and from a ``Model.eval(dataset, callbacks=[monitor])`` made during training (a
+callback of the user's, at an epoch's end); mindformers' ``do_eval`` goes through ``MSBridgeMonitor``, and
+``msbridge.track``'s ``run.eval`` calls ``record_eval`` itself. Each evaluation becomes one record of ``eval/*``
+values (``metrics.evaluation``) at the last training step, written after that step's own record, in every sink.
+
+Model.fit's evaluation runs inside a callback manager of its own, which enters and exits the monitor a second
+time: only the outermost exit is the end of the run (``BridgeMonitor.__exit__`` reads ``nested_exit``).
+
+Example:
+    >>> model.fit(3, train, valid_dataset=valid, valid_frequency=1, callbacks=[monitor])
+    >>> [r.step for r in read_run(monitor.run_dir).ranks[0].records if "eval/loss" in r.values]
+    [10, 20, 30]
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Mapping
+
+from .capture.cb_params import param
+from .metrics.evaluation import EvalRound, global_eval
+from .names import EVAL_TIME
+from .sinks.base import Record
+
+log = logging.getLogger("msbridge")
+
+
+class EvalHooks:
+    """MindSpore's ``on_eval_*`` hooks and ``record_eval``, mixed into ``BridgeMonitor`` (whose flush, health,
+    reducer and dispatcher they use).
+
+    Example:
+        >>> monitor.record_eval({"eval/loss": 0.42, "eval/accuracy": 0.91})   # at the last training step
+    """
+
+    _eval_round: EvalRound
+    _depth: int
+
+    def _init_eval(self) -> None:
+        self._eval_round = EvalRound()
+        self._depth = 0  # callback managers entered: Model.fit's evaluation enters a second one
+
+    def on_eval_begin(self, run_context: Any) -> None:
+        self._eval_round.begin()
+
+    def on_eval_step_end(self, run_context: Any) -> None:
+        self._eval_round.step(run_context.original_args())
+        self._watchdog.step_ended(self._last_step)  # an evaluation that steps is not a stall
+
+    def on_eval_end(self, run_context: Any) -> None:
+        cb = run_context.original_args()
+        results = param(cb, "eval_results", None) or param(cb, "metrics", None) or {}
+        self.record_eval(self._eval_round.end(results))
+
+    def record_eval(self, values: Mapping[str, float]) -> None:
+        """Record ``eval/*`` values at the last training step, after the steps up to it, in every sink (rank 0 of
+        a data-parallel job adds ``eval/global_*``). Their ``eval/time_s`` is kept out of the next step's time."""
+        if self.dispatcher is None or self.run is None:
+            if self.plan is not None and self.tally.status is not None:
+                log.warning("msbridge: an evaluation after the run ended is not recorded (the run is closed); "
+                            "evaluate during training: Model.fit(..., valid_dataset=...), or Model.eval from a callback")
+            return
+        self.flush(dispatch=False)  # the steps up to this one go first
+        values = dict(values)
+        if self._reducer is not None:  # every rank evaluates at the same step: one collective, like a flush
+            totals = global_eval(values, self.config.collective_timeout_s)
+            if self.run.is_global:
+                values.update(totals)
+        record = Record(self._last_step, self.run.rank, time.time(), values)
+        events = self.health.check_eval(record)
+        self._pending.append(record)
+        self._pending_events.extend(events)
+        self.events.extend(events)
+        self._dispatch_pending()
+        self._last_end += values.get(EVAL_TIME, 0.0)  # the next step's time is its own, not the evaluation's
+
+    def __enter__(self) -> Any:
+        self._depth += 1
+        return self
+
+    def nested_exit(self) -> bool:
+        """Called first in ``__exit__``: True when this exit ends an inner callback manager (an evaluation's)."""
+        nested, self._depth = self._depth > 1, max(self._depth - 1, 0)
+        return nested

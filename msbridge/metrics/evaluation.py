@@ -1,0 +1,169 @@
+"""Validation results as ``eval/<name>`` metrics, at the training step at which the evaluation ran.
+
+MindSpore hands an evaluation's results to the callbacks at ``on_eval_end``: ``Model.fit(valid_dataset=...)``
+puts them in ``cb_params.eval_results`` (the model's metrics plus ``eval_loss``), ``Model.eval`` in
+``cb_params.metrics``. ``EvalRound`` times one evaluation (its time is kept out of ``perf/``), counts the
+samples it evaluated from each eval step's input batch (a shape read, no device copy) and turns the results
+into plain floats:
+
+- ``eval_loss`` is ``eval/loss``; any other metric ``m`` is ``eval/m``;
+- a metric that returns a dict (mindformers' ``PerplexityMetric``: ``{"loss": ..., "PPL": ...}``) gives one
+  value per key, ``eval/loss`` and ``eval/PPL``, prefixed by the metric's name only where two would clash;
+- a value with more than one element (a confusion matrix) is left out, said once.
+
+In data parallel every rank records its own results; ``global_eval`` (one AllGather, on every rank at the
+same evaluation) gives the global rank ``eval/global_<name>``: the mean over ranks weighted by each rank's
+evaluated samples when every rank counted them, else the plain mean.
+
+Example:
+    >>> eval_values({"acc": 0.75, "eval_loss": 0.5, "ppl": {"PPL": 3.0}})
+    {'eval/acc': 0.75, 'eval/loss': 0.5, 'eval/PPL': 3.0}
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import zlib
+from typing import Any, Dict, Mapping, Optional, Set
+
+import numpy as np
+
+from ..capture.collective import Watchdog, all_gather, gather_op
+from ..names import EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, global_eval_name
+
+log = logging.getLogger("msbridge")
+
+#: Metrics per evaluation that get a global value across ranks (every rank sends the same shape).
+GLOBAL_SLOTS = 32
+_HEADER = 4  # samples, the names' checksum (two 16-bit halves), the number of values
+
+
+def _scalar(value: Any) -> Optional[float]:
+    """A plain float of a metric's value, None when it is not one number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float, np.number)):
+        return float(value)
+    array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value) if isinstance(
+        value, (list, tuple, np.ndarray)) else None
+    if array is not None and array.size == 1 and np.issubdtype(array.dtype, np.number):
+        return float(array.reshape(()))
+    return None
+
+
+def eval_values(results: Mapping[str, Any], skipped: Optional[Set[str]] = None) -> Dict[str, float]:
+    """``eval/<name>`` -> float for MindSpore's eval results (see the module docstring); names of values
+    that are not one number are added to ``skipped``."""
+    flat: Dict[str, Dict[str, Any]] = {}
+    for metric, value in results.items():
+        name = "loss" if metric == "eval_loss" else str(metric)
+        items = value.items() if isinstance(value, Mapping) else [(name, value)]
+        for key, item in items:
+            if item is not None:  # a metric with nothing to say here (mindformers' non-last pipeline stage)
+                flat.setdefault(str(key), {})[name] = item
+    out: Dict[str, float] = {}
+    for key, by_metric in flat.items():
+        clash = len(by_metric) > 1
+        for metric, item in by_metric.items():
+            name = f"{EVAL_PREFIX}{metric}/{key}" if clash and metric != key else f"{EVAL_PREFIX}{key}"
+            number = _scalar(item)
+            if number is None:
+                if skipped is not None:
+                    skipped.add(name)
+                continue
+            out[name] = number
+    return out
+
+
+class EvalRound:
+    """One evaluation's clock and sample count, and its results as ``eval/*`` values.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> round_ = EvalRound()
+        >>> round_.begin()
+        >>> round_.step(SimpleNamespace(eval_dataset_element=[np.zeros((8, 16))]))   # on_eval_step_end
+        >>> sorted(round_.end({"accuracy": 0.9, "eval_loss": 0.3}))
+        ['eval/accuracy', 'eval/loss', 'eval/samples', 'eval/time_s']
+    """
+
+    def __init__(self) -> None:
+        self.started: Optional[float] = None
+        self.samples: Optional[int] = 0
+        self._warned: Set[str] = set()
+
+    @property
+    def running(self) -> bool:
+        return self.started is not None
+
+    def begin(self) -> None:
+        self.started, self.samples = time.perf_counter(), 0
+
+    def step(self, cb: Any) -> None:
+        """One eval step ended: count its batch (the first input's leading dimension), O(1)."""
+        batch = getattr(cb, "eval_dataset_element", None)
+        first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+        shape = getattr(first, "shape", None)
+        if self.samples is not None:
+            self.samples = self.samples + int(shape[0]) if shape else None  # unknown once one batch is
+
+    def end(self, results: Mapping[str, Any]) -> Dict[str, float]:
+        """The round's ``eval/*`` values: the results, ``eval/time_s`` and, when counted, ``eval/samples``."""
+        elapsed = time.perf_counter() - (self.started or time.perf_counter())
+        self.started = None
+        skipped: Set[str] = set()
+        values = eval_values(results, skipped)
+        for name in sorted(skipped - self._warned):
+            log.warning("msbridge: %s is not one number; it is left out of the recorded eval metrics", name)
+        self._warned |= skipped
+        values[EVAL_TIME] = elapsed
+        if self.samples:
+            values[EVAL_SAMPLES] = float(self.samples)
+        return values
+
+
+def _checksum(names: Any) -> int:
+    return zlib.crc32("\n".join(names).encode())
+
+
+def pack_eval(values: Mapping[str, float]) -> np.ndarray:
+    """This rank's row for ``global_eval``: samples (0: not counted), the names' checksum, the values."""
+    names = sorted(n for n in values if n not in (EVAL_TIME, EVAL_SAMPLES))[:GLOBAL_SLOTS]
+    row = np.zeros(_HEADER + GLOBAL_SLOTS, dtype=np.float32)
+    crc = _checksum(names)
+    row[:_HEADER] = (values.get(EVAL_SAMPLES, 0.0), crc >> 16, crc & 0xFFFF, len(names))
+    row[_HEADER:_HEADER + len(names)] = [values[n] for n in names]
+    return row
+
+
+def combine_eval(values: Mapping[str, float], table: np.ndarray) -> Dict[str, float]:
+    """``eval/global_<name>`` from every rank's ``pack_eval`` row (``table``: one row per rank), or {} when the
+    ranks did not evaluate the same metrics.
+
+    Example:
+        >>> rows = np.stack([pack_eval({"eval/loss": 1.0, "eval/samples": 30}),
+        ...                  pack_eval({"eval/loss": 2.0, "eval/samples": 10})])
+        >>> combine_eval({"eval/loss": 1.0, "eval/samples": 30}, rows)
+        {'eval/global_loss': 1.25}
+    """
+    names = sorted(n for n in values if n not in (EVAL_TIME, EVAL_SAMPLES))[:GLOBAL_SLOTS]
+    if not (table[:, 1:_HEADER] == table[0, 1:_HEADER]).all():
+        log.warning("msbridge: the ranks evaluated different metrics; no eval/global_* values this time")
+        return {}
+    samples = table[:, 0].astype(np.float64)
+    weights = samples if (samples > 0).all() else np.ones(len(table))
+    out = {}
+    for j, name in enumerate(names):
+        column = table[:, _HEADER + j].astype(np.float64)
+        value = float(column @ weights / weights.sum())
+        out[global_eval_name(name)] = value if math.isfinite(value) else math.nan
+    return out
+
+
+def global_eval(values: Mapping[str, float], timeout_s: float) -> Dict[str, float]:
+    """Every rank at the same evaluation: one AllGather of ``pack_eval`` rows, then ``combine_eval`` (every rank
+    gets the result; the global rank records it)."""
+    with Watchdog(timeout_s).guard("the cross-rank reduction of an evaluation's results"):
+        table = all_gather(gather_op(), pack_eval(values))
+    return combine_eval(values, table)
