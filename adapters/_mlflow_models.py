@@ -2,7 +2,7 @@
 
 A ``checkpoint`` event (``ModelCheckpoint``'s and mindformers' ``CheckpointMonitor``'s files, seen by
 ``capture.checkpoints``; the health action ``checkpoint_and_stop``'s healthy weights) becomes one LoggedModel of
-the run, named ``<run name>-step<N>``, with tags: the file's path (``msbridge.checkpoint.path``), the step, the
+the run, named ``<run name>-step<N>`` (``model_name``), with tags: the file's path (``msbridge.checkpoint.path``), the step, the
 saver, and the health state at that step (``msbridge.health``: ``finite``, ``nonfinite: train/loss``, or
 ``anomaly: loss_spike at step 37`` when a health check fired within the last ``RECENT_ANOMALY_STEPS`` steps).
 The metrics of its step (and the run's latest evaluation at or before it) are logged again with its ``model_id``, with the same step and time, so the run's own rows stay one per step and
@@ -21,13 +21,17 @@ Example:
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import os
+import re
 import tempfile
 from typing import Any, Deque, Dict, List, Sequence, Tuple
 
 from msbridge.names import EVAL_PREFIX, GLOBAL_LOSS, GRAD_NORM, LOSS
 from msbridge.sinks.base import Event, Record
+
+log = logging.getLogger("msbridge")
 
 CHECKPOINT = "checkpoint"
 KEY_TAG = "msbridge.checkpoint"
@@ -96,7 +100,13 @@ class CheckpointModels:
             found = client.search_logged_models([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{_quote(key)}'",
                                                 max_results=1)
             if not found:
-                made.append(self._make(client, experiment_id, run_id, run_name, event, linked, health, key))
+                try:
+                    made.append(self._make(client, experiment_id, run_id, run_name, event, linked, health, key))
+                except Exception as exc:  # refused for good (a value MLflow rejects): the metrics go on without it
+                    if getattr(exc, "error_code", None) != "INVALID_PARAMETER_VALUE":
+                        raise
+                    log.warning("msbridge: MLflow refused the LoggedModel of checkpoint %s: %s",
+                                event.detail["path"], exc)
             self._waiting.pop(0)
         return made
 
@@ -105,7 +115,7 @@ class CheckpointModels:
         detail = event.detail
         tags = {KEY_TAG: key, "msbridge.checkpoint.path": str(detail["path"]), "msbridge.step": str(event.step),
                 "msbridge.health": health, "msbridge.checkpoint.source": str(detail.get("source", "msbridge health"))}
-        model = client.create_logged_model(experiment_id, name=f"{run_name}-step{event.step}", source_run_id=run_id,
+        model = client.create_logged_model(experiment_id, name=model_name(run_name, event.step), source_run_id=run_id,
                                            tags=tags, model_type="checkpoint")
         for name, (value, when, step) in sorted(linked.items()):
             client.log_metric(run_id, name, value if math.isfinite(value) else math.nan,
@@ -116,6 +126,16 @@ class CheckpointModels:
                 client.log_model_artifacts(model.model_id, folder)
         client.finalize_logged_model(model.model_id, "READY")
         return model.model_id
+
+
+def model_name(run_name: str, step: int) -> str:
+    """``<run name>-step<N>`` with the characters MLflow refuses in a model name (``/:.%"'``) made ``-``.
+
+    Example:
+        >>> model_name("lr0.003-20261203", 50)
+        'lr0-003-20261203-step50'
+    """
+    return re.sub(r"[/:.%\"']", "-", f"{run_name}-step{step}")
 
 
 def _quote(text: str) -> str:

@@ -9,7 +9,7 @@ and UI state (columns, chart sections and cards). Two views:
   sorted runs table is flat, so no run hides under the sweep's parent run. Columns: the params that differ
   between the runs, the objective (best, its step, final) and ``msbridge.best``, the mark ``mark_best`` puts on
   the best run. Charts: a parallel-coordinates chart of the differing params against ``objective/best``, then
-  the loss and the objective's metric over steps on a log axis with outliers ignored, so one diverging run does
+  the loss and the objective's metric over steps on a log axis, so one diverging run does
   not flatten the others into a line.
 
 MLflow leaves pinned runs out of a saved view (``runsPinned`` is not shared), so the best run is marked by a
@@ -45,6 +45,8 @@ BEST_TAG = "msbridge.best"
 BEST_MARK = "★ best"
 #: The run tag naming the metric a run is compared on and its mode: ``eval/loss (min)``.
 OBJECTIVE_TAG = "msbridge.objective"
+#: The param of a run's name: not a compared param.
+RUN_NAME_PARAM = "msbridge.run_name"
 #: Runs ``mark_best`` and ``sweep_runs`` look at.
 MAX_RUNS = 1000
 _OBJECTIVE_COLUMNS = (OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL)
@@ -116,13 +118,14 @@ def sweep_view(differing: Sequence[str], mode: str, metric: Optional[str],
 
 
 def differing_params(params: Sequence[Mapping[str, str]]) -> List[str]:
-    """The param keys whose values differ between the runs (a key a run lacks counts as differing).
+    """The param keys whose values differ between the runs (a key a run lacks counts as differing), the run's
+    name left out (the table's first column shows it).
 
     Example:
         >>> differing_params([{"lr": "0.1", "bs": "8"}, {"lr": "0.01", "bs": "8"}])
         ['lr']
     """
-    keys = sorted({k for p in params for k in p})
+    keys = sorted({k for p in params for k in p} - {RUN_NAME_PARAM})
     return [k for k in keys if len({p.get(k) for p in params}) > 1]
 
 

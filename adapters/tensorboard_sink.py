@@ -32,7 +32,8 @@ writer; tensorboardX builds the rare events (text, hparams).
   keys, plus ``msbridge.*`` settings. They go into the run's own directory,
   where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
   a new timestamped subdirectory. Next to them go ``hparams/final_loss``,
-  ``hparams/final_global_loss`` and ``hparams/best_loss``. No experiment
+  ``hparams/final_global_loss``, ``hparams/best_loss`` and the objective's ``hparams/objective_best``,
+  ``hparams/objective_best_step``, ``hparams/objective_final`` (metrics.md). No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
   session's start and end times are the training's (``Sink.start_time``/``end_time``).
@@ -70,22 +71,9 @@ from msbridge.adapters._eventwire import (
     histogram_summary,
 )
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
-from msbridge.names import (
-    GLOBAL_LOSS,
-    GRAD_NORM,
-    HISTOGRAM,
-    LOSS,
-    LOSS_MAX,
-    LOSS_MIN,
-    LOSS_SCALE,
-    LR,
-    SAMPLES_PER_S,
-    STEP_TIME,
-    TOKENS_PER_S,
-    WEIGHTS_HISTOGRAM_PREFIX,
-    is_global_metric,
-    rank_loss,
-)
+from msbridge.names import (GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, LOSS, LOSS_MAX, LOSS_MIN, LOSS_SCALE, LR,
+                            OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, SAMPLES_PER_S, STEP_TIME,
+                            TOKENS_PER_S, WEIGHTS_HISTOGRAM_PREFIX, is_global_metric, rank_loss)
 from msbridge.options import Option
 from msbridge.paths import safe_component
 from msbridge.sinks.base import (
@@ -360,7 +348,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         return tag, target
 
     def _track(self, rec: Record) -> None:
-        for name in (LOSS, GLOBAL_LOSS):
+        for name in (LOSS, GLOBAL_LOSS, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL):
             value = rec.values.get(name)
             if value is None:
                 continue
@@ -378,7 +366,9 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         hparams.update(_as_hparams(settings, "msbridge."))
         metrics = {"hparams/final_loss": self._final.get(LOSS),
                    "hparams/final_global_loss": self._final.get(GLOBAL_LOSS),
-                   "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS))}
+                   "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS)),
+                   **{f"hparams/{n.replace('/', '_')}": self._final.get(n)
+                      for n in (OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL)}}
         metrics = {k: v for k, v in metrics.items() if v is not None}
         _, start, end = tbx.summary.hparams(hparams, metrics)
         plugin = end.value[0].metadata.plugin_data

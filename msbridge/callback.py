@@ -35,7 +35,6 @@ from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .eval_hooks import EvalHooks
 from .masking import mask_text
-from .metrics.objective import Objective
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.outcome import RunOutcome, RunTally
@@ -95,7 +94,6 @@ class BridgeMonitor(EvalHooks, Callback):
         self._pending: List[Record] = []  # converted and checked, not yet handed to the sinks
         self._pending_events: List[Event] = []
         self._watchdog = StallWatchdog(self._on_watchdog, 0, self.config.alert_spec.stall_seconds)
-        self._objective = Objective(self.config.objective["metric"], self.config.objective["mode"])
         self._checkpoints = CheckpointWatch([], 0)
         self._init_eval()
 
@@ -190,7 +188,7 @@ class BridgeMonitor(EvalHooks, Callback):
 
     def _step_end(self, run_context: Any) -> None:
         start = time.perf_counter()
-        cb = run_context.original_args()
+        cb, self._train_context = run_context.original_args(), run_context  # an evaluation's stop goes to it
         step = int(cb.cur_step_num)
         if self._offset is None:
             self._offset = self._checkpoints.offset = resume_offset(cb, step)
@@ -387,8 +385,7 @@ class BridgeMonitor(EvalHooks, Callback):
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
         self._last_flush = time.perf_counter()
-        if self.run is not None and self.run.is_global and self._pending:  # the objective's best and final
-            self._objective.observe(self._pending)
+        self._before_dispatch(self._pending)
         if self.dispatcher is not None:
             self.dispatcher.submit(self._pending, self._pending_events)
         self._pending, self._pending_events = [], []

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .capture.cb_params import param
 from .metrics.evaluation import EvalRound, global_eval
+from .metrics.objective import Objective
 from .names import EVAL_TIME
 from .sinks.base import Record
 
@@ -29,8 +30,8 @@ log = logging.getLogger("msbridge")
 
 
 class EvalHooks:
-    """MindSpore's ``on_eval_*`` hooks and ``record_eval``, mixed into ``BridgeMonitor`` (whose flush, health,
-    reducer and dispatcher they use).
+    """MindSpore's ``on_eval_*`` hooks, ``record_eval`` and the run's objective (``metrics.objective``), mixed
+    into ``BridgeMonitor`` (whose flush, health, reducer and dispatcher they use).
 
     Example:
         >>> monitor.record_eval({"eval/loss": 0.42, "eval/accuracy": 0.91})   # at the last training step
@@ -38,10 +39,23 @@ class EvalHooks:
 
     _eval_round: EvalRound
     _depth: int
+    _handed_time: float
+    _objective: Objective
 
     def _init_eval(self) -> None:
         self._eval_round = EvalRound()
         self._depth = 0  # callback managers entered: Model.fit's evaluation enters a second one
+        self._handed_time = 0.0  # the time of the last record handed to the sinks
+        self._train_context: Any = None  # the training's RunContext, kept at each step end
+        self._objective = Objective(self.config.objective["metric"], self.config.objective["mode"])
+
+    def _before_dispatch(self, records: Sequence[Record]) -> None:
+        """Records about to go to the sinks: the objective's best and final onto them (global rank), and their
+        time kept (an evaluation's record comes after them)."""
+        if records:
+            self._handed_time = records[-1].time
+            if self.run is not None and self.run.is_global:
+                self._objective.observe(records)
 
     def on_eval_begin(self, run_context: Any) -> None:
         self._eval_round.begin()
@@ -63,18 +77,21 @@ class EvalHooks:
                 log.warning("msbridge: an evaluation after the run ended is not recorded (the run is closed); "
                             "evaluate during training: Model.fit(..., valid_dataset=...), or Model.eval from a callback")
             return
-        self.flush(dispatch=False)  # the steps up to this one go first
+        self.flush()  # the steps up to this one go first
         values = dict(values)
         if self._reducer is not None:  # every rank evaluates at the same step: one collective, like a flush
             totals = global_eval(values, self.config.collective_timeout_s)
             if self.run.is_global:
                 values.update(totals)
-        record = Record(self._last_step, self.run.rank, time.time(), values)
+        # after its step's record in every tracker, also when both fall in one millisecond (MLflow's latest value)
+        record = Record(self._last_step, self.run.rank, max(time.time(), self._handed_time + 0.001), values)
         events = self.health.check_eval(record)
         self._pending.append(record)
         self._pending_events.extend(events)
         self.events.extend(events)
         self._dispatch_pending()
+        if self.health.stop is not None and self._train_context is not None:  # training ends after this step
+            self._train_context.request_stop()
         self._last_end += values.get(EVAL_TIME, 0.0)  # the next step's time is its own, not the evaluation's
 
     def __enter__(self) -> Any:

@@ -80,7 +80,8 @@ EVAL_TIME = "eval/time_s"  # the evaluation's wall time (kept out of perf/: the 
 EVAL_SAMPLES = "eval/samples"  # samples evaluated on this rank, when each eval batch's size is known
 GLOBAL_EVAL_PREFIX = "eval/global_"
 
-# The run's objective (``objective:``), on the global rank, at each flush that changed it.
+# The run's objective (``objective:``), on the global rank: at each evaluation, or once at the end.
+OBJECTIVE_PREFIX = "objective/"
 OBJECTIVE_BEST = "objective/best"
 OBJECTIVE_BEST_STEP = "objective/best_step"
 OBJECTIVE_FINAL = "objective/final"
@@ -140,9 +141,16 @@ def global_eval_name(name: str) -> str:
     return GLOBAL_EVAL_PREFIX + name[len(EVAL_PREFIX):]
 
 
+def restated(name: str) -> bool:
+    """True for the objective's values: a later record of a step may give them again (the objective changes
+    from the training loss to the validation loss at the first evaluation), every other metric once a step."""
+    return name.startswith(OBJECTIVE_PREFIX)
+
+
 def is_global_metric(name: str) -> bool:
-    """True for metrics about the whole job (global loss, cross-rank spread), False for one rank's own."""
-    return name == GLOBAL_LOSS or name.startswith((DIST_PREFIX, GLOBAL_EVAL_PREFIX))
+    """True for metrics about the whole job (global loss, cross-rank spread, the objective), False for one
+    rank's own."""
+    return name == GLOBAL_LOSS or name.startswith((DIST_PREFIX, GLOBAL_EVAL_PREFIX, OBJECTIVE_PREFIX))
 
 
 #: The canonical per-step scalars a train step may hand over, in ring-buffer column order.

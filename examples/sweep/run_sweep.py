@@ -45,4 +45,4 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=150, help="training steps of each run (default 150)")
     args = parser.parse_args()
     uri = run_sweep(os.path.abspath(args.out), args.steps)
-    print(format_table(*compare(EXPERIMENT, uri)))
+    print(format_table(compare(EXPERIMENT, uri)))

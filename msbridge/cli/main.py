@@ -106,15 +106,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``msbridge compare EXPERIMENT``: the experiment's runs side by side (params that differ, last metrics)."""
+    """``msbridge compare EXPERIMENT``: the experiment's runs side by side, best first on the objective."""
     from ..offline.compare import compare, default_tracking_uri, format_table
 
     uri = args.tracking_uri or default_tracking_uri(args.experiment, args.root)
     if not args.tracking_uri and not os.path.exists(uri[len("sqlite:///"):]):
         raise MsbridgeError(f"no MLflow store at {uri[len('sqlite:///'):]}; "
                             "train with the mlflow sink first, or pass --tracking-uri")
-    rows, differing = compare(args.experiment, uri)
-    print(format_table(rows, differing, args.format))
+    print(format_table(compare(args.experiment, uri, args.objective, args.mode), args.format))
     return 0
 
 
@@ -168,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db, the default store")
     cmp_.add_argument("--root", default=DEFAULT_OUT,
                       help=f"the directory holding the experiment dir of the default store (default {DEFAULT_OUT})")
+    cmp_.add_argument("--objective", metavar="METRIC",
+                      help="rank on this metric (default: the runs' own objective, else eval/loss, else train/loss)")
+    cmp_.add_argument("--mode", choices=["min", "max"], help="lower or higher is better (default: the runs' own, min)")
     cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text",
                       help="text for people, csv or json for scripts")
     cmp_.set_defaults(func=cmd_compare)

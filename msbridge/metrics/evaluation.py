@@ -6,7 +6,10 @@ puts them in ``cb_params.eval_results`` (the model's metrics plus ``eval_loss``)
 samples it evaluated from each eval step's input batch (a shape read, no device copy) and turns the results
 into plain floats:
 
-- ``eval_loss`` is ``eval/loss``; any other metric ``m`` is ``eval/m``;
+- a metric named ``loss`` (``nn.Loss()``: the mean over the validation set) is ``eval/loss``; without one,
+  ``Model.fit``'s ``eval_loss`` is. MindSpore's ``_eval_process`` makes a new Loss metric at every batch, so its
+  ``eval_loss`` is the last validation batch's loss (read in MindSpore 2.9.0's source): give the Model
+  ``metrics={"loss": nn.Loss(), ...}`` to compare runs on the whole set. Any other metric ``m`` is ``eval/m``;
 - a metric that returns a dict (mindformers' ``PerplexityMetric``: ``{"loss": ..., "PPL": ...}``) gives one
   value per key, ``eval/loss`` and ``eval/PPL``, prefixed by the metric's name only where two would clash;
 - a value with more than one element (a confusion matrix) is left out, said once.
@@ -56,6 +59,8 @@ def eval_values(results: Mapping[str, Any], skipped: Optional[Set[str]] = None) 
     """``eval/<name>`` -> float for MindSpore's eval results (see the module docstring); names of values
     that are not one number are added to ``skipped``."""
     flat: Dict[str, Dict[str, Any]] = {}
+    if "loss" in results:  # the model's own Loss metric, over the whole set, before Model.fit's last-batch one
+        results = {k: v for k, v in results.items() if k != "eval_loss"}
     for metric, value in results.items():
         name = "loss" if metric == "eval_loss" else str(metric)
         items = value.items() if isinstance(value, Mapping) else [(name, value)]

@@ -1,11 +1,14 @@
-"""``msbridge compare``: a sweep's runs side by side, read back from MLflow.
+"""``msbridge compare``: a sweep's runs side by side, read back from MLflow, best first.
 
-Shows only the params that differ between runs (a sweep's parent run is not a row), then final and best loss,
-median throughput and status, best final loss first.
+The runs are ranked on one objective: the one the runs were trained with (their ``msbridge.objective`` tag,
+``objective:`` in the config), else the first of ``eval/global_loss``, ``eval/loss``, ``train/global_loss``,
+``train/loss`` that every run recorded, lower is better. Each row shows the params that differ between runs
+(a sweep's parent run is not a row), the objective's best value, the step of that best and its final value,
+median throughput and status; ``★`` marks the best run.
 
 Example:
-    >>> rows, differing = compare("msbridge-sweep", "sqlite:///msbridge_runs/msbridge-sweep/mlflow.db")
-    >>> print(format_table(rows, differing))
+    >>> table = compare("msbridge-sweep", "sqlite:///msbridge_runs/msbridge-sweep/mlflow.db")
+    >>> print(format_table(table))
 """
 from __future__ import annotations
 
@@ -19,27 +22,40 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..adapters._mlflow_sweep import PARENT_TAG
+from ..adapters._mlflow_view import OBJECTIVE_TAG, differing_params
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
-from ..names import LOSS, SAMPLES_PER_S
+from ..names import SAMPLES_PER_S, objective_metric
 from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir
 from ..sinks.registry import sink_class
 
 NAN = float("nan")
+BEST_MARK = "★"
 
 
 @dataclass
 class RunRow:
-    """One MLflow run of the experiment, summarised."""
+    """One MLflow run of the experiment, summarised on the objective."""
 
     run_name: str
     run_id: str
     status: str
-    final_loss: float
-    best_loss: float
+    best: float
+    best_step: Optional[int]
+    final: float
     samples_per_s: float
-    steps: int
+    points: int
     params: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    """The rows, best first, the objective they are ranked on and the param keys whose values differ."""
+
+    objective: str
+    mode: str
+    rows: List[RunRow]
+    differing: List[str]
 
 
 def _client(tracking_uri: str) -> Any:
@@ -50,48 +66,64 @@ def _client(tracking_uri: str) -> Any:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _history(client: Any, run_id: str, key: str) -> List[float]:
-    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+def _history(client: Any, run_id: str, key: str) -> List[Tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def compare(experiment: str, tracking_uri: str) -> Tuple[List[RunRow], List[str]]:
-    """Rows sorted by final loss (non-finite last) and the param keys whose values differ."""
+def _objective(runs: Sequence[Any], metric: Optional[str], mode: Optional[str]) -> Tuple[str, str]:
+    """The objective given, else the runs' own (the latest tagged run's), else the default every run has."""
+    tagged = next((r.data.tags[OBJECTIVE_TAG] for r in runs if OBJECTIVE_TAG in r.data.tags), "")
+    tag_metric, _, tag_mode = tagged.partition(" (")
+    common = set.intersection(*(set(r.data.metrics) for r in runs)) if runs else set()
+    chosen = metric or tag_metric or objective_metric(None, common) or "train/loss"
+    return chosen, mode or tag_mode.rstrip(")") or "min"
+
+
+def _row(client: Any, run: Any, metric: str, mode: str) -> RunRow:
+    series = _history(client, run.info.run_id, metric)
+    finite = [(s, v) for s, v in series if math.isfinite(v)]
+    pick = max if mode == "max" else min
+    best_step, best = pick(finite, key=lambda p: p[1]) if finite else (None, NAN)
+    speed = [v for _, v in _history(client, run.info.run_id, SAMPLES_PER_S) if math.isfinite(v)]
+    return RunRow(run_name=run.info.run_name or run.info.run_id[:8], run_id=run.info.run_id,
+                  status=run.info.status, best=best, best_step=best_step,
+                  final=series[-1][1] if series else NAN,
+                  samples_per_s=statistics.median(speed) if speed else NAN, points=len(series),
+                  params=dict(run.data.params))
+
+
+def compare(experiment: str, tracking_uri: str, metric: Optional[str] = None,
+            mode: Optional[str] = None) -> Comparison:
+    """The experiment's runs ranked on the objective (``metric``/``mode`` override the runs' own)."""
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = ", ".join(e.name for e in client.search_experiments()) or "none"
         raise MsbridgeError(f"no MLflow experiment {experiment!r} at {mask_text(tracking_uri)}; it has: {names}")
-    rows = []
-    for run in client.search_runs([exp.experiment_id], max_results=5000):
-        if PARENT_TAG in run.data.tags:  # a sweep's parent run: its children are the rows
-            continue
-        losses = _history(client, run.info.run_id, LOSS)
-        finite = [v for v in losses if math.isfinite(v)]
-        speed = [v for v in _history(client, run.info.run_id, SAMPLES_PER_S) if math.isfinite(v)]
-        rows.append(RunRow(
-            run_name=run.info.run_name or run.info.run_id[:8], run_id=run.info.run_id, status=run.info.status,
-            final_loss=losses[-1] if losses else NAN, best_loss=min(finite) if finite else NAN,
-            samples_per_s=statistics.median(speed) if speed else NAN, steps=len(losses),
-            params=dict(run.data.params)))
-    rows.sort(key=lambda r: (not math.isfinite(r.final_loss), r.final_loss))
-    keys = sorted({k for r in rows for k in r.params})
-    differing = [k for k in keys if len({r.params.get(k) for r in rows}) > 1]
-    return rows, differing
+    runs = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if PARENT_TAG not in r.data.tags]
+    metric, mode = _objective(runs, metric, mode)
+    rows = [_row(client, run, metric, mode) for run in runs]
+    sign = -1 if mode == "max" else 1
+    rows.sort(key=lambda r: (not math.isfinite(r.best), sign * r.best if math.isfinite(r.best) else 0))
+    return Comparison(metric, mode, rows, differing_params([r.params for r in rows]))
 
 
-def _table(rows: Sequence[RunRow], differing: Sequence[str]) -> Tuple[List[str], List[List[str]]]:
-    header = ["rank", "run", *differing, "final_loss", "best_loss", "samples/s", "steps", "status"]
-    body = [[str(i), r.run_name, *(r.params.get(k, "") for k in differing), f"{r.final_loss:.4f}",
-             f"{r.best_loss:.4f}", f"{r.samples_per_s:.1f}", str(r.steps), r.status]
-            for i, r in enumerate(rows, 1)]
+def _table(table: Comparison) -> Tuple[List[str], List[List[str]]]:
+    header = ["rank", "best", "run", *table.differing, f"{table.objective} ({table.mode})", "at_step", "final",
+              "samples/s", "points", "status"]
+    body = [[str(i), BEST_MARK if i == 1 and math.isfinite(r.best) else "", r.run_name,
+             *(r.params.get(k, "") for k in table.differing), f"{r.best:.4f}",
+             "" if r.best_step is None else str(r.best_step), f"{r.final:.4f}", f"{r.samples_per_s:.1f}",
+             str(r.points), r.status]
+            for i, r in enumerate(table.rows, 1)]
     return header, body
 
 
-def format_table(rows: Sequence[RunRow], differing: Sequence[str], fmt: str = "text") -> str:
+def format_table(table: Comparison, fmt: str = "text") -> str:
     """Render as an aligned text table, CSV or JSON."""
     if fmt == "json":
-        return json.dumps({"differing_params": list(differing), "runs": [asdict(r) for r in rows]}, indent=2)
-    header, body = _table(rows, differing)
+        return json.dumps({**asdict(table), "best_run": table.rows[0].run_name if table.rows else None}, indent=2)
+    header, body = _table(table)
     if fmt == "csv":
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows([header, *body])

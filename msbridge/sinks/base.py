@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError
+from ..names import restated
 from ..options import Option, check_options, with_defaults
 
 SCHEMA_VERSION = 1
@@ -292,7 +293,7 @@ class Sink:
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         """Hand ``emit`` the records of steps after ``last_step`` (never a metric twice at a step: a second record
-        of the last step, an evaluation's, is handed on when it names other metrics) and every event not held;
+        of the last step, an evaluation's, is handed on when it names other metrics, ``names.restated`` aside) and every event not held;
         the times follow the times handed over. Returns what ``emit`` returns."""
         held = self._holding()
         fresh = []
@@ -300,7 +301,8 @@ class Sink:
             if rec.step > max(self.__after, held.last_step):
                 fresh.append(rec)
                 self.__after, self.__names = rec.step, set(rec.values)
-            elif rec.step == self.__after >= held.last_step and not self.__names & rec.values.keys():
+            elif rec.step == self.__after >= held.last_step and not {
+                    n for n in self.__names & rec.values.keys() if not restated(n)}:
                 fresh.append(rec)
                 self.__names.update(rec.values)
         times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]

@@ -31,9 +31,10 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import MsbridgeError
+from ..names import restated
 from .base import SCHEMA_VERSION, Event, Record, RunInfo, Series, events_series, json_safe
 
 _logger = logging.getLogger("msbridge")
@@ -258,7 +259,7 @@ def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Reco
     bad-line counts into ``into`` (a ``RankLog``, or any object with ``header``, ``events``, ``truncated`` and
     ``skipped``). ``strict``: a bad line, or a step written twice, raises ``RunLogError``."""
     scratch = RankLog(path=path, header={})
-    seen: Dict[int, int] = {}  # step -> line (strict)
+    seen: Dict[int, Tuple[int, Set[str]]] = {}  # step -> its first line, the names written at it (strict)
     with open(path, "rb") as fh:
         for i, raw in enumerate(fh):
             if not raw.strip():
@@ -280,7 +281,7 @@ def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Reco
             if scratch.records:
                 rec = scratch.records.pop()
                 if strict:
-                    _refuse_repeat(seen, rec.step, path, i + 1)
+                    _refuse_repeat(seen, rec, path, i + 1)
                 yield rec
             if scratch.events:
                 into.events.append(scratch.events.pop())
@@ -326,12 +327,15 @@ def _run_names(path: str) -> Dict[str, Any]:
             isinstance(meta.get(k), str)}
 
 
-def _refuse_repeat(seen: Dict[int, int], step: int, path: str, lineno: int) -> None:
-    """``strict``: a step written twice in one rank file is refused (a resumed run that rewrote steps)."""
-    if step in seen:
-        raise RunLogError(f"{path}:{lineno}: step {step} is written twice (first at line {seen[step]}); "
-                          "without --strict both lines are read")
-    seen[step] = lineno
+def _refuse_repeat(seen: Dict[int, Tuple[int, Set[str]]], rec: Record, path: str, lineno: int) -> None:
+    """``strict``: a metric written twice at one step is refused (a resumed run that rewrote steps); a second
+    line of a step that names other metrics (an evaluation's) and the objective's ``restated`` values are not."""
+    first, names = seen.setdefault(rec.step, (lineno, set()))
+    again = sorted((names & rec.values.keys()) - set(filter(restated, rec.values)))
+    if again:
+        raise RunLogError(f"{path}:{lineno}: step {rec.step} is written twice (first at line {first}: "
+                          f"{', '.join(again[:3])}); without --strict both lines are read")
+    names.update(rec.values)
 
 
 def _warn_skipped(path: str, skipped: List[Tuple[int, str]]) -> None:

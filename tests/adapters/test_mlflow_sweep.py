@@ -52,9 +52,9 @@ def test_a_sweeps_runs_are_children_of_one_parent(shared_sqlite, tmp_path):
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     for sink in sinks[2:]:
         sink.close("FINISHED")
-    rows, differing = compare(experiment, shared_sqlite)
-    assert sorted(r.run_name for r in rows) == ["a", "b", "c", "d"]
-    assert differing == ["msbridge.sweep_id", "optimizer.learning_rate"]
+    table = compare(experiment, shared_sqlite)
+    assert sorted(r.run_name for r in table.rows) == ["a", "b", "c", "d"]
+    assert table.differing == ["msbridge.sweep_id", "optimizer.learning_rate"]
     assert all(steps(client, by_name[n].info.run_id) == list(range(1, 21)) for n in "abcd")
 
 

@@ -113,5 +113,5 @@ def test_three_trials_at_once_land_under_one_parent_through_a_server_restart(pg_
     keys = [set(c.data.params) for c in children]
     assert keys[0] == keys[1] == keys[2]  # the compare view lines them up
     assert sorted(float(c.data.params["optimizer.learning_rate"]) for c in children) == list(LEARNING_RATES)
-    rows, differing = compare(EXPERIMENT, pg_mlflow.uri)
-    assert len(rows) == 3 and "optimizer.learning_rate" in differing
+    table = compare(EXPERIMENT, pg_mlflow.uri)
+    assert len(table.rows) == 3 and "optimizer.learning_rate" in table.differing

@@ -177,7 +177,7 @@ def test_view_without_mindinsight_says_the_one_command_that_builds_it(tmp_path, 
     monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", tmp_path / "no-venv")
     assert main(["view", run_dir]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == (f"  mindinsight: not started: its venv {tmp_path / 'no-venv'} is missing; build it with: "
+    assert lines[1] == (f"  mindinsight  : not started: its venv {tmp_path / 'no-venv'} is missing; build it with: "
                         f"bash {viewers.MINDINSIGHT_BUILD} (about a minute, ~470 MB), or add --build-mindinsight to "
                         "this command")
     assert viewers.MINDINSIGHT_BUILD.is_file()
@@ -202,7 +202,7 @@ def test_view_builds_mindinsight_on_request(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", tmp_path / "never-built")
     assert view_module._viewer("mindinsight", view_module.find_target(run_dir), str(tmp_path), build=True) is None
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"  mindinsight: not started: bash {script} did not build {tmp_path / 'never-built'} (its output is above)")
+        f"  mindinsight  : not started: bash {script} did not build {tmp_path / 'never-built'} (its output is above)")
 
 
 def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):
@@ -214,3 +214,44 @@ def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["view", str(tmp_path / "empty")]) == 2
     assert "is neither a run dir (no run.json) nor an experiment dir" in capsys.readouterr().err
+
+
+def test_a_sweeps_first_mlflow_screen_ranks_its_runs_on_the_objective(tmp_path):
+    """Three learning rates of one sweep, then `msbridge view` on the experiment dir: the page it prints first is
+    a saved view, read back through MLflow's REST API: every run flat (the sweep's parent left out), best first
+    on objective/best, the swept param and the objective as columns, the best run marked, the parallel chart."""
+    import msbridge
+
+    finals = {0.1: 0.6, 0.01: 0.2, 0.001: 0.4}
+    for lr, last in finals.items():
+        cfg = {"experiment": "sw", "run_name": f"lr{lr}", "experiment_dir": str(tmp_path / "sw"), "sweep_id": "s1",
+               "sinks": ["jsonl", "mlflow"], "params": {"optimizer": {"learning_rate": lr}}}
+        with msbridge.track(cfg, progress=False) as run:
+            for step in range(1, 11):
+                run.step(loss=1.0 / step)
+            run.eval(loss=last)
+    with ViewProcess(f"{MSBRIDGE} view {tmp_path / 'sw'} --mlflow") as view:
+        urls = view.wait_serving()
+        path, query = urllib.parse.urlsplit(urls["mlflow"]).fragment.split("?")
+        asked = urllib.parse.parse_qs(query)
+        assert asked["compareRunsMode"] == ["TABLE"] and asked["workflowType"] == ["machine_learning"]
+        api = base(urls["mlflow"]) + "/api/2.0/mlflow"
+        exp_id = path.split("/")[2]
+        tags = {t["key"]: t["value"] for t in get(f"{api}/experiments/get?experiment_id={exp_id}")["experiment"]["tags"]}
+        state = json.loads(tags["mlflow.sharedViewState." + asked["viewStateShareKey"][0]])
+        assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`objective/best`", True)
+        assert state["selectedColumns"][1:] == ["params.`optimizer.learning_rate`", "metrics.`objective/best`",
+                                                "metrics.`objective/best_step`", "metrics.`objective/final`",
+                                                "tags.`msbridge.best`"]
+        [parallel] = [c for c in state["compareRunCharts"] if c["type"] == "PARALLEL"]
+        assert parallel["selectedParams"] == ["optimizer.learning_rate"]
+        assert parallel["selectedMetrics"] == ["objective/best"]
+        assert [s["name"] for s in state["compareRunSections"]][:2] == ["objective", "train"]
+        found = MlflowClient(base(urls["mlflow"])).search_runs(  # POST /api/2.0/mlflow/runs/search
+            [exp_id], state["searchFilter"], order_by=["metrics.`objective/best` ASC"])
+        names = [r.info.run_name for r in found]
+        assert names == ["lr0.01", "lr0.001", "lr0.1"]  # every run, none under a parent, best first
+        marks = [r.data.tags.get("msbridge.best") for r in found]
+        assert marks == ["★ best", None, None]
+        assert any(line.startswith("  mlflow charts: ") and "compareRunsMode=CHART" in line for line in view.lines)
+        assert view.interrupt() == 0, view.lines

@@ -25,6 +25,7 @@ def trained(tmp_path_factory):
     """A real 40-step demo run with jsonl only; each test damages its own copy."""
     out = tmp_path_factory.mktemp("salvage")
     cfg = demo_config(str(out), {"experiment": "salvage", "run_name": "clean", "sinks": ["jsonl"]})
+    cfg["params"]["train"]["eval_every"] = 0  # one line per step: the tests count lines (evaluations: test_eval_hooks)
     monitor = BridgeMonitor(cfg, progress=False)
     train(monitor, STEPS, cfg["params"])
     return Path(monitor.run_dir)
@@ -194,4 +195,4 @@ def test_strict_refuses_a_step_written_twice(trained, tmp_path, capsys, command)
     assert [r.step for r in read_run(str(run_dir)).ranks[0].records].count(7) == 2  # read as written without it
     assert main([command[0], str(run_dir), *command[1:], "--strict"]) == 2
     err = capsys.readouterr().err
-    assert "rank_0.jsonl:9: step 7 is written twice (first at line 8)" in err and "Traceback" not in err
+    assert "rank_0.jsonl:9: step 7 is written twice (first at line 8: " in err and "Traceback" not in err

@@ -38,7 +38,9 @@ def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
     down = f"http://127.0.0.1:{free_port()}"
     mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down, "close_timeout": 1}}, "offline-run")
     log = read_run(mon.run_dir).ranks[0]
-    assert len(log.records) == STEPS, "jsonl keeps everything while MLflow is unreachable"
+    assert [r.step for r in log.records if "train/loss" in r.values] == list(range(1, STEPS + 1)), \
+        "jsonl keeps everything while MLflow is unreachable"
+    assert [r.step for r in log.records if "eval/loss" in r.values] == [STEPS]  # the demo validates at the end
 
     store = f"sqlite:///{tmp_path / 'central.db'}"
     for _ in range(2):  # replaying twice gives the same run, not duplicates
@@ -85,26 +87,40 @@ def test_replayed_run_matches_an_online_run(tmp_path):
     assert online[4] == replayed[4]
 
 
-def test_sweep_compare_ranks_runs_by_final_loss(tmp_path, capsys):
+def test_sweep_compare_ranks_runs_on_the_validation_objective(tmp_path, capsys):
+    """Four learning rates, 60 steps, validation at 50 and 60: compare ranks on eval/loss, the runs' objective,
+    and every number in a row is that run's own jsonl's."""
     out = tmp_path / "runs"
-    uri = run_sweep(str(out), steps=STEPS)
-    rows, differing = compare(EXPERIMENT, uri)
-    assert len(rows) == 3 and differing == ["optimizer.learning_rate"]
-    finals = [r.final_loss for r in rows]
-    assert finals == sorted(finals) and all(math.isfinite(v) for v in finals)
-    # Each row's final loss is the last loss of that run's own jsonl.
-    for row in rows:
-        run_dir = next((out / EXPERIMENT).glob(f"{row.run_name}"))
-        assert read_run(str(run_dir)).ranks[0].series("train/loss")[-1][1] == pytest.approx(row.final_loss)
-        assert row.status == "FINISHED" and row.steps == STEPS
+    uri = run_sweep(str(out), steps=60)
+    table = compare(EXPERIMENT, uri)
+    assert (table.objective, table.mode) == ("eval/loss", "min")
+    assert len(table.rows) == 4 and table.differing == ["optimizer.learning_rate"]
+    bests = [r.best for r in table.rows]
+    assert bests == sorted(bests) and all(math.isfinite(v) for v in bests)
+    for row in table.rows:
+        log = read_run(str(out / EXPERIMENT / row.run_name)).ranks[0]
+        evals = log.series("eval/loss")
+        assert [s for s, _ in evals] == [50, 60] and row.points == 2  # coverage first: the eval steps, each once
+        step, value = min(evals, key=lambda p: p[1])
+        assert (row.best_step, row.best, row.final) == (step, pytest.approx(value), pytest.approx(evals[-1][1]))
+        assert row.status == "FINISHED"
 
     assert uri == default_tracking_uri(EXPERIMENT, str(out))
     assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [r["run_name"] for r in data["runs"]] == [r.run_name for r in rows]
+    assert [r["run_name"] for r in data["rows"]] == [r.run_name for r in table.rows]
+    assert data["best_run"] == table.rows[0].run_name
     assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("rank,run,optimizer.learning_rate,final_loss") and len(lines) == 4
+    assert lines[0] == ("rank,best,run,optimizer.learning_rate,eval/loss (min),at_step,final,samples/s,points,status")
+    assert lines[1].startswith(f"1,★,{table.rows[0].run_name},") and ",★," not in "".join(lines[2:])
+    assert len(lines) == 5
+    # --objective ranks on another metric: the highest accuracy first.
+    assert main(["compare", EXPERIMENT, "--root", str(out), "--objective", "eval/accuracy", "--mode", "max"]) == 0
+    text = capsys.readouterr().out
+    assert "eval/accuracy (max)" in text.splitlines()[0]
+    accuracy = compare(EXPERIMENT, uri, "eval/accuracy", "max")
+    assert [r.best for r in accuracy.rows] == sorted((r.best for r in accuracy.rows), reverse=True)
 
 
 def test_replay_of_a_directory_that_is_not_a_run(tmp_path, capsys):

@@ -53,13 +53,13 @@ class EvalPlateau(Detector):
 
     def observe(self, view: StepView) -> Optional[Finding]:
         value = view.values.get(self.metric)
-        if not finite(value) or view.step <= self.warmup_steps:
+        if not finite(value):
             return None
-        if self._improves(value):
+        if self._improves(value):  # the best fills during the warm-up too; only the report waits for its end
             self._best, self._best_step, self._wait, self._fired = value, view.step, 0, False
             return None
         self._wait += 1
-        if self._wait < self.patience or self._fired:
+        if self._wait < self.patience or self._fired or view.step <= self.warmup_steps:
             return None
         self._fired = True
         return Finding(self.name, view.step, detail={

@@ -1,0 +1,73 @@
+"""Each checkpoint MindSpore's ModelCheckpoint saves becomes one MLflow 3 LoggedModel of its run, with its
+step's metrics linked, so ``search_logged_models(order_by=...)`` names the best checkpoint; a replay rebuilds
+them exactly once. Real training on CPU, real MLflow on sqlite."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers.mlflow_reads import only_run
+from helpers.training import train_regression
+from mindspore.train import CheckpointConfig, ModelCheckpoint
+from mlflow.tracking import MlflowClient
+
+from msbridge import BridgeMonitor
+from msbridge.adapters._mlflow_models import KEY_TAG, best_checkpoint, model_name
+from msbridge.cli.main import main
+from msbridge.names import LOSS
+from msbridge.sinks.runlog import read_run
+
+STEPS, EVERY = 20, 5
+
+
+def _train(tmp_path, name, sinks):
+    cfg = {"experiment": "ck", "run_name": name, "experiment_dir": str(tmp_path / "ck"), "flush_steps": 4,
+           "sinks": sinks}
+    monitor = BridgeMonitor(cfg, progress=False)
+    saver = ModelCheckpoint("net", str(tmp_path / "ckpt" / name),
+                            CheckpointConfig(save_checkpoint_steps=EVERY, keep_checkpoint_max=10))
+    train_regression([monitor, saver], steps=STEPS)
+    return monitor
+
+
+def _models(client, experiment_id):
+    return client.search_logged_models([experiment_id], max_results=100)
+
+
+def test_every_modelcheckpoint_file_is_a_logged_model_with_its_steps_metrics(tmp_path):
+    monitor = _train(tmp_path, "run.1", ["jsonl", "mlflow"])
+    log = read_run(monitor.run_dir).ranks[0]
+    events = [e for e in log.events if e.kind == "checkpoint"]
+    assert [e.step for e in events] == list(range(EVERY, STEPS + 1, EVERY))
+    assert all(os.path.isfile(e.detail["path"]) for e in events)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    run = only_run(client, "ck")
+    models = sorted(_models(client, run.info.experiment_id), key=lambda m: int(m.tags["msbridge.step"]))
+    assert [int(m.tags["msbridge.step"]) for m in models] == [e.step for e in events]
+    losses = dict(log.series(LOSS))
+    for model, event in zip(models, events):
+        assert model.name == model_name("run.1", event.step) == f"run-1-step{event.step}"  # MLflow refuses "."
+        assert model.source_run_id == run.info.run_id and model.tags["msbridge.health"] == "finite"
+        assert model.tags["msbridge.checkpoint.path"] == event.detail["path"]
+        assert model.tags["msbridge.checkpoint.source"] == "ModelCheckpoint"
+        linked = {m.key: m for m in model.metrics}
+        assert linked[LOSS].step == event.step and linked[LOSS].value == pytest.approx(losses[event.step])
+    best = best_checkpoint(client, [run.info.experiment_id], LOSS)
+    assert int(best.tags["msbridge.step"]) == min((e.step for e in events), key=lambda s: losses[s])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, LOSS)] == list(range(1, STEPS + 1))
+
+    # A replay into the store that has them, twice: not one model more.
+    for _ in range(2):
+        assert main(["replay", monitor.run_dir, "--to", "mlflow"]) == 0
+    assert len(_models(client, run.info.experiment_id)) == len(events)
+    assert len({m.tags[KEY_TAG] for m in _models(client, run.info.experiment_id)}) == len(events)
+
+
+def test_a_run_trained_offline_gets_its_logged_models_from_the_replay(tmp_path):
+    monitor = _train(tmp_path, "offline", ["jsonl"])
+    store = f"sqlite:///{tmp_path / 'central.db'}"
+    assert main(["replay", monitor.run_dir, "--to", "mlflow", "--tracking-uri", store]) == 0
+    client = MlflowClient(store)
+    run = only_run(client, "ck")
+    steps = sorted(int(m.tags["msbridge.step"]) for m in _models(client, run.info.experiment_id))
+    assert steps == list(range(EVERY, STEPS + 1, EVERY))
