@@ -146,9 +146,7 @@ class BridgeMonitor(EvalHooks, Callback):
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
-        switch_names = ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")
-        self._stream = Stream(rank=self.run.rank, batch_size=batch_size, seq_length=cfg.seq_length,
-                              is_global=self.run.is_global, switches={k: getattr(cfg, k) for k in switch_names})
+        self._stream = Stream.for_run(cfg, self.run, batch_size)
         optimizer = find_optimizer(cb)
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
