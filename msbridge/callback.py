@@ -146,8 +146,9 @@ class BridgeMonitor(EvalHooks, Callback):
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
-        self._stream = Stream.for_run(cfg, self.run, batch_size)
         optimizer = find_optimizer(cb)
+        self._stream = Stream.for_run(cfg, self.run, batch_size, param(cb, "train_network"),
+                                      getattr(optimizer, "parameters", None))
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)

@@ -13,6 +13,8 @@ and torchtitan also use. Activation recomputation is not counted: this is *model
 The fields are mindformers' (``model.model_config``: ``num_layers``, ``hidden_size``, ``intermediate_size``,
 ``num_heads``, ``n_kv_heads``, ``vocab_size``, ``seq_length``, ``moe_config``), with the Hugging Face and
 Megatron names as aliases (``num_hidden_layers``, ``ffn_hidden_size``, ``num_key_value_heads`` ...).
+Without such a config, ``network_matmul_params`` counts ``N`` once from the network's trained 2-D weights
+(embedding tables left out), and the count is ``6·N`` alone: the attention term needs ``L``, ``h`` and ``s``.
 
 Example:
     >>> shape = TransformerShape.from_config({"num_layers": 2, "hidden_size": 64, "num_heads": 4,
@@ -145,3 +147,21 @@ def model_config_in(params: Mapping[str, Any]) -> Tuple[Optional[Mapping[str, An
         if isinstance(node, Mapping) and TransformerShape.from_config(node) is not None:
             return node, "params." + ".".join(path)
     return None, ""
+
+
+def network_matmul_params(params: Any, network: Any = None) -> int:
+    """``N`` counted from a network: the elements of the trained 2-D weights (``params``: the optimizer's
+    parameters, or the network's trainable ones), leaving out embedding tables (a ``nn.Embedding``'s, or a name
+    with ``embed``: a lookup is not a multiply). Shapes only: nothing is read from the device."""
+    tables = set()
+    if network is not None:
+        from mindspore import nn
+
+        for _, cell in network.cells_and_names():
+            if isinstance(cell, nn.Embedding):
+                tables.add(id(cell.embedding_table))
+    total = 0
+    for p in params:
+        if len(p.shape) == 2 and id(p) not in tables and "embed" not in p.name.lower():
+            total += int(p.shape[0]) * int(p.shape[1])
+    return total

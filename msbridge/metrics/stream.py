@@ -70,10 +70,12 @@ class Stream:
         self.ema: Optional[float] = None
 
     @classmethod
-    def for_run(cls, cfg: Any, run: Any, batch_size: Optional[int]) -> "Stream":
-        """The stream of a run (``cfg``: its ``Config``, ``run``: its ``RunInfo``), switches and work included."""
+    def for_run(cls, cfg: Any, run: Any, batch_size: Optional[int], network: Any = None,
+                trained: Any = None) -> "Stream":
+        """The stream of a run (``cfg``: its ``Config``, ``run``: its ``RunInfo``), switches and work included
+        (``network``, ``trained``: the train network and the parameters it trains, for a FLOPs count)."""
         switches = {name: getattr(cfg, name) for name in SWITCHES}
-        work = make_work(cfg, run.world_size, batch_size) if cfg.throughput else None
+        work = make_work(cfg, run.world_size, batch_size, network, trained) if cfg.throughput else None
         return cls(rank=run.rank, batch_size=batch_size, seq_length=cfg.seq_length, is_global=run.is_global,
                    switches=switches, work=work)
 

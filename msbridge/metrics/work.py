@@ -27,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from ..names import MFU, SAMPLES_SEEN, TFLOPS, TOKENS_SEEN
-from .flops import TransformerShape, flops_per_token, model_config_in
+from .flops import TransformerShape, flops_per_token, model_config_in, network_matmul_params
 
 log = logging.getLogger("msbridge")
 
@@ -94,31 +94,40 @@ def global_batch(batch_size: Optional[int], configured: Optional[int], params: M
     return int(batch_size) * int(dp)
 
 
-def model_flops_per_sample(configured: Optional[float], params: Mapping[str, Any],
-                           seq_length: Optional[int]) -> Optional[float]:
-    """``flops_per_sample`` when set, else the count of the model config in ``params`` times ``seq_length``
-    (said once in the log, with where the config came from); None when neither is known."""
+def model_flops_per_sample(configured: Optional[float], params: Mapping[str, Any], seq_length: Optional[int],
+                           network: Any = None, trained: Any = None) -> Optional[float]:
+    """``flops_per_sample`` when set, else the count of the model config in ``params`` times ``seq_length``,
+    else 6 x the matmul weights of ``network`` (``trained``: its trained parameters) per token, times
+    ``seq_length``; said once in the log, with where the count came from. None when none is known."""
     if configured:
         return float(configured)
     config, where = model_config_in(params)
     shape = TransformerShape.from_config(config) if config is not None else None
     seq = seq_length or (shape.seq_length if shape is not None else None)
-    if shape is None or not seq:
-        log.info("msbridge: no model config with num_layers, hidden_size, num_heads and vocab_size in params (or no "
-                 "seq_length): perf/tflops and perf/mfu are off; set flops_per_sample to turn them on")
-        return None
-    per_token = flops_per_token(shape, seq)
-    log.info("msbridge: %s FLOPs per token (6*N + 12*L*h*s; N = %s matmul parameters from %s, s = %d)",
-             f"{per_token:,}", f"{shape.matmul_params():,}", where, seq)
-    return float(per_token * seq)
+    if shape is not None and seq:
+        per_token = flops_per_token(shape, seq)
+        log.info("msbridge: %s FLOPs per token (6*N + 12*L*h*s; N = %s matmul parameters from %s, s = %d)",
+                 f"{per_token:,}", f"{shape.matmul_params():,}", where, seq)
+        return float(per_token * seq)
+    n = network_matmul_params(trained, network) if trained is not None and seq else 0
+    if n:
+        log.info("msbridge: %s FLOPs per token (6*N, N = %s weights counted from the network; attention is not "
+                 "counted without a model config in params)", f"{6 * n:,}", f"{n:,}")
+        return float(6 * n * seq)
+    log.info("msbridge: no model config with num_layers, hidden_size, num_heads and vocab_size in params, no "
+             "network weights or no seq_length: perf/tflops and perf/mfu are off; set flops_per_sample to turn "
+             "them on")
+    return None
 
 
-def make_work(cfg: Any, world_size: int, batch_size: Optional[int], peak: Any = None) -> Work:
-    """The run's ``Work`` from its config (``cfg``: a ``Config``); ``peak``: how the peak is resolved
-    (``peaks.resolve_peak``; given in tests), asked only when there are FLOPs to compare."""
+def make_work(cfg: Any, world_size: int, batch_size: Optional[int], network: Any = None, trained: Any = None,
+              peak: Any = None) -> Work:
+    """The run's ``Work`` from its config (``cfg``: a ``Config``) and, without a model config, its ``network``
+    (``trained``: the parameters it trains); ``peak``: how the peak is resolved (``peaks.resolve_peak``),
+    asked only when there are FLOPs to compare."""
     params = cfg.params
     batch = global_batch(batch_size, cfg.global_batch_size, params, cfg.reduce_ranks, world_size)
-    flops = model_flops_per_sample(cfg.flops_per_sample, params, cfg.seq_length) if batch else None
+    flops = model_flops_per_sample(cfg.flops_per_sample, params, cfg.seq_length, network, trained) if batch else None
     peak_tflops = None
     if flops:
         if peak is None:

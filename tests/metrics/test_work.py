@@ -33,7 +33,9 @@ def test_samples_and_tokens_seen_are_the_datasets_own_counts(tmp_path):
     assert log.records[-1].values[SAMPLES_SEEN] == samples == 96
     assert log.records[-1].values[TOKENS_SEEN] == tokens == 96 * 16
     assert [v for _, v in log.series(SAMPLES_SEEN)] == [8.0 * s for s in range(1, 13)]
-    assert TFLOPS not in log.records[-1].values  # a Dense regressor has no transformer config: no FLOPs
+    # No model config: N is counted from the network, nn.Dense(16, 1)'s 16 weights, 6 * 16 FLOPs per "token".
+    last = log.records[-1].values
+    assert last[TFLOPS] == pytest.approx(6 * 16 * 16 * 8 / (last[STEP_TIME] / 1e3) / 1e12, rel=1e-9)
 
 
 def test_a_resumed_run_continues_the_count_from_the_checkpoints_step(tmp_path):
@@ -76,6 +78,20 @@ def test_tflops_and_mfu_of_the_demo_model_on_cpu(tmp_path, caplog):
     assert rec[TFLOPS] == pytest.approx(rec[SAMPLES_PER_S] * per_sample / 1e12, rel=1e-9)
     assert rec[MFU] == pytest.approx(100 * rec[TFLOPS] / 0.5, rel=1e-12)
     assert rec[TOKENS_SEEN] == 6 * 16 * 32
+
+
+def test_without_a_model_config_n_is_counted_once_from_the_network(tmp_path, caplog):
+    from msbridge import BridgeMonitor
+    from msbridge.demo import demo_config, train
+
+    config = demo_config(str(tmp_path), {"sinks": ["jsonl"], "flush_steps": 5, "run_name": "no-model-config"})
+    params = config.pop("params")
+    params["train"]["eval_every"] = 0
+    with caplog.at_level(logging.INFO, logger="msbridge"):
+        mon = train(BridgeMonitor(config, progress=False), steps=5, params=params)
+    assert "614,400 FLOPs per token (6*N, N = 102,400 weights counted from the network" in caplog.text
+    rec = read_run(mon.run_dir).ranks[0].records[-1].values
+    assert rec[TFLOPS] == pytest.approx(rec[SAMPLES_PER_S] * 614_400 * 32 / 1e12, rel=1e-9)
 
 
 def test_no_peak_on_cpu_turns_mfu_off_with_one_line(caplog):
