@@ -29,7 +29,8 @@ PEAK_TFLOPS: Mapping[str, Mapping[str, float]] = {
     "ascend910b": {"float16": 320.0, "bfloat16": 320.0},
     # Ascend 910C (Atlas A3, "910_93"): 300 PFLOPS dense BF16 over the 384 chips of a CloudMatrix 384, i.e.
     # about 781 TFLOPS a chip. SemiAnalysis, "Huawei AI CloudMatrix 384 - China's answer to Nvidia GB200
-    # NVL72", 2025-04-16, https://semianalysis.com/2025/04/16/huawei-ai-cloudmatrix-384-chinas-answer-to-nvidia-gb200-nvl72/
+    # NVL72", 2025-04-16,
+    # https://semianalysis.com/2025/04/16/huawei-ai-cloudmatrix-384-chinas-answer-to-nvidia-gb200-nvl72/
     "ascend910_93": {"float16": 781.0, "bfloat16": 781.0},
 }
 #: Other names the same chips go by (``npu-smi``, mindformers' ``is_910a``/``is_910b``, the user's words).
