@@ -35,6 +35,7 @@ from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
 from .eval_hooks import EvalHooks
 from .masking import mask_text
+from .metrics.rank_timing import StepTimer, data_wait_values
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.outcome import RunOutcome, RunTally
@@ -84,6 +85,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._lr: Optional[LrReader] = None
         self._internals: Optional[Internals] = None  # layer_norms, histograms, memory, system
         self._reducer: Optional[Any] = None
+        self._timer = StepTimer()  # host stamps of each step: step, run and data wait times
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
         self._offset: Optional[int] = None
@@ -102,9 +104,7 @@ class BridgeMonitor(EvalHooks, Callback):
         """Build from a YAML file (any dialect ``load_config`` accepts)."""
         return cls(path, overrides=overrides, **kwargs)
 
-    @property
-    def run_dir(self) -> Optional[str]:
-        return self.plan.run_dir if self.plan else None
+    run_dir = property(lambda self: self.plan.run_dir if self.plan else None, doc="The run directory (None: off).")
 
     steps_recorded = property(lambda self: self.tally.steps_recorded, doc="Records built so far on this rank.")
     final_loss = property(lambda self: self.tally.final_loss, doc="The last recorded step's loss.")
@@ -144,10 +144,9 @@ class BridgeMonitor(EvalHooks, Callback):
                          skips_overflow=skips or not isinstance(ring_cell, TrainStep), first_step=first_step)
         self.dispatcher, self.run = self.plan.start(expected_steps=expected, batch_size=batch_size)
         self.health.start(self.run)
-        switch_names = ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")
-        self._stream = Stream(rank=self.run.rank, batch_size=batch_size, seq_length=cfg.seq_length,
-                              is_global=self.run.is_global, switches={k: getattr(cfg, k) for k in switch_names})
         optimizer = find_optimizer(cb)
+        self._stream = Stream.for_run(cfg, self.run, batch_size, param(cb, "train_network"),
+                                      getattr(optimizer, "parameters", None))
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
@@ -164,6 +163,7 @@ class BridgeMonitor(EvalHooks, Callback):
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "
                             "not at the exact step", self.run.world_size, cfg.flush_steps)
                 self.health.every_step = False
+        self._timer = self._reducer.timer if self._reducer is not None else StepTimer()
         self._budget = OverheadBudget(cfg.overhead_budget, cfg.flush_steps, cfg.flush_seconds, widest,
                                       adapt=self._reducer is None)
         self._last_step = first_step
@@ -177,8 +177,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        if self._reducer is not None:  # each rank's data wait travels in the per-flush collective
-            self._reducer.timer.begin(time.perf_counter())
+        self._timer.begin(time.perf_counter())  # the data wait: this stamp minus the last step-end hook's return
 
     def on_train_step_end(self, run_context: Any) -> None:
         if self.dispatcher is None:
@@ -197,8 +196,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._seen_outputs = cb.net_outputs
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
-        if self._reducer is not None:  # this step's data wait and run go into the window it ends
-            self._reducer.timer.step_ended(start, advanced)
+        self._timer.step_ended(start, advanced)  # this step's data wait and run go into the window it ends
         self._last_step = step
         if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
@@ -218,8 +216,7 @@ class BridgeMonitor(EvalHooks, Callback):
         end = time.perf_counter()
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
         self._last_end = end
-        if self._reducer is not None:
-            self._reducer.timer.hook_done(start, end)
+        self._timer.hook_done(start, end)
 
     def on_train_end(self, run_context: Any) -> None:
         if not self._depth:  # inside Model.train the manager's exit closes, after every callback's train end
@@ -281,6 +278,8 @@ class BridgeMonitor(EvalHooks, Callback):
             self._internals.fill(window, at_flush=dispatch, step=self._last_step)  # histograms: at the last step
             self._pending_events.extend(Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d)
                                         for d in window.histograms)  # to the sinks, not into the outcome
+        timing = self._timer.drain()
+        window.at_flush.update(data_wait_values(timing, self._timer.wait_share))  # on the window's last step
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
@@ -292,7 +291,7 @@ class BridgeMonitor(EvalHooks, Callback):
         t2 = time.perf_counter()
         if self._reducer is not None and reduce:  # the ranks' stops, findings and timing meet in one collective
             self._watchdog.mark(IN_COLLECTIVE)
-            agreement = self._reducer.reduce(window, verdict, self.health.stop)
+            agreement = self._reducer.reduce(window, verdict, self.health.stop, timing)
             self._watchdog.mark(AT_FLUSH)
             verdict, self.health.stop = agreement.verdict, agreement.stop
         t3 = time.perf_counter()

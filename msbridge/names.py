@@ -3,6 +3,7 @@
     train/loss  train/loss_ema  train/grad_norm  train/lr  train/loss_scale
     train/overflow  train/epoch
     perf/step_time_ms  perf/samples_per_s  perf/tokens_per_s  perf/monitor_overhead
+    perf/samples_seen  perf/tokens_seen  perf/tflops  perf/mfu  perf/data_wait_pct (+ perf/data_wait_ms)
     distributed, every rank (per flush): perf/own_step_time_ms  perf/data_wait_ms
     global (rank 0 only), per step: train/global_loss  dist/loss_{min,max,mean,std,p5,p50,p95}
     dist/loss_nonfinite_ranks  dist/outlier_rank  (dist/loss/rank_{r}: per_rank_curves only)
@@ -39,6 +40,14 @@ STEP_TIME = "perf/step_time_ms"
 SAMPLES_PER_S = "perf/samples_per_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 MONITOR_OVERHEAD = "perf/monitor_overhead"
+#: What the steps were worth (``metrics.work``): cumulative samples and tokens over every data-parallel rank,
+#: achieved TFLOP/s per device and model FLOPs utilisation (percent of the device's peak).
+SAMPLES_SEEN = "perf/samples_seen"
+TOKENS_SEEN = "perf/tokens_seen"
+TFLOPS = "perf/tflops"
+MFU = "perf/mfu"
+#: The share of the step spent waiting for the next batch (percent), per flush window, beside ``DATA_WAIT``.
+DATA_WAIT_PCT = "perf/data_wait_pct"
 
 # Cross-rank metrics, written by the global rank only.
 DIST_PREFIX = "dist/"

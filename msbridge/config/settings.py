@@ -183,6 +183,18 @@ class Config:
         "`train_dataset.data_loader.config.seq_length` (Megatron dataset), `train_dataset.data_loader.seq_length`, "
         "`train_dataset.seq_length`, else `seq_length` in `pretrained_model_dir`'s `config.json`; none found: one "
         "warning that tokens/s is off)", low=1, high=MAX_ROWS, high_open=False)
+    global_batch_size: Optional[int] = declare(int, None,
+        "samples one step takes over every data-parallel rank, for `perf/samples_seen`, `perf/tokens_seen` and "
+        "`perf/tflops`; null: the dataset's batch x `parallel_config.data_parallel` (a mindformers run YAML's), else "
+        "x the `reduce_ranks`, else x the world size; under `parallel.full_batch: true` the dataset's batch "
+        "([metrics.md](metrics.md#what-a-step-is-worth))", low=1, high=MAX_ROWS, high_open=False)
+    flops_per_sample: Optional[float] = declare(float, None,
+        "training FLOPs (forward + backward) of one sample, for `perf/tflops` and `perf/mfu`; null: counted from "
+        "the model config in params (`model.model_config` or `model`: 6*N + 12*L*h*s per token, "
+        "[metrics.md](metrics.md#what-a-step-is-worth)); neither: both off, one INFO line", low=0, low_open=True)
+    peak_tflops: Optional[float] = declare(float, None,
+        "the device's peak TFLOP/s that `perf/mfu` divides by; null: the table of public peaks per chip and dtype "
+        "(Ascend 910A/910B/910C; a CPU or an unknown chip has none: MFU off, one INFO line)", low=0, low_open=True)
     sinks: Mapping[str, Mapping[str, Any]] = _section((abc.Mapping, list, tuple, str, type(None)), {"jsonl": {}},
         "sink names (`[jsonl, tensorboard]`), or name -> options (`{mlflow: {tracking_uri: ...}}`); jsonl is always"
         " on. Options per sink: [sinks.md](sinks.md)",

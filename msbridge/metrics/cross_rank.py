@@ -206,9 +206,11 @@ class Reducer:
     def on_timeout(self, hook: Optional[TimeoutHook]) -> None:
         self.watchdog.on_timeout = hook
 
-    def reduce(self, window: Window, verdict: Verdict, stop: Optional[Stop] = None) -> Agreement:
+    def reduce(self, window: Window, verdict: Verdict, stop: Optional[Stop] = None,
+               timing: Optional[np.ndarray] = None) -> Agreement:
         """Gather the window on every rank (``verdict``: this rank's health verdict of it, ``stop``: its
-        health stop); on the global rank, fill ``window.global_scalars`` and add them to the records."""
+        health stop, ``timing``: its drained ``StepTimer``, else ``self.timer`` is drained here); on the global
+        rank, fill ``window.global_scalars`` and add them to the records."""
         n = len(window)
         if n == 0:
             return Agreement(verdict, stop)
@@ -218,7 +220,8 @@ class Reducer:
         slots = Slots(n=0, batch=self.batch_size or 0, first=0, last=0, stop_code=stop_code(stop),
                       stop_check=stop.check if stop else None, stop_step=stop.step if stop else 0,
                       anomaly_check=anomaly.detail.get("check") if anomaly else None,
-                      anomaly_step=anomaly.step if anomaly else 0, timing=self.timer.drain())
+                      anomaly_step=anomaly.step if anomaly else 0,
+                      timing=self.timer.drain() if timing is None else timing)
         what = f"the cross-rank loss reduction for steps {int(window.steps[0])}-{int(window.steps[-1])}"
         parts = []
         with self.watchdog.guard(what, window):

@@ -45,7 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..health.runner import make_event
-from ..names import DATA_WAIT_SPREAD, SLOWEST_RANK, STEP_TIME_SPREAD, rank_step_time, spread_name
+from ..names import (DATA_WAIT, DATA_WAIT_PCT, DATA_WAIT_SPREAD, SLOWEST_RANK, STEP_TIME_SPREAD, rank_step_time,
+                     spread_name)
 from ..sinks.base import Event
 from .payload import TIMING_FIELDS
 from .spread import spread, stall_event
@@ -68,6 +69,8 @@ class StepTimer:
     Example:
         >>> timer.drain()      # step_ms, run_ms, data_wait_ms (medians), data_wait_max_ms, callback_ms (sum)
         array([12.1, 9.8, 2.2, 2.5, 0.4])
+        >>> timer.wait_share   # the window's summed data wait over its summed step time
+        0.18
     """
 
     def __init__(self) -> None:
@@ -75,6 +78,7 @@ class StepTimer:
         self._last_end: Optional[float] = None
         self._rows: List[Tuple[float, float, float]] = []  # step, run, data wait (seconds)
         self._callback_s = 0.0
+        self.wait_share = math.nan  # the last drained window's data wait over its step time (steps with both)
 
     def begin(self, now: float) -> None:
         self._begin = now
@@ -103,9 +107,25 @@ class StepTimer:
                 warnings.simplefilter("ignore", RuntimeWarning)
                 out[:3] = np.nanmedian(rows, axis=0)
                 out[3] = np.nanmax(rows[:, 2])
+            timed = np.isfinite(rows[:, 2])
+            self.wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum()) if timed.any() else math.nan
+        else:
+            self.wait_share = math.nan
         out[4] = self._callback_s * 1e3
         self._rows, self._callback_s = [], 0.0
         return out
+
+
+def data_wait_values(timing: np.ndarray, wait_share: float) -> Dict[str, float]:
+    """``perf/data_wait_ms`` (the window's median) and ``perf/data_wait_pct`` (100 x its summed data wait over its
+    summed step time) from a drained ``StepTimer``; empty where unknown (no step-begin stamps: device sink mode).
+
+    Example:
+        >>> data_wait_values(np.array([10.0, 8.0, 2.0, 3.0, 0.1]), 0.2)
+        {'perf/data_wait_ms': 2.0, 'perf/data_wait_pct': 20.0}
+    """
+    values = {DATA_WAIT: float(timing[2]), DATA_WAIT_PCT: 100.0 * wait_share}
+    return {name: value for name, value in values.items() if math.isfinite(value)}
 
 
 def own_step_times(timing: np.ndarray) -> np.ndarray:

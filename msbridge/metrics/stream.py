@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -38,6 +38,10 @@ from ..names import (
     TOKENS_PER_S,
 )
 from ..sinks.base import Record
+from .work import Work, make_work
+
+#: The config's metric switches.
+SWITCHES = ("local_loss", "global_loss", "grad_norm", "learning_rate", "throughput")
 
 
 class Stream:
@@ -50,18 +54,30 @@ class Stream:
         is_global: add the global metrics the window carries (rank 0).
         ema_decay: smoothing of ``train/loss_ema``.
         switches: metric switches from the config; a False one is left out.
+        work: what a step is worth (samples and tokens seen, TFLOP/s, MFU), when known.
     """
 
     def __init__(self, rank: int, batch_size: Optional[int], seq_length: Optional[int] = None,
                  is_global: bool = True, ema_decay: float = 0.9,
-                 switches: Optional[Dict[str, bool]] = None) -> None:
+                 switches: Optional[Dict[str, bool]] = None, work: Optional[Work] = None) -> None:
         self.rank = rank
         self.batch_size = batch_size
         self.seq_length = seq_length
         self.is_global = is_global
         self.ema_decay = ema_decay
         self.switches = switches or {}
+        self.work = work
         self.ema: Optional[float] = None
+
+    @classmethod
+    def for_run(cls, cfg: Any, run: Any, batch_size: Optional[int], network: Any = None,
+                trained: Any = None) -> "Stream":
+        """The stream of a run (``cfg``: its ``Config``, ``run``: its ``RunInfo``), switches and work included
+        (``network``, ``trained``: the train network and the parameters it trains, for a FLOPs count)."""
+        switches = {name: getattr(cfg, name) for name in SWITCHES}
+        work = make_work(cfg, run.world_size, batch_size, network, trained) if cfg.throughput else None
+        return cls(rank=run.rank, batch_size=batch_size, seq_length=cfg.seq_length, is_global=run.is_global,
+                   switches=switches, work=work)
 
     def _on(self, switch: str) -> bool:
         return self.switches.get(switch, True)
@@ -96,6 +112,8 @@ class Stream:
                 if self.seq_length:
                     columns[TOKENS_PER_S] = samples * self.seq_length
             columns[MONITOR_OVERHEAD] = window.monitor_s / step_s
+            if self.work is not None:
+                columns.update(self.work.columns(window.steps, window.step_time_s))
         now = time.time()
         names = list(columns)
         matrix = np.stack([np.asarray(columns[n], dtype=np.float64) for n in names], axis=1).tolist()

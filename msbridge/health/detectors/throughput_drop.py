@@ -6,6 +6,12 @@ The rate is the step's ``perf/samples_per_s`` when it is recorded, else
 of the last ``window``. One finding per drop; it may fire again after the rate
 came back.
 
+The finding says which slowed, from ``perf/data_wait_pct`` (the share of the step spent waiting for the
+next batch, per flush window): ``cause`` is ``input_pipeline`` when the longer data wait accounts for at
+least half of the longer step, else ``step`` (``unknown`` without data-wait stamps: device sink mode). The
+share arrives on a window's last step, so a drop found earlier in a window is reported at that step, with
+its step and the window's share.
+
 Example:
     >>> drop = ThroughputDrop(baseline_steps=20, window=10, factor=0.5, warmup_steps=100)
     >>> drop.observe(StepView(step, samples_per_s=rate))  # a Finding when the last 10 steps' median halves
@@ -16,7 +22,23 @@ from collections import deque
 from statistics import median as _median
 from typing import Deque, List, Optional, Tuple
 
+from ...names import DATA_WAIT_PCT
 from .base import LOG, Detector, Finding, Option, StepView, finite, register_detector
+
+
+def cause_of(ratio: float, wait_before: float, wait_now: float) -> str:
+    """Which slowed, ``input_pipeline`` or ``step``: ``ratio`` is the step time now over before, the waits are
+    percent of the step (before, now). The wait's growth over the step's growth: at least half is the input.
+
+    Example:
+        >>> cause_of(2.0, 2.0, 51.0), cause_of(2.0, 2.0, 3.0)
+        ('input_pipeline', 'step')
+    """
+    grown = ratio - 1.0
+    if grown <= 0:
+        return "step"
+    wait_grown = (wait_now * ratio - wait_before) / 100.0
+    return "input_pipeline" if wait_grown >= 0.5 * grown else "step"
 
 
 def rate_of(view: StepView) -> Tuple[float, str]:
@@ -52,8 +74,19 @@ class ThroughputDrop(Detector):
         self.baseline: Optional[float] = None
         self._recent: Deque[float] = deque(maxlen=window)
         self._in_drop = False
+        self._waits: List[float] = []  # data wait shares (percent) seen while the baseline formed
+        self._pending: Optional[Finding] = None  # a drop waiting for its window's data wait share
 
     def observe(self, view: StepView) -> Optional[Finding]:
+        wait = view.values.get(DATA_WAIT_PCT)
+        if wait is not None and view.step > self.warmup_steps and (self.baseline is None or not self._waits):
+            self._waits.append(float(wait))
+        if wait is not None and self._pending is not None:  # this step's rate joins the recent ones still
+            pending, self._pending = self._pending, None
+            rate = rate_of(view)[0]
+            if finite(rate) and rate > 0:
+                self._recent.append(rate)
+            return self._explained(pending, float(wait))
         rate, unit = rate_of(view)
         if view.step <= self.warmup_steps or not finite(rate) or rate <= 0:
             return None
@@ -70,6 +103,20 @@ class ThroughputDrop(Detector):
         started, self._in_drop = dropped and not self._in_drop, dropped
         if not started:
             return None
-        return Finding(self.name, view.step, detail={
+        finding = Finding(self.name, view.step, detail={
             "rate": current, "baseline": self.baseline, "ratio": current / self.baseline,
             "factor": self.factor, "unit": unit})
+        if wait is not None or not self._waits:  # the share is here, or there is none to wait for
+            return self._explained(finding, wait)
+        self._pending = finding
+        return None
+
+    def _explained(self, finding: Finding, wait: Optional[float]) -> Finding:
+        """``finding`` with the data wait share before and now, and the cause they point to."""
+        if wait is None or not self._waits:
+            return Finding(finding.check, finding.step, detail={**finding.detail, "cause": "unknown"})
+        before = float(_median(self._waits))
+        ratio = 1.0 / finding.detail["ratio"]  # step time now over before
+        return Finding(finding.check, finding.step, detail={
+            **finding.detail, "data_wait_pct": round(wait, 2), "baseline_data_wait_pct": round(before, 2),
+            "cause": cause_of(ratio, before, wait)})
