@@ -191,10 +191,11 @@ class Config:
     flops_per_sample: Optional[float] = declare(float, None,
         "training FLOPs (forward + backward) of one sample, for `perf/tflops` and `perf/mfu`; null: counted from "
         "the model config in params (`model.model_config` or `model`: 6*N + 12*L*h*s per token, "
-        "[metrics.md](metrics.md#what-a-step-is-worth)); neither: both off, one INFO line", low=0, low_open=True)
+        "[metrics.md](metrics.md#what-a-step-is-worth)); neither: both off, one INFO line", low=0, low_open=True, high=1e18)
     peak_tflops: Optional[float] = declare(float, None,
         "the device's peak TFLOP/s that `perf/mfu` divides by; null: the table of public peaks per chip and dtype "
-        "(Ascend 910A/910B/910C; a CPU or an unknown chip has none: MFU off, one INFO line)", low=0, low_open=True)
+        "(Ascend 910A/910B/910C; a CPU or an unknown chip has none: MFU off, one INFO line)", low=0, low_open=True,
+        high=100_000)
     sinks: Mapping[str, Mapping[str, Any]] = _section((abc.Mapping, list, tuple, str, type(None)), {"jsonl": {}},
         "sink names (`[jsonl, tensorboard]`), or name -> options (`{mlflow: {tracking_uri: ...}}`); jsonl is always"
         " on. Options per sink: [sinks.md](sinks.md)",

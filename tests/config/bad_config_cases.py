@@ -132,14 +132,14 @@ def value_cases() -> Dict[str, Case]:
                                  f"{option.low} and <= {option.high:_}, got 100000000000000")
         cases[f"{name}-list"] = (f"{name}: [1]\n", f"run.yaml:1: {name}: expected")
     for name in _FLOAT_FIELDS:  # each is above 0 and below a declared limit
-        option = OPTIONS[name]
+        option, null = OPTIONS[name], "null or " if OPTIONS[name].default is None else ""
         high = f"{'<' if option.high_open else '<='} {int(option.high) if option.high >= 10_000 else option.high:_}"
-        cases[f"{name}-inf"] = (f"{name}: .inf\n", f"run.yaml:1: {name}: expected a finite number > 0 and {high}, "
-                                                   "got inf")
-        cases[f"{name}-nan"] = (f"{name}: .nan\n", f"run.yaml:1: {name}: expected a finite number > 0 and {high}, "
-                                                   "got nan")
-        cases[f"{name}-zero"] = (f"{name}: 0\n", f"run.yaml:1: {name}: expected a number > 0 and {high}, got 0")
-        cases[f"{name}-text"] = (f"{name}: soon\n", f"run.yaml:1: {name}: expected a number > 0 and {high}, "
+        cases[f"{name}-inf"] = (f"{name}: .inf\n", f"run.yaml:1: {name}: expected {null}a finite number > 0 and "
+                                                   f"{high}, got inf")
+        cases[f"{name}-nan"] = (f"{name}: .nan\n", f"run.yaml:1: {name}: expected {null}a finite number > 0 and "
+                                                   f"{high}, got nan")
+        cases[f"{name}-zero"] = (f"{name}: 0\n", f"run.yaml:1: {name}: expected {null}a number > 0 and {high}, got 0")
+        cases[f"{name}-text"] = (f"{name}: soon\n", f"run.yaml:1: {name}: expected {null}a number > 0 and {high}, "
                                                     "got 'soon'")
     for name in _BOOL_FIELDS:
         cases[f"{name}-text"] = (f"{name}: 'on please'\n", f"run.yaml:1: {name}: expected true or false")
