@@ -89,7 +89,7 @@ def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
     anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events if e.kind != HISTOGRAM]
     return {
         "status": status,
-        "steps recorded": len(records),
+        "steps recorded": len({r.step for r in records}),  # an evaluation's record shares its step
         "last step": max((r.step for r in records), default=0),
         "wall time": f"{records[-1].time - records[0].time:.1f} s (first to last record)" if records else "unknown",
         "final loss": losses[-1] if losses else None,

@@ -37,7 +37,7 @@ def assert_same_series(client: Any, run_id: str, run_dir: str) -> None:
     for name in names:
         got, want = mlflow_series(client, run_id, name), nan_safe(log.series(name))
         assert [s for s, _ in got] == [s for s, _ in want], name
-        assert got == want, name
+        assert sorted(got, key=str) == sorted(want, key=str), name  # a restated objective: two values at a step
 
 
 def only_run(client: Any, experiment: str) -> Any:
