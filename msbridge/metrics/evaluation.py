@@ -113,6 +113,15 @@ class EvalRound:
         if self.samples is not None:
             self.samples = self.samples + int(shape[0]) if shape else None  # unknown once one batch is
 
+    def count_dataset(self, dataset: Any) -> None:
+        """Count a whole dataset at once, for an evaluation whose steps no callback sees (mindformers'
+        ``do_eval``): batches × batch size when its batches are all full (``drop_remainder``), else unknown."""
+        try:
+            full = _nearest_batch(dataset).drop_remainder is True
+            self.samples = int(dataset.get_dataset_size()) * int(dataset.get_batch_size()) if full else None
+        except Exception:  # noqa: BLE001  (a dataset that cannot say: the samples stay unknown)
+            self.samples = None
+
     def end(self, results: Mapping[str, Any]) -> Dict[str, float]:
         """The round's ``eval/*`` values: the results, ``eval/time_s`` and, when counted, ``eval/samples``."""
         elapsed = time.perf_counter() - (self.started or time.perf_counter())
@@ -126,6 +135,14 @@ class EvalRound:
         if self.samples:
             values[EVAL_SAMPLES] = float(self.samples)
         return values
+
+
+def _nearest_batch(dataset: Any) -> Any:
+    """The batch operation nearest the top of a MindSpore dataset pipeline (``repeat`` or ``map`` may follow it)."""
+    while dataset is not None and not hasattr(dataset, "drop_remainder"):
+        children = getattr(dataset, "children", None) or [None]
+        dataset = children[0]
+    return dataset
 
 
 def _checksum(names: Any) -> int:

@@ -3,9 +3,9 @@
 With ``do_eval: True`` mindformers' Trainer appends an ``EvalCallBack`` whose ``eval_func`` calls
 ``model.eval(eval_dataset)`` every ``eval_step_interval`` steps (or ``eval_epoch_interval`` epochs) and only
 logs the result. ``watch_evaluations`` wraps that function at train begin: the result (the metrics of the run
-YAML's ``metric:``, e.g. ``PerplexityMetric``'s ``{"loss", "PPL"}`` as ``eval/loss``, ``eval/PPL``) and the
-evaluation's time go to ``BridgeMonitor.record_eval`` at the training step it ran, and the function still
-returns what it returned.
+YAML's ``metric:``, e.g. ``PerplexityMetric``'s ``{"loss", "PPL"}`` as ``eval/loss``, ``eval/PPL``), the
+evaluation's time and its samples (counted from the ``eval_dataset`` the partial holds) go to
+``BridgeMonitor.record_eval`` at the training step it ran, and the function still returns what it returned.
 
 Example:
     >>> watch_evaluations(cb_params.list_callback, monitor)   # MSBridgeMonitor.on_train_begin
@@ -39,6 +39,7 @@ def _recorded(evaluate: Any, monitor: Any) -> Any:
     @functools.wraps(evaluate)
     def run() -> Any:
         timer.begin()
+        timer.count_dataset(getattr(evaluate, "keywords", {}).get("eval_dataset"))  # functools.partial's
         result = evaluate()
         monitor.record_eval(timer.end(result if isinstance(result, dict) else {}))
         return result
