@@ -2,7 +2,8 @@
 
 Every rank trains an ``nn.Dense`` regressor on its own shard with
 ``BridgeMonitor``; options make one rank's data harder, one rank's batch
-bigger, one rank start late, leave at a step, run slow, stall once or turn NaN.
+bigger, one rank start late, leave at a step, run slow, stall once or turn NaN;
+``--eval`` runs ``Model.fit`` with a validation set of its own per rank.
 
 Example:
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=logs --join=True \\
@@ -127,6 +128,8 @@ def parse_args(argv: Any = None) -> argparse.Namespace:
     p.add_argument("--alert-url", default="", help="alerts to this webhook (msbridge.alerts), with --stall-seconds")
     p.add_argument("--stall-seconds", type=float, default=None)
     p.add_argument("--status", action="store_true", help="write each rank's closing status to {out}/status_{rank}.txt")
+    p.add_argument("--eval", action="store_true",
+                   help="Model.fit over 2 epochs, evaluated after each on 4·(rank+1) validation samples of this rank")
     p.add_argument("--check-ranks", action="store_true",
                    help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
     return p.parse_args(argv)
@@ -166,8 +169,20 @@ def main(argv: Any = None) -> None:
 
     ms.set_seed(0)
     net = nn.Dense(FEATURES, 1)
-    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01))
-    model.train(1, data, callbacks=callbacks, dataset_sink_mode=False)
+    optimizer = nn.SGD(net.trainable_params(), learning_rate=0.01)
+    if not args.eval:
+        Model(net, nn.MSELoss(), optimizer).train(1, data, callbacks=callbacks, dataset_sink_mode=False)
+        return
+    model = Model(net, nn.MSELoss(), optimizer, metrics={"loss": nn.Loss(), "mae": nn.MAE()})
+    model.fit(2, data, valid_dataset=validation(rank), valid_frequency=1, callbacks=callbacks, dataset_sink_mode=False)
+
+
+def validation(rank: int) -> ds.Dataset:
+    """This rank's own validation samples, 4·(rank+1) of them in batches of 4: the ranks' counts differ."""
+    rng = np.random.default_rng(100 + rank)
+    x = rng.normal(size=(4 * (rank + 1), FEATURES)).astype(np.float32)
+    y = (x @ np.random.default_rng(0).normal(size=(FEATURES, 1))).astype(np.float32)
+    return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4, drop_remainder=True)
 
 
 def check_ranks(out: str, rank: int, world: int) -> None:
