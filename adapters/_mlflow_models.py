@@ -2,12 +2,15 @@
 
 A ``checkpoint`` event (``ModelCheckpoint``'s and mindformers' ``CheckpointMonitor``'s files, seen by
 ``capture.checkpoints``; the health action ``checkpoint_and_stop``'s healthy weights) becomes one LoggedModel of
-the run, named ``<run name>-step<N>`` (``model_name``), with tags: the file's path (``msbridge.checkpoint.path``), the step, the
-saver, and the health state at that step (``msbridge.health``: ``finite``, ``nonfinite: train/loss``, or
-``anomaly: loss_spike at step 37`` when a health check fired within the last ``RECENT_ANOMALY_STEPS`` steps).
-The metrics of its step (and the run's latest evaluation at or before it) are logged again with its ``model_id``, with the same step and time, so the run's own rows stay one per step and
-``search_logged_models(order_by=[{"field_name": "metrics.eval/loss", "ascending": True}])`` names the best
-checkpoint of a whole sweep. The weights are uploaded only with the sink option ``log_checkpoints: upload``.
+the run, named ``<run name>-step<N>`` (``model_name``). N is the step whose weights it holds: for the health
+action, the last healthy step (tag ``msbridge.checkpoint.saved_at_step`` says when it was saved). Its tags: the
+file's path (``msbridge.checkpoint.path``), the step, the saver, and the health state at that step
+(``msbridge.health``: ``finite``, ``nonfinite: train/loss``, or ``anomaly: loss_spike at step 37`` when a health
+check fired within the last ``RECENT_ANOMALY_STEPS`` steps). The metrics of its step (and the run's latest
+evaluation at or before it) are logged again with its ``model_id``, with the same step and time, so the run's own
+rows stay one per step and ``search_logged_models(order_by=[{"field_name": "metrics.eval/loss", "ascending":
+True}])`` names the best checkpoint of a whole sweep. The weights are uploaded only with the sink option
+``log_checkpoints: upload``.
 
 A replay hands the same events again: a model whose key (``msbridge.checkpoint`` = run id, step, path) the
 store already has is not made twice.
@@ -113,9 +116,12 @@ class CheckpointModels:
     def _make(self, client: Any, experiment_id: str, run_id: str, run_name: str, event: Event,
               linked: Dict[str, Point], health: str, key: str) -> str:
         detail = event.detail
-        tags = {KEY_TAG: key, "msbridge.checkpoint.path": str(detail["path"]), "msbridge.step": str(event.step),
+        step = int(detail.get("healthy_step", event.step))  # the step whose weights these are
+        tags = {KEY_TAG: key, "msbridge.checkpoint.path": str(detail["path"]), "msbridge.step": str(step),
                 "msbridge.health": health, "msbridge.checkpoint.source": str(detail.get("source", "msbridge health"))}
-        model = client.create_logged_model(experiment_id, name=model_name(run_name, event.step), source_run_id=run_id,
+        if step != event.step:
+            tags["msbridge.checkpoint.saved_at_step"] = str(event.step)
+        model = client.create_logged_model(experiment_id, name=model_name(run_name, step), source_run_id=run_id,
                                            tags=tags, model_type="checkpoint")
         for name, (value, when, step) in sorted(linked.items()):
             client.log_metric(run_id, name, value if math.isfinite(value) else math.nan,

@@ -1,14 +1,17 @@
-"""Each checkpoint MindSpore's ModelCheckpoint saves becomes one MLflow 3 LoggedModel of its run, with its
-step's metrics linked, so ``search_logged_models(order_by=...)`` names the best checkpoint; a replay rebuilds
-them exactly once. Real training on CPU, real MLflow on sqlite."""
+"""Each checkpoint MindSpore's ModelCheckpoint saves, and the last healthy weights the health action
+``checkpoint_and_stop`` saves, becomes one MLflow 3 LoggedModel of its run, with its step's metrics linked, so
+``search_logged_models(order_by=...)`` names the best checkpoint; a replay rebuilds them exactly once. Real
+training on CPU, real MLflow on sqlite. (mindformers' CheckpointMonitor: tests/mindformers_bridge/test_do_eval.py.)"""
 from __future__ import annotations
 
 import os
 
 import pytest
 from helpers.mlflow_reads import only_run
-from helpers.training import train_regression
-from mindspore.train import CheckpointConfig, ModelCheckpoint
+import mindspore as ms
+from helpers.training import regression_data, train_regression
+from mindspore import nn
+from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
 from mlflow.tracking import MlflowClient
 
 from msbridge import BridgeMonitor
@@ -71,3 +74,27 @@ def test_a_run_trained_offline_gets_its_logged_models_from_the_replay(tmp_path):
     run = only_run(client, "ck")
     steps = sorted(int(m.tags["msbridge.step"]) for m in _models(client, run.info.experiment_id))
     assert steps == list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_the_last_healthy_weights_are_a_logged_model_tagged_with_the_health_at_their_step(tmp_path):
+    cfg = {"experiment": "ck", "run_name": "nan", "experiment_dir": str(tmp_path / "ck"), "flush_steps": 4,
+           "sinks": ["jsonl", "mlflow"], "health": {"nonfinite": {"action": "checkpoint_and_stop"}}}
+    monitor = BridgeMonitor(cfg, progress=False)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    net = nn.Dense(16, 1)
+    Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01)).train(
+        1, regression_data(STEPS, poison_step=9), callbacks=[monitor], dataset_sink_mode=False)
+    [event] = [e for e in read_run(monitor.run_dir).ranks[0].events if e.kind == "checkpoint"]
+    assert event.step == 9 and os.path.isfile(event.detail["path"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    run = only_run(client, "ck")
+    [model] = _models(client, run.info.experiment_id)
+    # saved when step 9 turned NaN; the weights, their metrics and their health are step 8's
+    assert model.tags["msbridge.step"] == "8" and model.tags["msbridge.checkpoint.saved_at_step"] == "9"
+    assert model.name == "nan-step8" and model.tags["msbridge.checkpoint.path"] == event.detail["path"]
+    assert model.tags["msbridge.checkpoint.source"] == "host snapshot" and model.tags["msbridge.health"] == "finite"
+    linked = {m.key: m for m in model.metrics}
+    assert linked[LOSS].step == 8 and linked[LOSS].value == pytest.approx(dict(read_run(
+        monitor.run_dir).ranks[0].series(LOSS))[8])
+    assert run.info.status == "FAILED"
