@@ -58,11 +58,14 @@ class CheckpointModels:
         self._steps: "collections.OrderedDict[int, Dict[str, Point]]" = collections.OrderedDict()
         self._evals: Deque[Tuple[int, Dict[str, Point]]] = collections.deque(maxlen=64)  # (step, its eval/* values)
         self._anomalies: Deque[Tuple[int, str]] = collections.deque(maxlen=64)
+        self._unlinked: List[Event] = []  # checkpoints until a later step is seen: an eval of their step may follow
         self._waiting: List[Tuple[Event, Dict[str, Point], str]] = []
+        self._last_step = 0  # the latest step of a record seen
 
     def see(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        """Keep each record's values by step and queue each checkpoint event with what it links."""
+        """Keep each record's values by step and queue each checkpoint event."""
         for rec in records:
+            self._last_step = max(self._last_step, rec.step)
             step = self._steps.setdefault(rec.step, {})
             step.update((name, (value, rec.time, rec.step)) for name, value in rec.values.items())
             evals = {n: (v, rec.time, rec.step) for n, v in rec.values.items() if n.startswith(EVAL_PREFIX)}
@@ -74,14 +77,22 @@ class CheckpointModels:
             if ev.kind == "anomaly":
                 self._anomalies.append((ev.step, str(ev.detail.get("check", "?"))))
             elif ev.kind == CHECKPOINT and ev.detail.get("path"):
-                step = int(ev.detail.get("healthy_step", ev.step))
-                at_step = dict(self._steps.get(step, {}))
-                latest = [values for at, values in self._evals if at <= step][-1:]  # its latest evaluation
-                self._waiting.append((ev, {**(latest[0] if latest else {}), **at_step}, self._health(step, at_step)))
+                self._unlinked.append(ev)
+        self._link(final=False)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._unlinked) + len(self._waiting)
+
+    def _link(self, final: bool) -> None:
+        """Queue each checkpoint whose step is complete (a later step was seen, or ``final``) with what it
+        links: its step's values and the latest evaluation at or before it."""
+        while self._unlinked and (final or self._unlinked[0].step < self._last_step):
+            event = self._unlinked.pop(0)
+            step = int(event.detail.get("healthy_step", event.step))
+            at_step = dict(self._steps.get(step, {}))
+            latest = [values for at, values in self._evals if at <= step][-1:]
+            self._waiting.append((event, {**(latest[0] if latest else {}), **at_step}, self._health(step, at_step)))
 
     def _health(self, step: int, values: Dict[str, Point]) -> str:
         bad = [n for n in (LOSS, GLOBAL_LOSS, GRAD_NORM) if n in values and not math.isfinite(values[n][0])]
@@ -93,9 +104,11 @@ class CheckpointModels:
             return f"anomaly: {check} at step {s}"
         return "finite" if values else "unknown (its step's metrics were not handed to this sink)"
 
-    def deliver(self, client: Any, experiment_id: str, run_id: str, run_name: str) -> List[str]:
+    def deliver(self, client: Any, experiment_id: str, run_id: str, run_name: str, final: bool = False) -> List[str]:
         """Make a LoggedModel for each queued checkpoint the store does not hold yet; returns their ids. A
-        failed call raises (the sink retries later) and keeps what is still queued."""
+        checkpoint waits until a later step is seen (or the run ends, ``final``): an evaluation at its own step
+        is recorded after it. A failed call raises (the sink retries later) and keeps what is still queued."""
+        self._link(final)
         made = []
         while self._waiting:
             event, linked, health = self._waiting[0]

@@ -236,7 +236,8 @@ class MlflowSink(Sink):
             if self._events.dirty:
                 self._client.log_text(self.run_id, self._events.text(), EVENTS_ARTIFACT)
             if self._models is not None and self._models.waiting:
-                self._models.deliver(self._client, self._experiment, self.run_id, self.run.run_name)
+                self._models.deliver(self._client, self._experiment, self.run_id, self.run.run_name,
+                                     final=status is not None)
             if status is not None:
                 self._end(status)
         except Exception as exc:  # whatever the tracker does, training goes on: retry later

@@ -46,6 +46,11 @@ eval_dataset_task:
   dataset_config: *eval_dataset
 callbacks:
   - type: MFLossMonitor
+  - type: CheckpointMonitor
+    prefix: tiny
+    save_checkpoint_steps: 5
+    keep_checkpoint_max: 2
+    integrated_save: False
   - type: MSBridgeMonitor
     experiment: tiny-llama
     output_dir: ./msbridge_runs/{experiment}/{run_name}
@@ -106,3 +111,22 @@ def test_trackers_hold_the_evaluations(evaluated):
                               / "rank_0"), size_guidance={"scalars": 0})
     tb.Reload()
     assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in tb.Scalars("eval/PPL")] == list(zip([5, 10], want))
+
+
+def test_each_checkpointmonitor_file_is_a_logged_model_linked_to_its_evaluation(evaluated):
+    from mlflow.tracking import MlflowClient
+
+    work, run_dir, printed = evaluated
+    [saved] = [[e for e in read_run(run_dir).ranks[0].events if e.kind == "checkpoint"]]
+    assert [e.step for e in saved] == [5, 10] and {e.detail["source"] for e in saved} == {"CheckpointMonitor"}
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'msbridge_runs' / 'tiny-llama' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny-llama").experiment_id
+    models = client.search_logged_models([experiment], order_by=[{"field_name": "metrics.eval/loss",
+                                                                   "ascending": True}])
+    assert sorted(int(m.tags["msbridge.step"]) for m in models) == [5, 10]
+    for model in models:
+        step = int(model.tags["msbridge.step"])
+        linked = {m.key: m.value for m in model.metrics}
+        assert linked["eval/loss"] == pytest.approx(printed[step // 5 - 1]["PerplexityMetric"]["loss"], rel=1e-6)
+    losses = [result["PerplexityMetric"]["loss"] for result in printed]
+    assert int(models[0].tags["msbridge.step"]) == 5 * (1 + losses.index(min(losses))), "the best checkpoint first"
