@@ -82,7 +82,7 @@ from msbridge.adapters._eventwire import (
 from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import FINISHED, Event, Held, Record, RunInfo, Series, Sink, flatten
+from msbridge.sinks.base import FINISHED, Event, Held, Record, RunInfo, Series, Sink, flatten, tracker_params
 from msbridge.sinks.registry import register_sink
 
 _INT32 = 2 ** 31
@@ -196,7 +196,8 @@ class MindInsightSink(WritesUntilFailed, Sink):
         self._summary.writer  # creates the file and writes MindSpore's version event
         self._lineage = lineage_writer(self._paths[1])
         _written(self._lineage, "train_lineage", self._train_lineage(run).SerializeToString(), self._paths[1])
-        info = {**flatten(dict(run.config.get("params") or {})), **self._run_facts(run)}
+        info = {**tracker_params(flatten(dict(run.config.get("params") or {})), "MindInsight's lineage"),
+                **self._run_facts(run)}
         self._write_user_info(info)
         self._flush_files()
 

@@ -88,6 +88,7 @@ from msbridge.sinks.base import (
     Sink,
     events_series,
     flatten,
+    tracker_params,
 )
 from msbridge.sinks.registry import register_sink
 
@@ -360,7 +361,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         """The run's hparams and final metrics into its global dir, where the HPARAMS tab finds them."""
         assert self.run is not None and self._global is not None
         run, tbx = self.run, self._tbx
-        hparams = _as_hparams(dict(run.config.get("params") or {}))
+        hparams = tracker_params(_as_hparams(dict(run.config.get("params") or {})), "TensorBoard's HParams")
         settings = {k: run.config.get(k) for k in _SETTINGS}
         settings.update(world_size=run.world_size, batch_size=run.metadata.get("batch_size"))
         hparams.update(_as_hparams(settings, "msbridge."))
