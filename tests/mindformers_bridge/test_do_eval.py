@@ -21,7 +21,7 @@ from helpers.mf_runs import EXAMPLE, only_run, train, variant  # noqa: E402
 
 from msbridge.sinks.runlog import read_run  # noqa: E402
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.compat]  # compat: mindformers 1.6 passes too
 
 EVAL_YAML = """do_eval: True
 eval_step_interval: 5
