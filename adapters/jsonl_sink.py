@@ -288,5 +288,6 @@ class JsonlSink(Sink):
                 lost[key] = lost.get(key, 0) + gap[key]
             self._lost_text = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
                                f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
-                               f"({self._reason or 'write failed'}); the other sinks received them")
+                               f"({self._reason or 'write failed'}); the other sinks were handed them, and each says "
+                               "under its own name what it did not write")
             self._gap = None
