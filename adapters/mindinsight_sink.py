@@ -15,10 +15,12 @@ every run as a train job (at most 999 per base dir, MindInsight's own limit).
 Each record becomes one summary ``Event`` (MindSpore's ``summary_pb2`` message,
 encoded by ``_eventwire.scalar_event`` byte for byte as MindSpore's protobuf
 class would, about 20x faster; the TensorBoard sink shares that encoder).
-MindSpore's own ``SummaryWriter`` (its C++ event writer: length, masked
-CRC32C, body, masked CRC32C) writes it, called from the
-dispatcher thread; each ``write`` ends by handing its batch to the OS, so a
-running MindInsight shows it at its next reload, and ``flush`` adds fsync.
+MindSpore's C++ event writer (length, masked CRC32C, body, masked CRC32C)
+writes it, as MindSpore's ``SummaryWriter`` would (its version event first,
+read-only once closed), called from the sink's thread; each event is handed
+to the OS at once, so a running MindInsight shows it at its next reload, and
+``flush`` adds fsync. On a full disk events wait, bounded, and go into a fresh
+file pair when space returns (``_diskwait``).
 ``SummaryRecord`` is not used: its writer process busy-polls and burns a CPU
 core even when idle. An open sink costs nothing between calls.
 
@@ -137,7 +139,7 @@ class MindInsightSink(WaitsForSpace, Sink):
         self._lineage: Optional[WaitingFile] = None  # the lineage file
         self._stem = ""  # the file name both share, up to the suffix
         self._lineage_event: Any = None  # mindspore's lineage_pb2.LineageEvent
-        self._init_event = b""  # what MindSpore's SummaryWriter opens a summary file with
+        self._init_event = b""  # the version event MindSpore's SummaryWriter opens a summary file with
         self._prefixes: Dict[str, bytes] = {}
         self._status_held: Optional[str] = None  # the last msbridge.status its lineage files hold
         self._wait = DiskWait(self.name)  # what a full disk keeps out of the files, until space returns
@@ -198,6 +200,15 @@ class MindInsightSink(WaitsForSpace, Sink):
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
         return self._write_or_wait(list(records), list(events))
+
+    def undelivered(self) -> str:
+        """What it lost (``WaitsForSpace``); a hole before later written steps is named as one a replay cannot fill."""
+        text = super().undelivered()
+        holes = [f"{g['first_step']}-{g['last_step']}" for g in self._wait.lost if g["last_step"] < self.last_step]
+        if holes:
+            text += (f"; steps {', '.join(holes)} stay missing after a replay too: MindInsight drops points that go "
+                     "back a step, so a replay writes only the steps after the last one its files hold")
+        return text
 
     def _path(self, suffix: str) -> str:
         """The file of ``suffix``: the shared stem's first, a fresh stem's after a full disk."""

@@ -15,7 +15,9 @@ for events still in its queue. Every batch is flushed and fsynced before
 ``write`` returns, like the jsonl log. A record's scalars are encoded by hand
 (``_eventwire``: ~0.01 ms, where tensorboardX's protobuf classes take ~0.3 ms
 under MindSpore's pure-Python protobuf) and framed by MindSpore's C++ event
-writer; tensorboardX builds the rare events (text, hparams).
+writer; tensorboardX builds the rare events (text, hparams). On a full disk
+events wait, bounded, and go into a fresh event file when space returns
+(``_diskwait``).
 
 - Tags are the metric names. A name TensorBoard would mangle is cleaned to a
   valid tag (tensorboardX's rule: ``[-/\\w.]`` only, no leading ``/``), and one
