@@ -122,11 +122,13 @@ class WaitingFile:
             log.debug("msbridge: cannot cut %s back: %s", self.path, exc)
 
     def flush(self) -> None:
-        """Everything written is on disk (fsync); ``OSError`` if not."""
+        """Everything written is on disk (fsync). Each event was checked whole when written; an fsync that fails
+        (EIO) is said, and the events stay as the OS holds them."""
         if self._writer is not None:
-            if self._writer.Flush() is False:
-                raise _failure(self.path, 0)
-            fsync(self.path)
+            try:
+                fsync(self.path)
+            except OSError as exc:
+                log.warning("msbridge: %s: fsync of %s failed: %s", self._wait.sink, self.path, exc.strerror or exc)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -234,8 +236,9 @@ class DiskWait:
         self._bytes += len(data)
         if len(self._queue) > MAX_WAITING_EVENTS or self._bytes > MAX_WAITING_BYTES:
             if self._gap is None:
-                log.warning("msbridge: %s: %d events wait for %s; dropping the oldest, recorded as a gap event",
-                            self.sink, len(self._queue), self.where)
+                log.warning("msbridge: %s: more than %d events (or %d MiB) wait for %s; dropping the oldest, "
+                            "recorded as a gap event", self.sink, MAX_WAITING_EVENTS, MAX_WAITING_BYTES // 2 ** 20,
+                            self.where)
             while len(self._queue) > MAX_WAITING_EVENTS or self._bytes > MAX_WAITING_BYTES:
                 self._drop()
 
@@ -302,10 +305,7 @@ class WaitsForSpace:
 
     def flush(self) -> List[Any]:
         if self._wait.retry():
-            try:
-                self._flush_files()
-            except OSError as exc:
-                log.warning("msbridge: %s: fsync failed: %s", self._wait.sink, exc)
+            self._flush_files()
         return self._gap_events()
 
     def close(self, status: str = "FINISHED") -> List[Any]:

@@ -5,6 +5,7 @@ with TensorBoard's EventAccumulator and MindSpore's summary protobuf), and run.j
 undelivered. (b) never freed: run.json has its outcome (the reserved room), which names each sink's lost range
 exactly (the steps its reader does not find), the gap events say the same, and the exit code is 3.
 (c) past the wait bound (made small here): the oldest are dropped as one gap, written into every sink.
+(d) (a) again under a real MindSpore ``Model.train`` with ``BridgeMonitor``.
 MLflow is left out: its sink belongs to the sink-boundary work (see tests/faults/test_disk_full.py for its store).
 """
 from __future__ import annotations
@@ -12,15 +13,19 @@ from __future__ import annotations
 import ast
 import glob
 import json
+import logging
 import os
 import re
 import time
 
 import pytest
 from helpers.disk import fill, small_tmpfs
+from helpers.training import train_regression
+from mindspore.train import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import msbridge
+from msbridge import BridgeMonitor
 from msbridge.adapters import _diskwait
 from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run
@@ -30,8 +35,18 @@ SINKS = ("jsonl", "tensorboard", "mindinsight")
 ALL = list(range(1, STEPS + 1))
 
 
-def train(disk, free_at):
-    """600 steps of ``msbridge.track`` with the disk filled after step 60 and freed after ``free_at``."""
+def wait_until_said(caplog, what="cannot write", timeout=60.0):
+    """Until both trackers have said ``what`` of their full disk (their threads lag the loop on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while not all(any(r.getMessage().startswith(f"msbridge: {sink}: {what}") for r in caplog.records)
+                  for sink in ("tensorboard", "mindinsight")):
+        assert time.monotonic() < deadline, "the trackers never met the full disk"
+        time.sleep(0.05)
+
+
+def train(disk, free_at, caplog=None, said="cannot write"):
+    """600 steps of ``msbridge.track`` with the disk filled after step 60 and freed after ``free_at``, once the
+    trackers have ``said`` so (in ``caplog``)."""
     cfg = {"experiment": "full", "run_name": "r", "experiment_dir": str(disk / "full"), "flush_steps": 10,
            "sinks": list(SINKS)}
     filler = None
@@ -41,6 +56,7 @@ def train(disk, free_at):
             if step == FULL_AT:
                 filler = fill(disk)
             if step == free_at:
+                wait_until_said(caplog, said)
                 os.remove(filler)
                 filler = None
             time.sleep(0.003)
@@ -96,9 +112,18 @@ def outcome_gaps(outcome):
     return out
 
 
-def test_freed_during_training_every_step_reaches_every_sink(tmp_path):
+def assert_waited(caplog):
+    """Both trackers really met the full disk (said once) and wrote again once space was back."""
+    said = [r.getMessage() for r in caplog.records if r.name == "msbridge"]
+    for sink in ("tensorboard", "mindinsight"):
+        assert sum(m.startswith(f"msbridge: {sink}: cannot write") for m in said) == 1, (sink, said)
+        assert any(m.startswith(f"msbridge: {sink}: ") and "is writable again" in m for m in said), sink
+
+
+def test_freed_during_training_every_step_reaches_every_sink(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="msbridge")
     with small_tmpfs(tmp_path / "disk", size="2m") as disk:
-        run, outcome = train(disk, FREE_AT)
+        run, outcome = train(disk, FREE_AT, caplog)
         steps, gaps = jsonl_steps(run.run_dir)
         assert steps == ALL and gaps == []
         tb = tensorboard_steps(disk)
@@ -109,6 +134,7 @@ def test_freed_during_training_every_step_reaches_every_sink(tmp_path):
         assert all(abs(v - 1.0 / s) < 1e-6 * (1.0 / s) for s, v in mi)
         assert outcome["status"] == FINISHED and outcome["not delivered"] == "none", outcome["not delivered"]
         assert run.outcome.exit_code == 0
+        assert_waited(caplog)
         assert not os.path.exists(os.path.join(run.run_dir, ".outcome-reserve"))
 
 
@@ -131,10 +157,11 @@ def test_never_freed_the_outcome_names_every_lost_range_exactly(tmp_path):
             assert gaps[sink] == [lost], (sink, gaps)
 
 
-def test_past_the_bound_the_oldest_are_one_gap_in_every_sink(tmp_path, monkeypatch):
+def test_past_the_bound_the_oldest_are_one_gap_in_every_sink(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_diskwait, "MAX_WAITING_EVENTS", 40)
+    caplog.set_level(logging.WARNING, logger="msbridge")
     with small_tmpfs(tmp_path / "disk", size="2m") as disk:
-        run, outcome = train(disk, FREE_AT)
+        run, outcome = train(disk, FREE_AT, caplog, said="more than 40 events")
         tb, mi = tensorboard_steps(disk), [s for s, _ in mindinsight_points(disk)]
         jsonl, jsonl_gaps = jsonl_steps(run.run_dir)
         assert jsonl == ALL  # jsonl holds 4096 lines: it lost nothing
@@ -155,6 +182,40 @@ def test_past_the_bound_the_oldest_are_one_gap_in_every_sink(tmp_path, monkeypat
                 assert [s for s, _ in mindinsight_points(disk, "events/gap")] == sorted(
                     g[1] for gaps in outcome_gaps(outcome).values() for g in gaps)  # both sinks' gaps, in it
         assert run.outcome.exit_code == 3
+
+
+class FullBetween(Callback):
+    """Fills the disk of ``folder`` after step ``full_at`` and frees it after step ``free_at``."""
+
+    def __init__(self, folder, full_at, free_at, caplog):
+        super().__init__()
+        self.folder, self.full_at, self.free_at, self.path = folder, full_at, free_at, None
+        self.caplog = caplog
+
+    def on_train_step_end(self, run_context):
+        step = run_context.original_args().cur_step_num
+        if step == self.full_at:
+            self.path = fill(self.folder)
+        elif step == self.free_at:
+            wait_until_said(self.caplog)
+            os.remove(self.path)
+
+
+def test_freed_during_model_train_every_step_reaches_every_sink(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="msbridge")
+    steps = list(range(1, 401))
+    with small_tmpfs(tmp_path / "disk", size="2m") as disk:
+        monitor = BridgeMonitor({"experiment": "full", "run_name": "r", "experiment_dir": str(disk / "full"),
+                                 "flush_steps": 10, "sinks": list(SINKS)}, progress=False)
+        train_regression([monitor, FullBetween(disk, FULL_AT, FREE_AT, caplog)], steps=len(steps))
+        assert jsonl_steps(monitor.run_dir) == (steps, [])
+        assert tensorboard_steps(disk) == steps
+        assert [s for s, _ in mindinsight_points(disk)] == steps
+        with open(os.path.join(monitor.run_dir, "run.json"), encoding="utf-8") as fh:
+            outcome = json.load(fh)["outcome"]
+        assert outcome["status"] == FINISHED and outcome["not delivered"] == "none"
+        assert monitor.outcome.exit_code == 0
+        assert_waited(caplog)
 
 
 @pytest.fixture(autouse=True)
