@@ -38,7 +38,7 @@ README = "README.md"
 #: Kept in the run dir from the start to the outcome (global rank), so that a full disk cannot keep the
 #: outcome out of run.json and README.md: released just before they are written (docs/sinks.md).
 RESERVE = ".outcome-reserve"
-RESERVE_BYTES = 256 * 1024
+RESERVE_BYTES = 64 * 1024
 
 
 def reserve_space(run_dir: str, size: int = RESERVE_BYTES) -> bool:
