@@ -106,6 +106,10 @@ class WaitingFile:
             raise _failure(self.path, len(data) + _FRAME)
         self._good = expected
 
+    def room_for(self, data: bytes) -> int:
+        """The free bytes a retry waits for: the event, a fresh file's header, a page to spare."""
+        return len(data) + len(self._header) + 2 * _FRAME + 4096
+
     def abandon(self) -> None:
         """After a failed write: let go of the writer, cut the file to its whole events (none: remove it)."""
         if self._writer is None:
@@ -131,8 +135,9 @@ class WaitingFile:
                 log.warning("msbridge: %s: fsync of %s failed: %s", self._wait.sink, self.path, exc.strerror or exc)
 
     def close(self) -> None:
+        """fsync, then let go of the writer; the files become ``mode`` (read-only for MindInsight's)."""
         if self._writer is not None:
-            self._writer.Flush()
+            self.flush()
             self._writer.Shut()
             self._writer = None
         if self._mode is not None:
@@ -155,9 +160,6 @@ class DiskWait:
         self._done: List[Dict[str, Any]] = []  # gaps final and not yet handed out
         self.lost: List[Dict[str, Any]] = []  # every gap of the run
         self.status_lost = ""
-
-    def __bool__(self) -> bool:
-        return bool(self._queue)
 
     def at(self, where: str, run_dir: str) -> None:
         """Where the sink's files are (said on a failure) and the run dir its replay reads (at open)."""
@@ -182,7 +184,7 @@ class DiskWait:
         while self._queue:
             file, data, _, _ = self._queue[0]
             try:
-                if shutil.disk_usage(file.folder).free < len(data) + len(file._header) + 2 * _FRAME + 4096:
+                if shutil.disk_usage(file.folder).free < file.room_for(data):
                     return False
                 file.write_now(data)
             except OSError:
@@ -280,11 +282,8 @@ class WaitsForSpace:
     _wait: DiskWait
 
     def _write_or_wait(self, records: List[Any], events: List[Any]) -> List[Any]:
-        if records or events:
-            try:
-                self._emit(records, events)
-            except OSError as exc:  # not a write (those wait): a directory or a file that cannot be made
-                log.warning("msbridge: %s: %s", self._wait.sink, exc)
+        if records or events:  # a write never raises for the disk (it waits); anything else is the dispatcher's
+            self._emit(records, events)
         return self._gap_events()
 
     def _gap_events(self, final: bool = False, status: str = "") -> List[Any]:

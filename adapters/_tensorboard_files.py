@@ -44,8 +44,8 @@ class EventFile:
         self.tags: Dict[str, str] = {}  # tag -> the metric name written under it
         self._tbx = tbx
         self._prefixes: Dict[str, bytes] = {}
+        # the directory is made at the first write, which waits on a full disk
         self._file = WaitingFile(wait, path, self._new_name, version_event(time.time(), "brain.Event:2"))
-        os.makedirs(path, exist_ok=True)
 
     def _new_name(self) -> str:
         """tensorboardX's file name (by the second) plus the nanoseconds, so a reopen (a resume, or a fresh file
