@@ -145,6 +145,9 @@ def test_never_freed_the_outcome_names_every_lost_range_exactly(tmp_path):
                 "mindinsight": [s for s, _ in mindinsight_points(disk)]}
         missed, gaps = outcome["not delivered"], outcome_gaps(outcome)
         assert sorted(missed) == sorted(SINKS) and run.outcome.exit_code == 3
+        with open(os.path.join(run.run_dir, "README.md"), encoding="utf-8") as fh:
+            readme = fh.read()
+        assert "- status: FINISHED" in readme and all(missed[sink] in readme for sink in SINKS)
         for sink in SINKS:
             steps = held[sink]
             assert steps and steps == list(range(1, len(steps) + 1)), sink  # coverage: a prefix, each once
