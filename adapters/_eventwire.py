@@ -16,16 +16,12 @@ multiline = 2; MultilineChartContent.tag = 1, each a regex of tags).
 
 Both formats frame each event as a TFRecord (length, masked CRC32C, body, masked CRC32C).
 MindSpore's C++ ``EventWriter_`` does that framing (~2 us a record; tensorboardX's
-pure-Python CRC32C takes ~60 us). Its ``Write`` reports no failure, so each event is handed to the
-OS at once (``handed_over``: its ``Flush``, ~2 us, no fsync) and a full disk raises ``OSError`` at the
-first failed write; ``Unwritten`` is what a sink then says once and counts as undelivered.
+pure-Python CRC32C takes ~60 us); ``_diskwait`` holds the files, and what a full disk keeps out of them.
 """
 from __future__ import annotations
 
 import logging
 import math
-import os
-import shlex
 import struct
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
@@ -136,15 +132,6 @@ def version_event(wall_time: float, version: str) -> bytes:
     return b"\x09" + struct.pack("<d", wall_time) + b"\x1a" + varint(len(raw)) + raw
 
 
-def fsync(path: str) -> None:
-    """fsync a file another writer (MindSpore's C++ one) holds open."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_records(path: str) -> Iterator[bytes]:
     """The event bodies of a TFRecord-framed file (u64 length, u32 CRC, body, u32 CRC), CRCs not checked."""
     with open(path, "rb") as fh:
@@ -156,141 +143,6 @@ def read_records(path: str) -> Iterator[bytes]:
             return
         yield data[pos + 12:pos + 12 + length]
         pos += 16 + length
-
-
-class RecordFile:
-    """An event file of TFRecord-framed events, written through MindSpore's C++ ``EventWriter_``.
-
-    ``write`` hands the record to the OS (the writer's flush, ~2 us: no fsync) and raises ``OSError`` if it could
-    not (a full disk: MindSpore then prints its error for that one write only); ``flush`` makes everything
-    written durable.
-
-    Example:
-        >>> f = RecordFile("/tmp/tb/events.out.tfevents.1.host")
-        >>> f.write(version_event(time.time(), "brain.Event:2"))
-        >>> f.flush(); f.close()
-    """
-
-    def __init__(self, path: str) -> None:
-        from mindspore._c_expression import EventWriter_
-
-        self.path = path
-        self._writer = EventWriter_(path)
-
-    def write(self, data: bytes) -> None:
-        self._writer.Write(data)
-        handed_over(self._writer, self.path)
-
-    def flush(self) -> None:
-        """Everything written is on disk; ``OSError`` if MindSpore's writer could not write it (a full disk)."""
-        flushed(self._writer, self.path)
-
-    def close(self) -> None:
-        self.flush()
-        self._writer.Shut()
-
-
-def handed_over(writer: Any, path: str) -> None:
-    """Flush MindSpore's C++ ``EventWriter_`` ``writer`` of ``path`` to the OS. Its ``Write`` reports nothing (it
-    prints an error per failed write); its ``Flush`` returns False once a write failed: ``OSError`` then."""
-    if writer.Flush() is False:
-        raise OSError(f"MindSpore's event writer could not write {path}")
-
-
-def flushed(writer: Any, path: str) -> None:
-    """``handed_over``, then fsync: everything written to ``path`` is on disk."""
-    handed_over(writer, path)
-    fsync(path)
-
-
-class Unwritten:
-    """What a sink whose files failed did not write, from its first failed write on: said once (the path, the
-    error, the space left, the replay that fills it), then only counted; ``text`` is the sink's ``undelivered``.
-
-    Example:
-        >>> failed = Unwritten("tensorboard")
-        >>> failed.fail("/tb/run-1", OSError(28, "No space left on device"), "/runs/run-1")
-        >>> failed.add(records, events); failed.text()
-        '10 record(s) of steps 117-126 and 0 event(s) not written to /tb/run-1 (...)'
-    """
-
-    def __init__(self, sink: str) -> None:
-        self.sink = sink
-        self.where = self.reason = ""
-        self.records = self.events = 0
-        self.steps: Tuple[int, int] = (0, 0)
-        self.status = ""
-
-    def __bool__(self) -> bool:
-        return bool(self.reason)
-
-    def fail(self, where: str, exc: BaseException, run_dir: str) -> None:
-        """The first failure: said once, with the replay command (a later one changes nothing)."""
-        if self.reason:
-            return
-        from msbridge.paths import free_space
-
-        self.where = where
-        self.reason = f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}; " \
-                      f"{free_space(where if os.path.isdir(where) else os.path.dirname(where))} free"
-        log.warning("msbridge: %s: cannot write %s (%s); it gets nothing more this run (training and the jsonl log "
-                    "go on); once there is space: msbridge replay %s --to %s", self.sink, where, self.reason,
-                    shlex.quote(run_dir), self.sink)
-
-    def add(self, records: Sequence[Any], events: Sequence[Any]) -> None:
-        """Count what this sink was handed and did not write."""
-        steps = [r.step for r in records]
-        if steps:
-            first, last = self.steps if self.records else (steps[0], steps[0])
-            self.steps = (min(first, *steps), max(last, *steps))
-        self.records += len(records)
-        self.events += len(events)
-
-    def text(self) -> str:
-        what = f"{self.records} record(s) of steps {self.steps[0]}-{self.steps[1]}" if self.records else "0 records"
-        status = f" and status {self.status}" if self.status else ""
-        return f"{what}, {self.events} event(s){status} not written to {self.where} ({self.reason})"
-
-
-class WritesUntilFailed:
-    """For a sink that writes files (TensorBoard, MindInsight): from its first failed write on (a full disk) it
-    writes nothing more and only counts what it is handed (``Unwritten``, its ``undelivered``), so its files hold
-    every step up to the failure, in order, and a replay writes the rest. The sink sets ``self._unwritten`` and
-    defines ``_emit``, ``_flush_files`` and ``_failure_dir``.
-
-    Example:
-        >>> from msbridge.sinks.base import Sink
-        >>> class TensorBoardSink(WritesUntilFailed, Sink): ...
-    """
-
-    _unwritten: Unwritten
-
-    def _write_or_count(self, records: Sequence[Any], events: Sequence[Any]) -> None:
-        if not records and not events:
-            return
-        if self._unwritten:
-            self._unwritten.add(records, events)
-            return
-        try:
-            self._emit(records, events)
-        except OSError as exc:  # a full disk: said once; from here on only counted (``undelivered``)
-            self._failed(exc, records, events)
-
-    def _failed(self, exc: OSError, records: Sequence[Any] = (), events: Sequence[Any] = ()) -> None:
-        self._unwritten.fail(self._failure_dir(), exc, self.run.run_dir)
-        self._unwritten.add(records, events)
-
-    def undelivered(self) -> str:
-        """What it did not write, from its first failed write on ("" while every write went through)."""
-        return self._unwritten.text() if self._unwritten else ""
-
-    def flush(self) -> None:
-        if self._unwritten:
-            return
-        try:
-            self._flush_files()
-        except OSError as exc:
-            self._failed(exc)
 
 
 def _varint_at(data: bytes, pos: int) -> Tuple[int, int]:

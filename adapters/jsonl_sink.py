@@ -82,7 +82,8 @@ class JsonlSink(Sink):
         self._held: Deque[Tuple[str, int, bytes]] = deque()  # (kind, step, line) not in the file yet
         self._gap: Optional[Dict[str, Any]] = None  # what was dropped since the file last took a line
         self._gap_time = 0.0
-        self._lost: Dict[str, int] = {}  # every gap raised so far: records, events, first_step, last_step
+        self._lost: Dict[str, int] = {}  # every gap raised so far: records, events
+        self._lost_ranges: List[str] = []  # each gap's "first-last" steps
         self._lost_text = ""  # ``undelivered()``: what the log lost in all
         self._raised: List[Event] = []  # gaps made final by the current call: what it returns
         self._holds = 0
@@ -126,7 +127,7 @@ class JsonlSink(Sink):
             gap = dict(self._gap or {})
             self._raise_gap()
             log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
-                      "close (%s); the other sinks and the run's outcome list them as a gap", self.path,
+                      "close (%s): a gap event, handed to the other sinks and listed in the run's outcome", self.path,
                       gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
         if self._lost_text:  # every loss of the run, in one line (the exit code is 3)
             log.error("msbridge: jsonl: %s", self._lost_text)
@@ -282,11 +283,11 @@ class JsonlSink(Sink):
         if self._gap is not None:
             self._raised.append(self._gap_event())
             lost, gap = self._lost, self._gap
-            lost["first_step"] = min(lost.get("first_step", gap["first_step"]), gap["first_step"])
-            lost["last_step"] = max(lost.get("last_step", gap["last_step"]), gap["last_step"])
             for key in ("records", "events"):
                 lost[key] = lost.get(key, 0) + gap[key]
+            self._lost_ranges.append(f"{gap['first_step']}-{gap['last_step']}")  # each gap's own, exactly
             self._lost_text = (f"{lost['records']} record(s) and {lost['events']} event(s) of steps "
-                               f"{lost['first_step']}-{lost['last_step']} lost from {self.path} "
-                               f"({self._reason or 'write failed'}); the other sinks received them")
+                               f"{', '.join(self._lost_ranges)} lost from {self.path} "
+                               f"({self._reason or 'write failed'}); the other sinks were handed them, and each says "
+                               "under its own name what it did not write")
             self._gap = None

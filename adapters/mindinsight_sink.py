@@ -15,10 +15,12 @@ every run as a train job (at most 999 per base dir, MindInsight's own limit).
 Each record becomes one summary ``Event`` (MindSpore's ``summary_pb2`` message,
 encoded by ``_eventwire.scalar_event`` byte for byte as MindSpore's protobuf
 class would, about 20x faster; the TensorBoard sink shares that encoder).
-MindSpore's own ``SummaryWriter`` (its C++ event writer: length, masked
-CRC32C, body, masked CRC32C) writes it, called from the
-dispatcher thread; each ``write`` ends by handing its batch to the OS, so a
-running MindInsight shows it at its next reload, and ``flush`` adds fsync.
+MindSpore's C++ event writer (length, masked CRC32C, body, masked CRC32C)
+writes it, as MindSpore's ``SummaryWriter`` would (its version event first,
+read-only once closed), called from the sink's thread; each event is handed
+to the OS at once, so a running MindInsight shows it at its next reload, and
+``flush`` adds fsync. On a full disk events wait, bounded, and go into a fresh
+file pair when space returns (``_diskwait``).
 ``SummaryRecord`` is not used: its writer process busy-polls and burns a CPU
 core even when idle. An open sink costs nothing between calls.
 
@@ -65,14 +67,11 @@ import os
 import platform
 import time
 from collections import Counter
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from msbridge.adapters._diskwait import EVENT, META, RECORD, DiskWait, WaitingFile, WaitsForSpace
 from msbridge.adapters._eventwire import (
     MINDSPORE_VALUE,
-    Unwritten,
-    WritesUntilFailed,
-    flushed,
-    handed_over,
     held_values,
     histogram_summary,
     read_records,
@@ -82,10 +81,11 @@ from msbridge.adapters._eventwire import (
 from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import FINISHED, Event, Held, Record, RunInfo, Series, Sink, flatten, tracker_params
+from msbridge.sinks.base import Event, Held, Record, RunInfo, Series, Sink, flatten, tracker_params
 from msbridge.sinks.registry import register_sink
 
 _INT32 = 2 ** 31
+_READ_ONLY = 0o400  # a finished summary file, as MindSpore's writers leave it
 #: TrainLineage.HyperParameters field -> (its type, the top-level ``params`` keys it is taken from).
 _HYPER_PARAMETERS = {
     "learning_rate": (float, ("learning_rate", "lr")),
@@ -117,7 +117,7 @@ def rank_dir(summary_base_dir: str, run_name: str, rank: int) -> str:
 
 
 @register_sink("mindinsight")
-class MindInsightSink(WritesUntilFailed, Sink):
+class MindInsightSink(WaitsForSpace, Sink):
     """Writes this rank's records, events and lineage as a MindInsight train job.
 
     Example:
@@ -135,14 +135,14 @@ class MindInsightSink(WritesUntilFailed, Sink):
         super().__init__(**options)
         self._holds = Held()
         self.dir = ""
-        self._summary: Any = None  # mindspore's SummaryWriter
-        self._lineage: Any = None  # mindspore's LineageWriter
-        self._paths: tuple = ()
+        self._summary: Optional[WaitingFile] = None  # the summary file (``_MS``)
+        self._lineage: Optional[WaitingFile] = None  # the lineage file
+        self._stem = ""  # the file name both share, up to the suffix
         self._lineage_event: Any = None  # mindspore's lineage_pb2.LineageEvent
-        self._writers: tuple = ()  # mindspore's SummaryWriter and LineageWriter classes
+        self._init_event = b""  # the version event MindSpore's SummaryWriter opens a summary file with
         self._prefixes: Dict[str, bytes] = {}
         self._status_held: Optional[str] = None  # the last msbridge.status its lineage files hold
-        self._unwritten = Unwritten(self.name)  # from the first failed write on (a full disk): nothing more
+        self._wait = DiskWait(self.name)  # what a full disk keeps out of the files, until space returns
         self._closed = False
 
     def base_dir(self, run: RunInfo) -> str:
@@ -150,15 +150,16 @@ class MindInsightSink(WritesUntilFailed, Sink):
 
     def open(self, run: RunInfo) -> None:
         from mindspore.train.lineage_pb2 import LineageEvent
-        from mindspore.train.summary.writer import LineageWriter, SummaryWriter
+        from mindspore.train.summary._summary_adapter import package_init_event
 
         super().open(run)
         self._lineage_event = LineageEvent
-        self._writers = (SummaryWriter, LineageWriter)
+        self._init_event = package_init_event().SerializeToString()
         self._closed = False
         self._holds = Held(run.resumed_from_step)
         self.dir = rank_dir(self.base_dir(run), run.run_name, run.rank)
         os.makedirs(self.dir, exist_ok=True)  # a directory it cannot make fails here, before training
+        self._wait.at(self.dir, run.run_dir)
         self._read_held()
 
     def held(self) -> Held:
@@ -188,25 +189,33 @@ class MindInsightSink(WritesUntilFailed, Sink):
         """This session's summary and lineage files, at its first write."""
         assert self.run is not None, "MindInsightSink.write before open"
         run = self.run
-        summary_writer, lineage_writer = self._writers
         os.makedirs(self.dir, exist_ok=True)
-        stem = self._new_stem(run.rank)
-        self._paths = (stem + "_MS", stem + "_lineage")
-        self._summary = summary_writer(self._paths[0])
-        self._summary.writer  # creates the file and writes MindSpore's version event
-        self._lineage = lineage_writer(self._paths[1])
-        _written(self._lineage, "train_lineage", self._train_lineage(run).SerializeToString(), self._paths[1])
+        self._stem = self._new_stem(run.rank)
+        self._summary = WaitingFile(self._wait, self.dir, lambda: self._path("_MS"), self._init_event, _READ_ONLY)
+        self._lineage = WaitingFile(self._wait, self.dir, lambda: self._path("_lineage"), mode=_READ_ONLY)
+        self._lineage.write(self._train_lineage(run).SerializeToString(), kind=META)
         info = {**tracker_params(flatten(dict(run.config.get("params") or {})), "MindInsight's lineage"),
                 **self._run_facts(run)}
         self._write_user_info(info)
         self._flush_files()
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        self._write_or_count(records, events)
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
+        return self._write_or_wait(list(records), list(events))
 
-    def _failure_dir(self) -> str:
-        """Its files hold the steps before the first failed write, in order: a replay writes the rest."""
-        return self.dir
+    def undelivered(self) -> str:
+        """What it lost (``WaitsForSpace``); a hole before later written steps is named as one a replay cannot fill."""
+        text = super().undelivered()
+        holes = [f"{g['first_step']}-{g['last_step']}" for g in self._wait.lost if g["last_step"] < self.last_step]
+        if holes:
+            text += (f"; steps {', '.join(holes)} stay missing after a replay too: MindInsight drops points that go "
+                     "back a step, so a replay writes only the steps after the last one its files hold")
+        return text
+
+    def _path(self, suffix: str) -> str:
+        """The file of ``suffix``: the shared stem's first, a fresh stem's after a full disk."""
+        if os.path.exists(self._stem + suffix):
+            self._stem = self._new_stem(self.run.rank)
+        return self._stem + suffix
 
     def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._summary is None:
@@ -217,41 +226,31 @@ class MindInsightSink(WritesUntilFailed, Sink):
             self._scalars(rec.step, rec.time, {mindinsight_tag(k): v for k, v in rec.values.items()})
         for ev in events:
             if ev.kind == HISTOGRAM:
-                self._write_summary(summary_event(ev.step, ev.time, histogram_summary(
-                    ev.detail["tag"], ev.detail, mindspore=True)))
+                self._summary.write(summary_event(ev.step, ev.time, histogram_summary(
+                    ev.detail["tag"], ev.detail, mindspore=True)), ev.step, EVENT)
         counts = Counter((ev.step, ev.kind) for ev in events if ev.kind != HISTOGRAM)
         wall = max((ev.time for ev in events), default=0.0) or time.time()
         for step, kind in sorted(counts):  # in step order: MindInsight drops later points on a step going back
-            self._scalars(step, wall, {f"events/{kind}": counts[step, kind]})
+            self._scalars(step, wall, {f"events/{kind}": counts[step, kind]}, EVENT)
 
     def _flush_files(self) -> None:
-        if self._summary is None:  # nothing opened yet
-            return
-        for writer, path in zip((self._summary, self._lineage), self._paths):
-            flushed(writer.writer, path)
-
-    def close(self, status: str = FINISHED) -> None:
-        if self._closed or self.run is None:
-            return
-        self._closed = True
-        if not self._unwritten:
-            try:
-                self._close_files(status)
-            except OSError as exc:
-                self._failed(exc)
-        if self._unwritten:  # its files are left as they are: closing them would only fail again
-            self._unwritten.status = status
-        self._summary = self._lineage = None
+        for file in (self._summary, self._lineage):
+            if file is not None:  # None: nothing opened yet
+                file.flush()
 
     def _close_files(self, status: str) -> None:
+        """The status: the last write (``WaitsForSpace.close``)."""
         if self._summary is None:
             if self._status_held == status:  # a replay that brought nothing new: add nothing
                 return
             self._open_files()
         self._write_user_info({"msbridge.status": status})
-        self._flush_files()
-        for writer in (self._summary, self._lineage):
-            writer.close()  # MindSpore makes the finished file read-only
+
+    def _shut_files(self) -> None:
+        for file in (self._summary, self._lineage):
+            if file is not None:
+                file.close()  # read-only once finished, as MindSpore leaves its files
+        self._summary = self._lineage = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": rank_dir(self.base_dir(run), run.run_name, run.rank)}
@@ -281,13 +280,10 @@ class MindInsightSink(WritesUntilFailed, Sink):
                 return stem
             stamp += 1
 
-    def _scalars(self, step: int, wall_time: float, values: Mapping[str, float]) -> None:
-        self._write_summary(scalar_event(step, wall_time, values, MINDSPORE_VALUE, self._prefixes))
-
-    def _write_summary(self, event: bytes) -> None:
-        """One summary event, handed to the OS (MindInsight sees it at its next reload); ``OSError`` if it
-        could not be (a full disk: MindSpore prints its error for this one write only)."""
-        _written(self._summary, "summary", event, self._paths[0])
+    def _scalars(self, step: int, wall_time: float, values: Mapping[str, float], kind: str = RECORD) -> None:
+        """One summary event, handed to the OS (MindInsight sees it at its next reload), or waiting for space."""
+        assert self._summary is not None
+        self._summary.write(scalar_event(step, wall_time, values, MINDSPORE_VALUE, self._prefixes), step, kind)
 
     def _run_facts(self, run: RunInfo) -> Dict[str, Any]:
         return {"msbridge.run_id": run.run_id, "msbridge.run_name": run.run_name,
@@ -326,18 +322,8 @@ class MindInsightSink(WritesUntilFailed, Sink):
                 _put(item.map_str, key, value)
             else:
                 _put(item.map_str, key, json.dumps(value, default=str))
-        _written(self._lineage, "custom_lineage_data", event.SerializeToString(), self._paths[1])
-
-
-def _written(writer: Any, plugin: str, data: bytes, path: str) -> None:
-    """``writer.write(plugin, data)`` (MindSpore's ``SummaryWriter`` / ``LineageWriter``), handed to the OS;
-    ``OSError`` when it could not be: MindSpore's own "disk space may be soon exhausted" check (a
-    ``RuntimeError``, once the free space is below 32 times the event), or a failed write."""
-    try:
-        writer.write(plugin, data)
-    except RuntimeError as exc:
-        raise OSError(str(exc)) from None
-    handed_over(writer.writer, path)
+        assert self._lineage is not None
+        self._lineage.write(event.SerializeToString(), kind=META)
 
 
 def _put(field: Any, key: str, value: Any) -> None:

@@ -15,7 +15,9 @@ for events still in its queue. Every batch is flushed and fsynced before
 ``write`` returns, like the jsonl log. A record's scalars are encoded by hand
 (``_eventwire``: ~0.01 ms, where tensorboardX's protobuf classes take ~0.3 ms
 under MindSpore's pure-Python protobuf) and framed by MindSpore's C++ event
-writer; tensorboardX builds the rare events (text, hparams).
+writer; tensorboardX builds the rare events (text, hparams). On a full disk
+events wait, bounded, and go into a fresh event file when space returns
+(``_diskwait``).
 
 - Tags are the metric names. A name TensorBoard would mangle is cleaned to a
   valid tag (tensorboardX's rule: ``[-/\\w.]`` only, no leading ``/``), and one
@@ -62,14 +64,8 @@ import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from msbridge.adapters._eventwire import (
-    Layout,
-    Unwritten,
-    WritesUntilFailed,
-    custom_scalars_summary,
-    held_values,
-    histogram_summary,
-)
+from msbridge.adapters._diskwait import EVENT, DiskWait, WaitsForSpace
+from msbridge.adapters._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 from msbridge.names import (GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, LOSS, LOSS_MAX, LOSS_MIN, LOSS_SCALE, LR,
                             OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, SAMPLES_PER_S, STEP_TIME,
@@ -140,7 +136,7 @@ def _as_hparams(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 
 @register_sink("tensorboard")
-class TensorBoardSink(WritesUntilFailed, Sink):
+class TensorBoardSink(WaitsForSpace, Sink):
     """Writes the metric stream as TensorBoard event files; every rank writes its own metrics.
 
     Example:
@@ -168,7 +164,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         self._status_held: Optional[str] = None  # the last run/status its files hold
         self._held: Dict[str, Set[int]] = {}  # directory -> the steps whose scalars its event files hold
         self._held_events: Set[Tuple[str, int]] = set()  # (kind, step) of the events they hold
-        self._unwritten = Unwritten(self.name)  # from the first failed write on (a full disk): nothing more
+        self._wait = DiskWait(self.name)  # what a full disk keeps out of the files, until space returns
         self._closed = False
 
     def _logdir(self, run: RunInfo) -> str:
@@ -189,6 +185,7 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         super().open(run)
         self._closed = False
         self._held_events = set()
+        self._wait.at(self.run_dir(run), run.run_dir)
         if self._shared is not None:
             self._open_files()
         else:
@@ -235,21 +232,18 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         if self._shared is not None:
             self._local = SharedFile(self._tbx, self._shared)
         else:
-            self._local = EventFile(self._tbx, self._local_dir(run))
+            self._local = EventFile(self._tbx, self._local_dir(run), self._wait)
         if run.is_global:
-            self._global = self._local if self._shared is not None else EventFile(self._tbx, run_dir)
+            self._global = self._local if self._shared is not None else EventFile(self._tbx, run_dir, self._wait)
             self._global.encoded(custom_scalars_summary(LAYOUT), run.resumed_from_step, run.start_time or time.time())
             if run.readme:
                 self._global.text("run/README", run.readme, run.resumed_from_step)
         self._flush_files()
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
         if self._held:
             records = [rec for rec in records if not self._all_held(rec)]
-        self._write_or_count(records, events)
-
-    def _failure_dir(self) -> str:
-        return self.run_dir(self.run)
+        return self._write_or_wait(list(records), list(events))
 
     def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._local is None:
@@ -271,10 +265,12 @@ class TensorBoardSink(WritesUntilFailed, Sink):
             self._track(rec)
         for ev in events:
             if ev.kind == HISTOGRAM:  # the HISTOGRAMS tab, on this rank's directory
-                self._local.encoded(histogram_summary(clean_tag(ev.detail["tag"]), ev.detail), ev.step, ev.time)
+                self._local.encoded(histogram_summary(clean_tag(ev.detail["tag"]), ev.detail), ev.step, ev.time,
+                                    EVENT)
                 continue
             detail = json.dumps(dict(ev.detail), default=str, sort_keys=True)
-            self._local.text(clean_tag(f"events/{ev.kind}"), f"rank {ev.rank}, step {ev.step}: `{detail}`", ev.step)
+            self._local.text(clean_tag(f"events/{ev.kind}"), f"rank {ev.rank}, step {ev.step}: `{detail}`", ev.step,
+                             EVENT)
         if renamed:
             mapping = ", ".join(f"{k!r} -> {v!r}" for k, v in renamed.items())
             log.warning("msbridge: tensorboard: metric names that are not valid TensorBoard tags "
@@ -285,20 +281,8 @@ class TensorBoardSink(WritesUntilFailed, Sink):
         for target in self._files():
             target.flush()
 
-    def close(self, status: str = FINISHED) -> None:
-        if self._closed or self.run is None:
-            return
-        self._closed = True
-        if not self._unwritten:
-            try:
-                self._close_files(status)
-            except OSError as exc:
-                self._failed(exc)
-        if self._unwritten:  # its files are left as they are: closing them would only fail again
-            self._unwritten.status = status
-        self._local = self._global = None
-
     def _close_files(self, status: str) -> None:
+        """The hparams and the status: the last writes (``WaitsForSpace.close``)."""
         if self._local is None:
             if self._status_held == status:  # a replay that brought nothing new: add nothing
                 return
@@ -307,7 +291,11 @@ class TensorBoardSink(WritesUntilFailed, Sink):
             self._write_hparams(status)
         for target in self._files():
             target.text("run/status", status, self.last_step)
+
+    def _shut_files(self) -> None:
+        for target in self._files():
             target.close()
+        self._local = self._global = None
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": self.run_dir(run)}

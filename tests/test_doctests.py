@@ -38,8 +38,8 @@ GUIDE = "names the extension guide's own classes (docs/extending.md: tests/docs 
 #: ``module.Qualified.name``, or ``module.*`` (every example in the module).
 SKIP: Dict[str, str] = {
     "msbridge": TRAINS,
-    "msbridge.adapters._eventwire.RecordFile": WRITES_OUTSIDE,
-    "msbridge.adapters._eventwire.Unwritten": LIVE_RUN,
+    "msbridge.adapters._diskwait": WRITES_OUTSIDE,
+    "msbridge.adapters._diskwait.WaitsForSpace": LIVE_RUN,
     "msbridge.adapters._mlflow_process": STARTS_PROCESS,
     "msbridge.adapters._mlflow_sqlite.*": RUN_DIR,
     "msbridge.adapters._mlflow_store": RUN_DIR,

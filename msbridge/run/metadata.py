@@ -35,6 +35,34 @@ log = logging.getLogger("msbridge")
 
 RUN_JSON = "run.json"
 README = "README.md"
+#: Kept in the run dir from the start to the outcome (global rank), so that a full disk cannot keep the
+#: outcome out of run.json and README.md: released just before they are written (docs/sinks.md).
+RESERVE = ".outcome-reserve"
+RESERVE_BYTES = 64 * 1024
+
+
+def reserve_space(run_dir: str, size: int = RESERVE_BYTES) -> bool:
+    """Hold ``size`` bytes of the run dir's file system for the outcome; False when there is no room."""
+    path = os.path.join(run_dir, RESERVE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        log.warning("msbridge: cannot reserve %d KiB for the outcome in %s (%s); a full disk may keep it out of "
+                    "run.json", size // 1024, run_dir, exc.strerror or exc)
+        return False
+    return True
+
+
+def release_space(run_dir: str) -> None:
+    """Give the reserved space back, just before the outcome is written."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(run_dir, RESERVE))
 
 
 def stored_run_name(run_dir: str) -> Optional[str]:
@@ -147,6 +175,7 @@ def _strict_json(value: Any) -> str:
 def write_outcome(run_dir: str, meta: Mapping[str, Any], outcome: Mapping[str, Any]) -> Dict[str, Any]:
     """run.json and README.md of ``meta`` (a run.json's content) with ``outcome`` added; returns the new run.json."""
     meta = dict(meta, outcome=dict(outcome))
+    release_space(run_dir)
     readme = render_readme(meta.get("run_name", ""), meta.get("run_id", ""), meta, meta.get("sinks") or {},
                            run_dir, outcome=outcome, failed=meta.get("failed_sinks"))
     write_run_files(run_dir, meta, readme)

@@ -33,7 +33,8 @@ from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.registry import resolve, with_store_defaults
 from ..sinks.runlog import last_step, rank_file
-from .metadata import collect_metadata, render_readme, run_id_for, stored_run_name, write_run_files
+from .metadata import (collect_metadata, release_space, render_readme, reserve_space, run_id_for, stored_run_name,
+                       write_run_files)
 from .rank_sync import agree_timestamp
 from .ranks import Ranks, claim_rank_file, detect_ranks
 
@@ -101,6 +102,8 @@ class RunPlan:
                       resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
         where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
         run = replace(run, readme=render_readme(self.run_name, self.run_id, meta, where, self.run_dir))
+        if self.ranks.is_global:  # the outcome's room, before anything else takes the disk
+            reserve_space(self.run_dir)
         self._dispatcher = Dispatcher(sinks, run)  # opens every sink; one that fails is dropped
         opened = {s.name for s in self._dispatcher.sinks}
         self._where = {name: info for name, info in where.items() if name in opened}
@@ -122,6 +125,7 @@ class RunPlan:
     def finish(self, outcome: Dict[str, Any]) -> None:
         """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json."""
         if hasattr(self, "_meta"):
+            release_space(self.run_dir)
             self._write(outcome)
 
     def _write(self, outcome: Optional[Dict[str, Any]] = None) -> None:
