@@ -14,7 +14,7 @@ The first step (graph compile) is left out. Only a slowdown is reported: a run t
 
 Example:
     >>> [d.title for d in check_slowdown(read_run("runs/slow-loader/run-1"))]
-    ['the step got 30% slower at step 61 (12.1 -> 15.7 ms); data wait went from 2% to 35% of the step']
+    ['the step got 65% slower at step 75 (22.6 -> 37.5 ms); data wait went from 2% to 41% of the step']
 """
 from __future__ import annotations
 
