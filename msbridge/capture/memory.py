@@ -9,7 +9,9 @@ memory pool (the API reports 0 there), so on CPU only the host RSS is recorded,
 and one line says so. Host RSS is read from ``/proc/self/statm`` (Linux), else
 with psutil when it is installed. The host peak is Linux's high-water mark (``VmHWM`` in
 ``/proc/self/status``), reset after each read by writing ``5`` to ``/proc/self/clear_refs``; where
-that write is refused the peak is the process's since it started, said once. All host calls, once per flush:
+that write is refused the peak is the process's since it started, said once. The reset restarts what
+``getrusage`` reports as ``ru_maxrss`` too (``/usr/bin/time -v``): the run's peak is the largest window peak.
+All host calls, once per flush:
 the peak adds about 30 us to it (20 us to read ``/proc/self/status``, 10 us for the reset, medians on this
 2-vCPU VM, 2026-12-04); nothing is read from the device.
 
