@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from msbridge.adapters._mlflow_fields import clean_key
 from msbridge.adapters._mlflow_sweep import PARENT_TAG, SWEEP_TAG
-from msbridge.names import EVAL_LOSS, GLOBAL_LOSS, GRAD_NORM, LOSS, LR, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, \
-    OBJECTIVE_FINAL, SAMPLES_PER_S
+from msbridge.names import DATA_WAIT_PCT, EVAL_LOSS, GLOBAL_LOSS, GRAD_NORM, LOSS, LR, MFU, OBJECTIVE_BEST, \
+    OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, SAMPLES_PER_S, TFLOPS, TOKENS_SEEN
 
 #: MLflow 3's UI opens in its GenAI mode unless the URL asks for model training (``workflowType``; else the
 #: browser's last choice): every URL msbridge prints carries this query.
@@ -39,7 +39,11 @@ VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 #: Chart sections in this order (MLflow sorts them by name otherwise: health, perf, train), loss charts first.
 VIEW_SECTIONS = ("train", "eval", "objective", "dist", "perf", "grad_norm", "attention", "memory", "weight_norm",
                  "optimizer", "health")
-VIEW_FIRST_CHARTS = {"train": (LOSS, GLOBAL_LOSS, GRAD_NORM, LR), "perf": (SAMPLES_PER_S,)}
+VIEW_FIRST_CHARTS = {"train": (LOSS, GLOBAL_LOSS, GRAD_NORM, LR),
+                     "perf": (MFU, TOKENS_SEEN, SAMPLES_PER_S, TFLOPS, DATA_WAIT_PCT)}
+#: The perf section's third chart: the loss over tokens seen (MLflow's x-axis set to a metric), where runs
+#: with different global batches or parallel strategies line up on the work done.
+LOSS_OVER_TOKENS = "msbridge-perf-loss-over-tokens"
 #: The run tag that marks the best run of a sweep (or of an experiment's runs), and its value there.
 BEST_TAG = "msbridge.best"
 BEST_MARK = "★ best"
@@ -64,11 +68,14 @@ def _card(key: str, section: str, **changes: Any) -> Dict[str, Any]:
     return card
 
 
-def _sections(first: Sequence[str]) -> List[Dict[str, Any]]:
-    """The chart sections, ``first`` on top in its order, then the rest in ``VIEW_SECTIONS`` order."""
+def _sections(first: Sequence[str], ordered: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The chart sections, ``first`` on top in its order, then the rest in ``VIEW_SECTIONS`` order. ``first`` and
+    ``ordered`` keep their cards' order (``isReordered``): MLflow appends a chart it generates there, where it
+    otherwise files it among the section's cards by name (a generated ``perf/data_wait_ms`` before ``perf/mfu``)."""
     order = [*first, *(name for name in VIEW_SECTIONS if name not in first)]
-    return [{"uuid": f"msbridge-{name}", "name": name, "display": True, "isReordered": name in first,
-             "deleted": False, "isGenerated": True} for name in order]
+    return [{"uuid": f"msbridge-{name}", "name": name, "display": True,
+             "isReordered": name in first or name in ordered, "deleted": False, "isGenerated": True}
+            for name in order]
 
 
 def _tag(name: str, state: Mapping[str, Any]) -> Tuple[str, str]:
@@ -85,7 +92,11 @@ def loss_first_view(mlflow_run_id: Optional[str] = None) -> Tuple[str, str]:
         'mlflow.sharedViewState.msbridge-e36a30f1d658'
     """
     charts = [_card(key, section) for section, keys in VIEW_FIRST_CHARTS.items() for key in keys]
-    state: Dict[str, Any] = {"compareRunSections": _sections(["train"]), "compareRunCharts": charts,
+    tokens = next(i for i, card in enumerate(charts) if card["metricKey"] == TOKENS_SEEN)
+    charts.insert(tokens + 1, _card(LOSS, "perf", uuid=LOSS_OVER_TOKENS, xAxisKey="metric",
+                                    selectedXAxisMetricKey=TOKENS_SEEN, useGlobalXaxisKey=False))
+    state: Dict[str, Any] = {"compareRunSections": _sections(["train"], tuple(VIEW_FIRST_CHARTS)),
+                             "compareRunCharts": charts,
                              "isAccordionReordered": True, "hideEmptyCharts": True}
     if mlflow_run_id:
         state["searchFilter"] = f"attributes.run_id = '{mlflow_run_id}'"

@@ -28,8 +28,9 @@ events wait, bounded, and go into a fresh event file when space returns
   (``weights/<param>``) in the rank's directory, shown in the HISTOGRAMS tab.
 - TensorBoard stores scalars as float32; a value beyond float32's range is stored as +-inf.
 - The global rank's directory holds a Custom Scalars layout (``LAYOUT``): the loss and
-  global loss, grad norm, lr and throughput charts first, open; step time, loss scale and the
-  ranks' losses folded below. ``http://127.0.0.1:6006/#custom_scalars`` opens on it.
+  global loss, grad norm, lr and throughput charts first, open; then the perf charts, open, MFU and
+  tokens seen first, TFLOP/s, data wait and step time; loss scale, overflow and skipped steps,
+  memory peaks and the ranks' losses folded below. ``http://127.0.0.1:6006/#custom_scalars`` opens on it.
 - At close the global rank writes the hparams: ``params`` flattened to dot
   keys, plus ``msbridge.*`` settings. They go into the run's own directory,
   where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
@@ -67,9 +68,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from msbridge.adapters._diskwait import EVENT, DiskWait, WaitsForSpace
 from msbridge.adapters._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
-from msbridge.names import (GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, LOSS, LOSS_MAX, LOSS_MIN, LOSS_SCALE, LR,
-                            OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, SAMPLES_PER_S, STEP_TIME,
-                            TOKENS_PER_S, WEIGHTS_HISTOGRAM_PREFIX, is_global_metric, rank_loss)
+from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, HOST_RSS_PEAK_MB, LOSS,
+                            LOSS_MAX, LOSS_MIN, LOSS_SCALE, LR, MFU, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP,
+                            OBJECTIVE_FINAL, OVERFLOW, SAMPLES_PER_S, STEP_TIME, TFLOPS, TOKENS_PER_S, TOKENS_SEEN,
+                            WEIGHTS_HISTOGRAM_PREFIX, is_global_metric, rank_loss)
 from msbridge.options import Option
 from msbridge.paths import safe_component
 from msbridge.sinks.base import (
@@ -107,7 +109,8 @@ def _tags(*names: str) -> Tuple[str, ...]:
     return tuple(f"^{re.escape(clean_tag(name))}$" for name in names)
 
 
-#: The Custom Scalars tab: what matters first (``names.HEADLINE``'s order), the rest folded.
+#: The Custom Scalars tab: what matters first (``names.HEADLINE``'s order), then what a step is worth (MFU and
+#: tokens seen first), the rest folded.
 LAYOUT: Layout = (
     ("msbridge: training", False, (
         ("loss", _tags(LOSS, GLOBAL_LOSS)),
@@ -116,9 +119,18 @@ LAYOUT: Layout = (
         ("throughput (samples/s)", _tags(SAMPLES_PER_S)),
         ("throughput (tokens/s)", _tags(TOKENS_PER_S)),
     )),
-    ("msbridge: more", True, (
+    ("msbridge: perf", False, (
+        ("MFU (%)", _tags(MFU)),
+        ("tokens seen", _tags(TOKENS_SEEN)),
+        ("achieved TFLOP/s per device", _tags(TFLOPS)),
+        ("data wait (% of the step)", _tags(DATA_WAIT_PCT)),
         ("step time (ms)", _tags(STEP_TIME)),
+    )),
+    ("msbridge: more", True, (
         ("loss scale", _tags(LOSS_SCALE)),
+        # health/skipped_steps is msbridge.health.runner.SKIPPED_STEPS (importing health here costs 0.3 s)
+        ("overflow and skipped steps", _tags(OVERFLOW, "health/skipped_steps")),
+        ("memory peak in the window (MB)", _tags(HOST_RSS_PEAK_MB, DEVICE_PEAK_MB)),
         ("loss of each rank", _tags(LOSS_MIN, LOSS_MAX) + (rf"^{re.escape(rank_loss(0)[:-1])}\d+$",)),
     )),
 )

@@ -15,7 +15,7 @@
     validation, at the training step it ran: eval/<metric>  eval/loss  eval/time_s  eval/samples
     (data parallel, global rank: eval/global_<metric>)
     the run's objective, on the global rank: objective/best  objective/best_step  objective/final
-    memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb
+    memory/device_allocated_mb  memory/device_peak_mb  memory/host_rss_mb  memory/host_rss_peak_mb
     system/npu_utilization_pct  system/npu_hbm_used_mb  system/npu_hbm_total_mb
     system/npu_memory_used_mb  system/npu_memory_total_mb  system/npu_temperature_c  system/npu_power_w
 
@@ -95,10 +95,11 @@ OBJECTIVE_BEST = "objective/best"
 OBJECTIVE_BEST_STEP = "objective/best_step"
 OBJECTIVE_FINAL = "objective/final"
 
-# Memory (``memory: true``), per flush.
+# Memory (``memory: true``), per flush; the two peaks are each flush window's own.
 DEVICE_ALLOCATED_MB = "memory/device_allocated_mb"
 DEVICE_PEAK_MB = "memory/device_peak_mb"
 HOST_RSS_MB = "memory/host_rss_mb"
+HOST_RSS_PEAK_MB = "memory/host_rss_peak_mb"
 
 # NPU system metrics (``system:``), from npu-smi in a background sampler; named as MLflow's system metrics.
 NPU_UTILIZATION = "system/npu_utilization_pct"

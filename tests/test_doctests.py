@@ -120,6 +120,7 @@ SKIP: Dict[str, str] = {
     "msbridge.offline.compare": RUN_DIR,
     "msbridge.offline.diagnose.*": RUN_DIR,
     "msbridge.offline.diagnose_dist": RUN_DIR,
+    "msbridge.offline.diagnose_perf": RUN_DIR,
     "msbridge.offline.layer_norms": RUN_DIR,
     "msbridge.offline.plot.*": RUN_DIR,
     "msbridge.offline.replay": RUN_DIR,

@@ -32,7 +32,7 @@ from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
 from ..masking import mask_text
-from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
+from ..names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, MFU, SAMPLES_PER_S, TOKENS_SEEN
 from ..paths import recorded_experiment_dir, safe_component
 from ..run.metadata import RUN_JSON
 from ..sinks.registry import store_defaults, with_store_defaults
@@ -48,7 +48,7 @@ from .viewers import (
 )
 
 VIEWERS = ("mlflow", "tensorboard", "mindinsight")
-TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S)
+TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, MFU, TOKENS_SEEN)
 STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
 
 

@@ -4,7 +4,9 @@ The runs are ranked on one objective: the one the runs were trained with (their 
 ``objective:`` in the config), else the first of ``eval/global_loss``, ``eval/loss``, ``train/global_loss``,
 ``train/loss`` that every run recorded, lower is better. Each row shows the params that differ between runs
 (a sweep's parent run is not a row), the objective's best value, the step of that best and its final value,
-median throughput and status; ``★`` marks the best run.
+median throughput and status; ``★`` marks the best run. What the steps were worth, where the runs recorded it
+(``WORK_COLUMNS``: median tokens/s and MFU, the last ``perf/tokens_seen``), is a column when any row has it: two
+parallel strategies or global batches compare on cost as well as on the objective.
 
 Example:
     >>> table = compare("msbridge-sweep", "sqlite:///msbridge_runs/msbridge-sweep/mlflow.db")
@@ -25,12 +27,15 @@ from ..adapters._mlflow_sweep import PARENT_TAG
 from ..adapters._mlflow_view import OBJECTIVE_TAG, differing_params
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
-from ..names import SAMPLES_PER_S, objective_metric
+from ..names import MFU, SAMPLES_PER_S, TOKENS_PER_S, TOKENS_SEEN, objective_metric
 from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir
 from ..sinks.registry import sink_class
 
 NAN = float("nan")
 BEST_MARK = "★"
+#: The work columns: (metric, header, how a run's series becomes one number, format).
+WORK_COLUMNS = ((TOKENS_PER_S, "tokens/s", "median", "{:.1f}"), (MFU, "mfu %", "median", "{:.2f}"),
+                (TOKENS_SEEN, "tokens seen", "last", "{:.0f}"))
 
 
 @dataclass
@@ -46,6 +51,7 @@ class RunRow:
     samples_per_s: float
     points: int
     params: Dict[str, str] = field(default_factory=dict)
+    work: Dict[str, float] = field(default_factory=dict)  # WORK_COLUMNS' metrics this run recorded
 
 
 @dataclass
@@ -89,7 +95,19 @@ def _row(client: Any, run: Any, metric: str, mode: str) -> RunRow:
                   status=run.info.status, best=best, best_step=best_step,
                   final=series[-1][1] if series else NAN,
                   samples_per_s=statistics.median(speed) if speed else NAN, points=len(series),
-                  params=dict(run.data.params))
+                  params=dict(run.data.params), work=_work(client, run))
+
+
+def _work(client: Any, run: Any) -> Dict[str, float]:
+    """The run's ``WORK_COLUMNS`` numbers: a median or the last finite value of each metric it logged."""
+    out = {}
+    for name, _, how, _ in WORK_COLUMNS:
+        if name not in run.data.metrics:
+            continue
+        values = [v for _, v in _history(client, run.info.run_id, name) if math.isfinite(v)]
+        if values:
+            out[name] = statistics.median(values) if how == "median" else values[-1]
+    return out
 
 
 def compare(experiment: str, tracking_uri: str, metric: Optional[str] = None,
@@ -109,11 +127,13 @@ def compare(experiment: str, tracking_uri: str, metric: Optional[str] = None,
 
 
 def _table(table: Comparison) -> Tuple[List[str], List[List[str]]]:
+    work = [c for c in WORK_COLUMNS if any(c[0] in r.work for r in table.rows)]
     header = ["rank", "best", "run", *table.differing, f"{table.objective} ({table.mode})", "at_step", "final",
-              "samples/s", "points", "status"]
+              "samples/s", *(c[1] for c in work), "points", "status"]
     body = [[str(i), BEST_MARK if i == 1 and math.isfinite(r.best) else "", r.run_name,
              *(r.params.get(k, "") for k in table.differing), f"{r.best:.4f}",
              "" if r.best_step is None else str(r.best_step), f"{r.final:.4f}", f"{r.samples_per_s:.1f}",
+             *(fmt.format(r.work[name]) if name in r.work else "" for name, _, _, fmt in work),
              str(r.points), r.status]
             for i, r in enumerate(table.rows, 1)]
     return header, body

@@ -24,6 +24,8 @@ Thresholds, all on robust statistics (rolling median, MAD scaled to sigma):
 - ``nonfinite``: NaN/inf in a train/dist metric; on a step the loss scaler
   flagged as overflow (and skipped on purpose) only a non-finite loss counts.
 - ``straggler`` and ``first_anomaly``: the distributed readings (``diagnose_dist``).
+- ``slowdown``: the step got slower from one step on, and whether the input pipeline or the step slowed
+  (``diagnose_perf``).
 
 With per-layer grad norms in the log (``layer_norms``), a loss spike, grad-norm
 spikes and NaN findings also name the layer whose grad norm went first
@@ -43,6 +45,7 @@ import numpy as np
 from ..names import EPOCH, GRAD_NORM, HISTOGRAM, LOSS, LOSS_SCALE, LR, OVERFLOW
 from ..sinks.runlog import RunLog
 from .diagnose_dist import check_first_anomaly, check_stragglers
+from .diagnose_perf import check_slowdown
 from .layer_norms import explain
 from .report import Diagnosis, Report, Skip
 from .series import global_loss, mad_sigma, metric_series, rank_losses, rolling_median, run_notes, warmup_end
@@ -316,7 +319,8 @@ def diagnose(run: RunLog) -> Report:
               "loss_spike": lambda: check_loss_spikes(run, start),
               "rank_outlier": lambda: check_rank_outlier(run, start),
               "periodic_grad_spikes": lambda: check_periodic_grad_spikes(run, start),
-              "straggler": lambda: check_stragglers(run), "first_anomaly": lambda: check_first_anomaly(run)}
+              "straggler": lambda: check_stragglers(run), "first_anomaly": lambda: check_first_anomaly(run),
+              "slowdown": lambda: check_slowdown(run)}
     for name, check in checks.items():
         try:
             result = check()

@@ -20,7 +20,9 @@ from tensorboardX.proto import event_pb2, layout_pb2
 from msbridge.adapters._eventwire import custom_scalars_summary, summary_event
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.tensorboard_sink import LAYOUT, TensorBoardSink
-from msbridge.names import HEADLINE
+from msbridge import names
+from msbridge.health.runner import SKIPPED_STEPS
+from msbridge.names import HEADLINE, MFU, TOKENS_SEEN
 from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run
 
@@ -41,10 +43,21 @@ def test_the_layout_is_byte_for_byte_tensorboardx(step):
 
 def test_the_headline_charts_come_first_open_and_in_order():
     title, closed, charts = LAYOUT[0]
-    assert not closed and all(later_closed for _, later_closed, _ in LAYOUT[1:])
+    assert not closed and all(later_closed for _, later_closed, _ in LAYOUT[2:])
     tags = [tag for _, regexes in charts for tag in regexes]
     assert [next(name for name in HEADLINE if re.fullmatch(tag, name)) for tag in tags] == list(HEADLINE)
     assert [chart for chart, _ in charts][:4] == ["loss", "grad norm", "learning rate", "throughput (samples/s)"]
+
+
+def test_the_perf_section_opens_second_on_mfu_and_tokens_seen():
+    """Second, open; its first row (Custom Scalars lays charts out left to right) starts with MFU and tokens
+    seen; every tag of the layout is a metric msbridge writes."""
+    title, closed, charts = LAYOUT[1]
+    assert title == "msbridge: perf" and not closed
+    assert [tags for _, tags in charts[:2]] == [(f"^{re.escape(MFU)}$",), (f"^{re.escape(TOKENS_SEEN)}$",)]
+    written = {getattr(names, n) for n in dir(names) if isinstance(getattr(names, n), str)} | {SKIPPED_STEPS}
+    tags = [tag for _, _, cs in LAYOUT for _, regexes in cs for tag in regexes if not tag.endswith("\\d+$")]
+    assert all(re.sub(r"\\(.)", r"\1", tag[1:-1]) in written for tag in tags), tags
 
 
 def plugins(logdir):

@@ -37,7 +37,7 @@ def test_clean_run_has_no_findings_and_says_so(tmp_path, seed, world_size):
     report = report_of(tmp_path, sr.clean(world_size=world_size, seed=seed))
     assert report.findings == [], report.to_text()
     assert "no findings" in report.to_text()
-    expected = {"nonfinite", "lr_too_high", "loss_spike", "periodic_grad_spikes"}
+    expected = {"nonfinite", "lr_too_high", "loss_spike", "periodic_grad_spikes", "slowdown"}
     assert set(report.checks) == expected | ({"rank_outlier", "first_anomaly"} if world_size > 1 else set())
     assert "straggler" in report.skipped, "the synthetic runs carry no per-rank step times"
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -104,6 +105,10 @@ def test_sweep_compare_ranks_runs_on_the_validation_objective(tmp_path, capsys):
         step, value = min(evals, key=lambda p: p[1])
         assert (row.best_step, row.best, row.final) == (step, pytest.approx(value), pytest.approx(evals[-1][1]))
         assert row.status == "FINISHED"
+        seen, rate = log.series("perf/tokens_seen"), log.series("perf/tokens_per_s")
+        assert [s for s, _ in seen] == [s for s, _ in rate] == list(range(1, 61))  # coverage first
+        assert row.work == {"perf/tokens_seen": seen[-1][1],  # the CPU has no peak: no MFU
+                            "perf/tokens_per_s": pytest.approx(statistics.median(v for _, v in rate))}
 
     assert uri == default_tracking_uri(EXPERIMENT, str(out))
     assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "json"]) == 0
@@ -112,7 +117,8 @@ def test_sweep_compare_ranks_runs_on_the_validation_objective(tmp_path, capsys):
     assert data["best_run"] == table.rows[0].run_name
     assert main(["compare", EXPERIMENT, "--root", str(out), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == ("rank,best,run,optimizer.learning_rate,eval/loss (min),at_step,final,samples/s,points,status")
+    assert lines[0] == ("rank,best,run,optimizer.learning_rate,eval/loss (min),at_step,final,samples/s,tokens/s,"
+                        "tokens seen,points,status")
     assert lines[1].startswith(f"1,★,{table.rows[0].run_name},") and ",★," not in "".join(lines[2:])
     assert len(lines) == 5
     # --objective ranks on another metric: the highest accuracy first.
