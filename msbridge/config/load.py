@@ -21,10 +21,16 @@ from dataclasses import MISSING, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ConfigError
-from ..options import expected
-from ..paths import experiment_dir_template, render_experiment_dir, render_output_dir, render_template
+from ..options import expected, suggestion_budget
+from ..paths import (
+    MAX_COMPONENT_BYTES,
+    experiment_dir_template,
+    render_experiment_dir,
+    render_output_dir,
+    render_template,
+)
 from .canonical import canonicalize
-from .directories import placeholder_problem, static_prefix, volatile_reason, writable_problem
+from .directories import path_problem, placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .interpolate import interpolate
 from .keys import Assignment, Note, Provenance
 from .mindformers_entry import ENTRY_NAME
@@ -90,7 +96,7 @@ class _Checker:
             return
         template = checked_as or template
         prefix = static_prefix(template) if placeholders else os.path.expanduser(template)
-        problem = writable_problem(prefix)
+        problem = writable_problem(prefix) or (path_problem(_longest(template)) if placeholders else None)
         if problem:
             self.problem(path, problem)
             return
@@ -101,6 +107,16 @@ class _Checker:
             self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
                                    f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
                                    "it; use a persistent directory", logging.WARNING))
+
+
+def _longest(template: str) -> str:
+    """``template`` with each placeholder at its longest (a name: a safe component's bytes and its hash)."""
+    longest = {"experiment": "x" * (MAX_COMPONENT_BYTES + 9), "run_name": "x" * (MAX_COMPONENT_BYTES + 9),
+               "rank": "9" * 7, "timestamp": "0" * 15}
+    try:
+        return template.format(**longest)
+    except (KeyError, IndexError, ValueError):
+        return static_prefix(template)  # the template's own problem is reported where it is checked
 
 
 def _check(full: Dict[str, Any], checker: _Checker) -> Optional[Config]:
@@ -200,11 +216,13 @@ def build_config(source: Union[Source, Config] = None, overrides: Sequence[str] 
     """
     if isinstance(source, Config):
         source = source.to_dict()
-    prepared = prepare(source, overrides, entry, name, label)
-    if isinstance(source, (str, os.PathLike)) and not prepared.tree.data and not prepared.problems:
-        prepared.problems.append(f"{prepared.label}:1: the file holds no settings (it is empty, or only comments or "
-                                 "null); write msbridge settings, or a training YAML with a monitor_config: section")
-    return _checked(prepared)
+    with suggestion_budget():  # nearest-key suggestions capped: linear time in the number of unknown keys
+        prepared = prepare(source, overrides, entry, name, label)
+        if isinstance(source, (str, os.PathLike)) and not prepared.tree.data and not prepared.problems:
+            prepared.problems.append(f"{prepared.label}:1: the file holds no settings (it is empty, or only comments "
+                                     "or null); write msbridge settings, or a training YAML with a monitor_config: "
+                                     "section")
+        return _checked(prepared)
 
 
 def _checked(prepared: Prepared) -> Config:
