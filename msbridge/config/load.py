@@ -160,7 +160,10 @@ def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
     if not (isinstance(output_dir, str) and output_dir and (experiment_dir is None or isinstance(experiment_dir, str))):
         return  # Config said what is wrong with the type
     if experiment_dir is not None:
+        before = len(checker.problems)
         checker.directory(("experiment_dir",), experiment_dir, ("experiment",))
+        if len(checker.problems) > before and output_dir.startswith(EXPERIMENT_DIR):
+            return  # output_dir's problem would be the same one, said again
     if output_dir.find(EXPERIMENT_DIR, 1) >= 0:
         checker.problem(("output_dir",), f"{EXPERIMENT_DIR} may only start output_dir: {output_dir!r}")
         return
