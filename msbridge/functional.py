@@ -248,11 +248,7 @@ class TrackedRun:
     def _refuse(self, step: int) -> None:
         """A step at or below the last recorded one: refused (a step is recorded once, in order), said once."""
         self.refused_steps += 1
-        self.monitor.tally.refused_steps = self.refused_steps
-        if self.refused_steps == 1:
-            log.warning("msbridge: run.step(step=%d) is not after step %d, the last recorded: refused (steps are "
-                        "recorded once, in increasing order; the run's outcome counts the refused steps)",
-                        step, self._step)
+        self.monitor.refuse_step(f"run.step(step={step})", self._step)
 
     def close(self, status: Optional[str] = None) -> None:
         """End the run: the final flush, then every sink closed (FINISHED unless ``status`` says otherwise)."""
