@@ -194,9 +194,8 @@ class BridgeMonitor(EvalHooks, Callback):
         step += self._offset
         self._watchdog.step_ended(step)
         self._seen_outputs = cb.net_outputs
-        if step <= self._last_step:  # a step is recorded once, in increasing order
-            self.refuse_step(f"step {step}", self._last_step)
-            return
+        if step <= self._last_step:  # a step is recorded once, in increasing order: refused, counted, said once
+            return self.tally.refuse(f"step {step}", self._last_step)
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
         self._timer.step_ended(start, advanced)  # this step's data wait and run go into the window it ends
@@ -220,14 +219,6 @@ class BridgeMonitor(EvalHooks, Callback):
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
         self._last_end = end
         self._timer.hook_done(start, end)
-
-    def refuse_step(self, what: str, last: int) -> None:
-        """A step at or below the last recorded one is not recorded: counted in the outcome (run.json, README,
-        console), said once per run. ``what`` names it as the user gave it (``step 5``, ``run.step(step=5)``)."""
-        self.tally.refused_steps += 1
-        if self.tally.refused_steps == 1:
-            log.warning("msbridge: %s is not after step %d, the last recorded: refused (steps are recorded once, in "
-                        "increasing order; the run's outcome counts the refused steps)", what, last)
 
     def on_train_end(self, run_context: Any) -> None:
         if not self._depth:  # inside Model.train the manager's exit closes, after every callback's train end
