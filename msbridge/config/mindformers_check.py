@@ -139,7 +139,7 @@ def _value_problem(at: str, key: str, value: Any, formats: Tuple[str, ...], wher
         at = f"{where('monitor_config', *name.split('.'))}: monitor_config.{name}"
         problems.append(f"{at}: expected {what}, got {given!r}: true is not a step count (mindformers would read it "
                         "as 1; write 1)" if counted else
-                        f"{at}: expected {what}, got {given!r}: mindformers {since} refuses it ({error}) when the "
+                        f"{at}: expected {what}, got {given!r}: mindformers {since}+ refuses it ({error}) when the "
                         "Trainer builds its callbacks, before the first step")
     return len(problems) > before
 

@@ -151,8 +151,9 @@ def _positive_int(value: Any) -> bool:  # mindformers' _is_positive_natural_numb
 
 #: The values TrainingStateMonitor's constructor refuses (``__init__``, ``_init_config``,
 #: ``_init_stable_rank_config``, ``_init_global_norm_monitor_config`` in 1.9.0): key -> (what a valid value is,
-#: the test it passes, the error mindformers raises, the version whose constructor checks it). Keys under
-#: ``stable_rank_config`` are dotted; a missing key takes mindformers' default, which passes.
+#: the test it passes, the error mindformers raises, the oldest supported version whose constructor checks it:
+#: msbridge applies 1.9's rules on 1.6 too, and says so). Keys under ``stable_rank_config`` are dotted; a missing
+#: key takes mindformers' default, which passes.
 VALUE_RULES: Dict[str, Tuple[str, Any, str, str]] = {
     "step_interval": ("a positive integer", _positive_int, "TypeError: The value of 'monitor_config.step_interval' "
                                                            "should be positive integer", "1.9"),

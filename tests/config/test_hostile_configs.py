@@ -22,6 +22,7 @@ import pytest
 
 from hostile_config_cases import controls, hostile_cases
 
+pytestmark = pytest.mark.slow  # about 130 console-script runs: 2 to 4 minutes here
 CASES = hostile_cases()
 CONTROLS = controls()
 CPU_S = 10  # the console script's own CPU seconds per case, its start-up included (about 0.5 s here)

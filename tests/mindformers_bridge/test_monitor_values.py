@@ -66,7 +66,7 @@ VARIANTS = {
 #: 1.6.0 checks neither step_interval nor global_norm_spike_count_threshold; msbridge applies 1.9's rule and says so.
 STRICTER = {
     "step-interval-true": ("1.6", "1.9", "true is not a step count"),
-    **{name: ("1.6", "mindformers 1.9 refuses it") for name in (
+    **{name: ("1.6", "mindformers 1.9+ refuses it") for name in (
         "step-interval-0", "step-interval-negative", "step-interval-float", "step-interval-text", "spike-count-0",
         "spike-count-float")},
 }
