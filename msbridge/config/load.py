@@ -55,8 +55,9 @@ def _defaults() -> Dict[str, Any]:
 class _Checker:
     """Turns canonical-path problems into ``file:line: user.key: message`` lines."""
 
-    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path]) -> None:
-        self.winners, self.failed = winners, failed
+    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path],
+                 origins: Optional[Mapping[Path, Origin]] = None) -> None:
+        self.winners, self.failed, self.origins = winners, failed, origins or {}
         self.problems: List[str] = []
         self.notes: List[Note] = []
         self.volatile: Set[str] = set()
@@ -64,8 +65,11 @@ class _Checker:
     def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
         for end in range(len(path), 0, -1):
             item = self.winners.get(path[:end])
-            if item is not None:
-                return item.origin, item.source + path[end:]
+            if item is not None:  # a value inside a list the setting holds has its own line in the file
+                source = item.source + path[end:]
+                inside = self.origins.get(source) if end < len(path) else None
+                same = inside is not None and item.origin is not None and inside.file == item.origin.file
+                return (inside if same else item.origin), source
         deeper = next((a for t, a in self.winners.items() if t[:len(path)] == path), None)
         if deeper is None:
             return None, path
@@ -243,7 +247,7 @@ def _checked(prepared: Prepared) -> Config:
     problems += ref_problems + mapped.problems
     notes += mapped.notes
     full = dict(_defaults(), **values)
-    checker = _Checker(winners, failed)
+    checker = _Checker(winners, failed, tree.origins)
     config = _check(full, checker)
     problems += checker.problems
     if problems or config is None:

@@ -147,8 +147,8 @@ def uri_cases() -> Dict[str, Case]:
                                                                         what), setup)
 
     def alert(value: str, what: str, kind: str = "webhook") -> Case:
-        return Case(f'alerts:\n  targets:\n    - type: {kind}\n      url: "{value}"\n',  # said at targets' line
-                    ("run.yaml:2: alerts.targets[0].url: ", what))
+        return Case(f'alerts:\n  targets:\n    - type: {kind}\n      url: "{value}"\n',
+                    ("run.yaml:4: alerts.targets[0].url: ", what))
 
     cases = {
         "uri-port-99999": uri("http://127.0.0.1:99999", what="port 99999 is not one of 1-65535"),
