@@ -55,11 +55,12 @@ from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 from msbridge.adapters._mlflow_view import OBJECTIVE_TAG, mark_best
+from msbridge.adapters._tracker_facts import tracking_uri_problem
 from msbridge.errors import MissingDependencyError, exception_text
 from msbridge.masking import mask_secrets, mask_text
 from msbridge.names import objective_metric
 from msbridge.options import Option
-from msbridge.paths import free_space, tracking_uri_problem
+from msbridge.paths import free_space
 from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file

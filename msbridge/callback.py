@@ -194,6 +194,8 @@ class BridgeMonitor(EvalHooks, Callback):
         step += self._offset
         self._watchdog.step_ended(step)
         self._seen_outputs = cb.net_outputs
+        if step <= self._last_step:  # a step is recorded once, in increasing order: refused, counted, said once
+            return self.tally.refuse(f"step {step}", self._last_step)
         advanced = max(step - self._last_step, 1)
         step_time = (start - self._last_end) / advanced
         self._timer.step_ended(start, advanced)  # this step's data wait and run go into the window it ends

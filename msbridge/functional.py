@@ -183,7 +183,6 @@ class TrackedRun:
         self._context = _Context(self._params)
         self._step = 0
         self._per_epoch = size
-        self.refused_steps = 0  # steps given at or below the last recorded one
 
     @property
     def run_dir(self) -> Optional[str]:
@@ -222,7 +221,7 @@ class TrackedRun:
             _check_value(key, value)
         named: Dict[str, Any] = {metric_name(k): v for k, v in values.items()}
         if step is not None and int(step) <= self._step:
-            self._refuse(int(step))
+            self.monitor.tally.refuse(f"run.step(step={int(step)})", self._step)
             return
         self._step = int(step) if step is not None else self._step + 1
         params = self._params
@@ -244,15 +243,6 @@ class TrackedRun:
         if samples:
             values[EVAL_SAMPLES] = float(samples)
         self.monitor.record_eval(values)
-
-    def _refuse(self, step: int) -> None:
-        """A step at or below the last recorded one: refused (a step is recorded once, in order), said once."""
-        self.refused_steps += 1
-        self.monitor.tally.refused_steps = self.refused_steps
-        if self.refused_steps == 1:
-            log.warning("msbridge: run.step(step=%d) is not after step %d, the last recorded: refused (steps are "
-                        "recorded once, in increasing order; the run's outcome counts the refused steps)",
-                        step, self._step)
 
     def close(self, status: Optional[str] = None) -> None:
         """End the run: the final flush, then every sink closed (FINISHED unless ``status`` says otherwise)."""

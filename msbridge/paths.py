@@ -32,11 +32,10 @@ import shutil
 import sys
 import time
 import unicodedata
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional
 
 from .errors import ConfigError
 from .masking import is_secret_key, mask_text
-from .options import did_you_mean
 
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 _SAFE_ASCII = re.compile(r"[A-Za-z0-9._+=@,-]")
@@ -136,47 +135,6 @@ def render_output_dir(template: str, experiment: str, run_name: str, rank: int, 
     return os.path.abspath(os.path.expanduser(path))
 
 
-#: The URI schemes MLflow 3 reads a tracking store from (``postgresql+psycopg2`` counts as ``postgresql``);
-#: a plugin adds its own through the ``mlflow.tracking_store`` entry point.
-MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
-                  "databricks-uc", "uc")
-
-
-def tracking_uri_problem(uri: Any) -> Optional[str]:
-    """What is wrong with ``uri`` as an MLflow tracking URI, or None: it must have a scheme MLflow accepts
-    (``http`` and ``https`` with a host), or be a path (one with a ``/``, or one word without spaces).
-
-    Example:
-        >>> tracking_uri_problem("sqlite:///runs/mlflow.db") is None, tracking_uri_problem("./mlruns") is None
-        (True, True)
-        >>> tracking_uri_problem("htp://host:5000")[:40]
-        "scheme 'htp' is not one MLflow reads (ht"
-    """
-    if not isinstance(uri, str) or not uri:
-        return None  # the Option's type check speaks for it
-    scheme, sep, rest = uri.partition(":")
-    if not sep or "/" in scheme or len(scheme) == 1:  # no scheme (a one-letter one would be a drive)
-        if "/" in uri or uri.startswith(("~", ".")) or not re.search(r"\s", uri):
-            return None
-        return (f"{uri!r} is neither a URI (such as http://127.0.0.1:5000 or sqlite:///mlflow.db) nor a path "
-                "(a path with spaces needs a /)")
-    base = scheme.split("+", 1)[0].lower()
-    if base in ("http", "https") and not rest.lstrip("/").split("/", 1)[0]:
-        return f"{uri!r} names no host; write {base}://HOST:PORT"
-    if base in MLFLOW_SCHEMES or base in _plugin_schemes():
-        return None
-    return (f"scheme {scheme!r} is not one MLflow reads ({', '.join(MLFLOW_SCHEMES)}, or a path)"
-            f"{did_you_mean(base, MLFLOW_SCHEMES)}")
-
-
-def _plugin_schemes() -> Tuple[str, ...]:
-    from importlib.metadata import entry_points
-    try:
-        return tuple(ep.name for ep in entry_points(group="mlflow.tracking_store"))
-    except Exception:  # a broken distribution's metadata: the built-in schemes still hold
-        return ()
-
-
 #: The experiment dir when neither ``experiment_dir`` nor a placed ``output_dir`` says otherwise.
 DEFAULT_EXPERIMENT_DIR = "./msbridge_runs/{experiment}"
 #: Placeholders that make an output_dir component per run (the experiment dir stops before them).
@@ -233,10 +191,6 @@ def free_space(path: str) -> str:
     return f"{free:.0f} bytes" if i == 0 else f"{free:.1f} {units[i]}"
 
 
-#: The sinks ``msbridge view`` starts a viewer for.
-VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
-
-
 def msbridge_command() -> str:
     """This msbridge as a command any shell runs as it is: the ``msbridge`` script of this Python's
     environment (absolute, so no venv needs activating), else ``python -m msbridge.cli.main``."""
@@ -248,6 +202,8 @@ def msbridge_command() -> str:
 
 def view_commands(run_dir: str, sinks: Mapping[str, Mapping[str, str]]) -> List[str]:
     """The exact commands to look at this run, runnable as printed from any directory; viewers bind 127.0.0.1."""
+    from .adapters._tracker_facts import VIEWED_SINKS
+
     exe, run = msbridge_command(), shlex.quote(run_dir)
     commands = [f"{exe} view {run}"] if any(name in sinks for name in VIEWED_SINKS) else []
     if importlib.util.find_spec("matplotlib") is not None:

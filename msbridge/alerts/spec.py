@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
+from ..config.value_checks import address_problem
 from ..options import Option, check_options, did_you_mean
 
 Path = Tuple[Any, ...]
@@ -93,6 +94,8 @@ def _check_target(i: int, target: Any) -> List[Tuple[Path, str]]:
         problems.append((where, "needs url: the webhook URL of the bot or endpoint"))
     elif isinstance(url, str) and url and not url.startswith(("https://", "http://")):
         problems.append((where + ("url",), "expected an http:// or https:// URL"))
+    elif isinstance(url, str) and url and address_problem(url):
+        problems.append((where + ("url",), f"the URL {address_problem(url)} (the URL is not shown: it holds a token)"))
     if target.get("secret") is not None and kind not in SIGNED_TYPES:
         problems.append((where + ("secret",), f"only {' and '.join(SIGNED_TYPES)} bots sign requests; "
                                               f"a {kind} target takes no secret"))

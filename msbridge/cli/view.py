@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..adapters._tracker_facts import VIEWED_SINKS
 from ..adapters._mlflow_view import MAX_RUNS, MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, compared_view, loss_first_view
 from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
@@ -47,7 +48,7 @@ from .viewers import (
     tensorboard_viewer,
 )
 
-VIEWERS = ("mlflow", "tensorboard", "mindinsight")
+VIEWERS = VIEWED_SINKS
 TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, MFU, TOKENS_SEEN)
 STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
 

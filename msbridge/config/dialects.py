@@ -61,8 +61,8 @@ _is_number = _typed("a number > 0", lambda v: isinstance(v, (int, float)) and no
 
 
 def _off(value: Any) -> bool:
-    """null, false or [] (not 0, which YAML users do not write for "off")."""
-    return value is None or value is False or value == []
+    """null, false, '' or [], as mindformers reads them (not 0, which YAML users do not write for "off")."""
+    return value is None or value is False or value == [] or value == ""
 
 
 def _alias(target: str, why: str = "") -> Handler:
@@ -155,7 +155,9 @@ _NORM_FORMATS = ("local_norm_format", "weight_state_format", "optimizer_state_fo
 
 
 def _target(key: Key, value: Any) -> None:
-    if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
+    if not value:  # null or empty: every parameter, as mindformers reads it (``target or ['.*']``)
+        key.says("null or empty: every parameter")
+    elif not (isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))):
         key.problem(expected("a list of parameter-name patterns", value))
     elif any(key.section.get(k) for k in _NORM_FORMATS):
         key.says("the layer_norms regex (with invert)")

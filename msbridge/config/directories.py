@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import os
 import string
 import tempfile
@@ -53,6 +54,50 @@ def placeholder_problem(template: str, allowed: Collection[str]) -> Optional[str
     return None
 
 
+#: Linux's limits: bytes in one path component (NAME_MAX) and in a whole path (PATH_MAX, with its NUL).
+NAME_MAX = 255
+PATH_MAX = 4095
+
+
+def path_problem(path: str) -> Optional[str]:
+    """Why ``path`` can never be a directory here, or None: a NUL, a component over ``NAME_MAX`` bytes, a path
+    over ``PATH_MAX``, a symlink loop, a dangling symlink or a file where a directory is needed on its way.
+
+    Example:
+        >>> path_problem("/data/" + "a" * 300 + "/run")  # doctest: +ELLIPSIS
+        "a component of '/data/aaa...' is 300 bytes long; a file name holds at most 255 bytes"
+    """
+    if "\0" in path:
+        return f"{path!r} holds a NUL character, which no file name may hold"
+    path = os.path.abspath(os.path.expanduser(path))
+    encoded = path.encode("utf-8", "surrogateescape")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        return (f"a component of {path[:60] + '...'!r} is {len(longest):,} bytes long; a file name holds at most "
+                f"{NAME_MAX} bytes")
+    if len(encoded) > PATH_MAX:
+        return f"{path[:60] + '...'!r} is {len(encoded):,} bytes long; a path holds at most {PATH_MAX} bytes"
+    probe, loop = path, None
+    while True:
+        try:
+            os.stat(probe)
+            if loop:
+                return f"cannot create {path!r}: {loop!r} is a symlink loop"
+            return None if os.path.isdir(probe) else f"cannot create {path!r}: {probe!r} is a file, not a directory"
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                loop = probe  # the loop is the deepest component whose parent resolves
+            elif loop:
+                return f"cannot create {path!r}: {loop!r} is a symlink loop"
+            elif exc.errno == errno.ENOENT and os.path.islink(probe):
+                return f"cannot create {path!r}: {probe!r} is a symlink to nothing ({os.readlink(probe)!r})"
+            elif exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                return f"cannot reach {probe!r}: {exc.strerror or exc}"
+        if probe == os.path.dirname(probe):
+            return f"cannot create {path!r}: {loop!r} is a symlink loop" if loop else None
+        probe = os.path.dirname(probe)
+
+
 def writable_problem(path: str) -> Optional[str]:
     """Why ``path`` cannot be created and written, or None. Leaves nothing behind.
 
@@ -60,6 +105,9 @@ def writable_problem(path: str) -> Optional[str]:
     is made (and removed) in its deepest existing ancestor. Probe names are
     unique, so every rank of a job can check the same path at once.
     """
+    shape = path_problem(path)
+    if shape:
+        return shape
     path = os.path.abspath(os.path.expanduser(path))
     probe = path
     while not os.path.exists(probe):

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any, Dict, List, Mapping, Set, Tuple
+import sys
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from ..masking import is_secret_key, mask_text
 from ..options import did_you_mean
@@ -32,12 +34,42 @@ _WHOLE = re.compile(r"^\$\{([^${}]*)\}$")
 MAX_REFERENCES = 10_000
 MAX_RESOLVED_VALUES = MAX_VALUES
 MAX_RESOLVED_CHARS = MAX_FILE_BYTES
+#: Resolving is recursive, some ten frames per reference in a chain (some through ``re.sub``): a 10,000-link
+#: chain runs on a thread of its own with this stack and recursion limit, so it resolves instead of overflowing.
+_FRAMES = 12 * MAX_REFERENCES
+_STACK_BYTES = 256 << 20
+
+
+class _Trail:
+    """The chain of references being followed, shared by every step of it: pushing is O(1), so a 10,000-link
+    chain costs linear memory (a list copied at each link cost 400 MB)."""
+
+    __slots__ = ("last", "parent", "length")
+
+    def __init__(self, last: Optional[str] = None, parent: "Optional[_Trail]" = None) -> None:
+        self.last, self.parent = last, parent
+        self.length = (parent.length if parent else 0) + (last is not None)
+
+    def push(self, item: str) -> "_Trail":
+        return _Trail(item, self)
+
+    def shown(self, limit: int = 8) -> str:
+        """``a -> b -> c``; a longer chain keeps its first and last few links."""
+        items, node = [], self
+        while node is not None and node.last is not None:
+            items.append(node.last)
+            node = node.parent
+        items.reverse()
+        if len(items) > limit:
+            items = items[:limit // 2] + [f"... {len(items) - limit:,} more ..."] + items[-(limit // 2):]
+        return " -> ".join(items)
 
 
 class _Unresolved(Exception):
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, root: Optional[str] = None) -> None:
         super().__init__(message)
         self.message = message
+        self.root = root or message  # the first cause, which every value depending on it repeats
 
 
 class _OverLimit(_Unresolved):
@@ -76,6 +108,7 @@ class _Resolver:
         self.data = data
         self.active: Set[str] = set()
         self.done: Dict[str, Tuple[Any, Tuple[int, int]]] = {}  # key -> (resolved value, its size)
+        self.unresolved: Dict[str, str] = {}  # key -> why it cannot be resolved
         self.references = 0
         self.secrets: List[Tuple[str, Any]] = []  # (reference, value) of each secret-looking key followed
         self.values, self.chars = MAX_RESOLVED_VALUES, MAX_RESOLVED_CHARS  # what resolved values may still add
@@ -86,7 +119,7 @@ class _Resolver:
             raise _OverLimit(f"resolving its ${{...}} makes the config larger than {MAX_RESOLVED_VALUES:_} keys "
                              f"and items and {MAX_RESOLVED_CHARS // 2 ** 20} MiB of text (a ${{}} bomb?); refused")
 
-    def node(self, value: Any, path: Path, trail: List[str]) -> Any:
+    def node(self, value: Any, path: Path, trail: _Trail) -> Any:
         if isinstance(value, Mapping):
             return {k: self.node(v, path + (k,), trail) for k, v in value.items()}
         if isinstance(value, list):
@@ -95,15 +128,17 @@ class _Resolver:
             return self.string(value, path, trail)
         return value
 
-    def string(self, value: str, path: Path, trail: List[str]) -> Any:
+    def string(self, value: str, path: Path, trail: _Trail) -> Any:
         key = _dotted(path)
         if key in self.done:
             result, size = self.done[key]
             self.charge(size)  # before the copy is made
             return copy.deepcopy(result)
-        trail = trail if trail and trail[-1] == key else trail + [key]
+        trail = trail if trail.last == key else trail.push(key)
         if key in self.active:
-            raise _Unresolved(f"reference cycle: {' -> '.join(trail)}")
+            raise _Unresolved(f"reference cycle: {trail.shown()}")
+        if key in self.unresolved:  # said once, where it was first met: each value of a chain is followed once
+            raise _Unresolved(f"${{{key}}} cannot be resolved: {self.unresolved[key]}", self.unresolved[key])
         self.active.add(key)
         try:
             whole = _WHOLE.match(value)
@@ -112,6 +147,11 @@ class _Resolver:
             else:
                 _check_braces(value)
                 result = _REF.sub(lambda m: self.embed(m, trail), value)
+        except _OverLimit:
+            raise
+        except _Unresolved as exc:
+            self.unresolved.setdefault(key, exc.root)
+            raise
         finally:
             self.active.discard(key)
         size = _size(result, self.values, self.chars)
@@ -119,7 +159,7 @@ class _Resolver:
         self.done[key] = (result, size)
         return result
 
-    def embed(self, match: "re.Match[str]", trail: List[str]) -> str:
+    def embed(self, match: "re.Match[str]", trail: _Trail) -> str:
         if match.group(1):
             return "${" + match.group(2) + "}"
         value = self.follow(match.group(2).strip(), trail)
@@ -128,7 +168,7 @@ class _Resolver:
                               " and cannot be part of a string; refer to it as the whole value")
         return _text(value)
 
-    def follow(self, ref: str, trail: List[str]) -> Any:
+    def follow(self, ref: str, trail: _Trail) -> Any:
         self.references += 1
         if self.references > MAX_REFERENCES:
             raise _OverLimit(f"more than {MAX_REFERENCES:_} ${{...}} references to follow; refused")
@@ -142,12 +182,12 @@ class _Resolver:
             else:
                 choices = [str(k) for k in node] if isinstance(node, Mapping) else []
                 hint = did_you_mean(part, choices)
-                shown = " -> ".join(trail + [ref])
+                shown = trail.push(ref).shown()
                 raise _Unresolved(f"${{{ref}}}: {_dotted(path + (part,))!r} is not defined{hint} ({shown})")
             node, path = node[key], path + (key,)
         if any(is_secret_key(part) for part in path if isinstance(part, str)):
             self.secrets.append((ref, node))
-        return self.node(node, path, trail + [ref])
+        return self.node(node, path, trail.push(ref))
 
 
 def _check_braces(value: str) -> None:
@@ -181,6 +221,32 @@ def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]
     keep their unresolved text, and later checks skip them); and the text as
     written of every value that was resolved, by path (for provenance).
     """
+    outcome: List[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(_interpolate(tree))
+        except BaseException as exc:  # raised again on the caller's thread
+            outcome.append(exc)
+
+    limit, stack = sys.getrecursionlimit(), threading.stack_size()
+    sys.setrecursionlimit(max(limit, _FRAMES + limit))
+    try:
+        threading.stack_size(_STACK_BYTES)
+        worker = threading.Thread(target=run, name="msbridge-interpolate", daemon=True)
+        worker.start()
+    finally:
+        threading.stack_size(stack)
+    try:
+        worker.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]]:
     resolver = _Resolver(tree.data)
     problems: List[str] = []
     failed: Set[Path] = set()
@@ -194,7 +260,7 @@ def interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str]
         if isinstance(value, str) and "${" in value:
             try:
                 resolver.secrets = []
-                resolved = resolver.string(value, path, [])
+                resolved = resolver.string(value, path, _Trail())
                 _check_secrets(path, resolved, resolver.secrets)
                 written[path] = value
                 return resolved

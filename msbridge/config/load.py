@@ -21,10 +21,16 @@ from dataclasses import MISSING, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ConfigError
-from ..options import expected
-from ..paths import experiment_dir_template, render_experiment_dir, render_output_dir, render_template
+from ..options import expected, suggestion_budget
+from ..paths import (
+    MAX_COMPONENT_BYTES,
+    experiment_dir_template,
+    render_experiment_dir,
+    render_output_dir,
+    render_template,
+)
 from .canonical import canonicalize
-from .directories import placeholder_problem, static_prefix, volatile_reason, writable_problem
+from .directories import path_problem, placeholder_problem, static_prefix, volatile_reason, writable_problem
 from .interpolate import interpolate
 from .keys import Assignment, Note, Provenance
 from .mindformers_entry import ENTRY_NAME
@@ -49,8 +55,9 @@ def _defaults() -> Dict[str, Any]:
 class _Checker:
     """Turns canonical-path problems into ``file:line: user.key: message`` lines."""
 
-    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path]) -> None:
-        self.winners, self.failed = winners, failed
+    def __init__(self, winners: Dict[Path, Assignment], failed: Set[Path],
+                 origins: Optional[Mapping[Path, Origin]] = None) -> None:
+        self.winners, self.failed, self.origins = winners, failed, origins or {}
         self.problems: List[str] = []
         self.notes: List[Note] = []
         self.volatile: Set[str] = set()
@@ -58,8 +65,11 @@ class _Checker:
     def source(self, path: Path) -> Tuple[Optional[Origin], Path]:
         for end in range(len(path), 0, -1):
             item = self.winners.get(path[:end])
-            if item is not None:
-                return item.origin, item.source + path[end:]
+            if item is not None:  # a value inside a list the setting holds has its own line in the file
+                source = item.source + path[end:]
+                inside = self.origins.get(source) if end < len(path) else None
+                same = inside is not None and item.origin is not None and inside.file == item.origin.file
+                return (inside if same else item.origin), source
         deeper = next((a for t, a in self.winners.items() if t[:len(path)] == path), None)
         if deeper is None:
             return None, path
@@ -90,7 +100,7 @@ class _Checker:
             return
         template = checked_as or template
         prefix = static_prefix(template) if placeholders else os.path.expanduser(template)
-        problem = writable_problem(prefix)
+        problem = writable_problem(prefix) or (path_problem(_longest(template)) if placeholders else None)
         if problem:
             self.problem(path, problem)
             return
@@ -101,6 +111,16 @@ class _Checker:
             self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
                                    f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
                                    "it; use a persistent directory", logging.WARNING))
+
+
+def _longest(template: str) -> str:
+    """``template`` with each placeholder at its longest (a name: a safe component's bytes and its hash)."""
+    longest = {"experiment": "x" * (MAX_COMPONENT_BYTES + 9), "run_name": "x" * (MAX_COMPONENT_BYTES + 9),
+               "rank": "9" * 7, "timestamp": "0" * 15}
+    try:
+        return template.format(**longest)
+    except (KeyError, IndexError, ValueError):
+        return static_prefix(template)  # the template's own problem is reported where it is checked
 
 
 def _check(full: Dict[str, Any], checker: _Checker) -> Optional[Config]:
@@ -144,7 +164,10 @@ def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
     if not (isinstance(output_dir, str) and output_dir and (experiment_dir is None or isinstance(experiment_dir, str))):
         return  # Config said what is wrong with the type
     if experiment_dir is not None:
+        before = len(checker.problems)
         checker.directory(("experiment_dir",), experiment_dir, ("experiment",))
+        if len(checker.problems) > before and output_dir.startswith(EXPERIMENT_DIR):
+            return  # output_dir's problem would be the same one, said again
     if output_dir.find(EXPERIMENT_DIR, 1) >= 0:
         checker.problem(("output_dir",), f"{EXPERIMENT_DIR} may only start output_dir: {output_dir!r}")
         return
@@ -200,11 +223,13 @@ def build_config(source: Union[Source, Config] = None, overrides: Sequence[str] 
     """
     if isinstance(source, Config):
         source = source.to_dict()
-    prepared = prepare(source, overrides, entry, name, label)
-    if isinstance(source, (str, os.PathLike)) and not prepared.tree.data and not prepared.problems:
-        prepared.problems.append(f"{prepared.label}:1: the file holds no settings (it is empty, or only comments or "
-                                 "null); write msbridge settings, or a training YAML with a monitor_config: section")
-    return _checked(prepared)
+    with suggestion_budget():  # nearest-key suggestions capped: linear time in the number of unknown keys
+        prepared = prepare(source, overrides, entry, name, label)
+        if isinstance(source, (str, os.PathLike)) and not prepared.tree.data and not prepared.problems:
+            prepared.problems.append(f"{prepared.label}:1: the file holds no settings (it is empty, or only comments "
+                                     "or null); write msbridge settings, or a training YAML with a monitor_config: "
+                                     "section")
+        return _checked(prepared)
 
 
 def _checked(prepared: Prepared) -> Config:
@@ -222,7 +247,7 @@ def _checked(prepared: Prepared) -> Config:
     problems += ref_problems + mapped.problems
     notes += mapped.notes
     full = dict(_defaults(), **values)
-    checker = _Checker(winners, failed)
+    checker = _Checker(winners, failed, tree.origins)
     config = _check(full, checker)
     problems += checker.problems
     if problems or config is None:

@@ -31,6 +31,7 @@ from .mindformers_rules import (
     PIPELINE_CELL,
     RING_KEYS,
     TRAINER_ARGS,
+    VALUE_RULES,
     cell_arguments,
     format_values,
     monitor_keys,
@@ -112,13 +113,35 @@ def _monitor_config(monitor: Mapping[str, Any], where: _Where, notes: List[Note]
             problems.append(f"{at}: {refused}; it is an msbridge setting: move it into {where.entry}"
                             if key in known else f"{at}: {refused}{did_you_mean(key, accepted)}")
             gone.append(key)  # said once, here
-        elif key.endswith("_format") and value is not None:
-            _format_problem(at, key, value, formats, problems)
+        elif monitor.get("monitor_on") and _value_problem(at, key, value, formats, where, problems):
+            gone.append(key)  # said once, here (with monitor_on false mindformers builds no monitor to refuse it)
         elif key in _ONLY_MINDFORMERS or (key in _SPIKE_KEYS and monitor.get("check_for_global_norm") is not True):
             text = _ONLY_MINDFORMERS[key](value) if key in _ONLY_MINDFORMERS else _SPIKE_KEYS[key]
             notes.append(Note(where("monitor_config", key), f"monitor_config.{key} -> {text}"))
             gone.append(key)
     return gone
+
+
+def _value_problem(at: str, key: str, value: Any, formats: Tuple[str, ...], where: _Where,
+                   problems: List[str]) -> bool:
+    """A value mindformers' TrainingStateMonitor constructor refuses, said as it says it; True when one was said."""
+    before = len(problems)
+    if key.endswith("_format") and value:  # a false value (null, '', []) is "off" to mindformers
+        _format_problem(at, key, value, formats, problems)
+    checks = [(key, value)] if key in VALUE_RULES else []
+    if key == "stable_rank_config" and isinstance(value, Mapping):
+        checks = [(f"{key}.{sub}", v) for sub, v in value.items() if f"{key}.{sub}" in VALUE_RULES]
+    for name, given in checks:
+        what, valid, error, since = VALUE_RULES[name]
+        counted = what == "a positive integer" and isinstance(given, bool)  # mindformers reads true as 1
+        if valid(given) and not counted:
+            continue
+        at = f"{where('monitor_config', *name.split('.'))}: monitor_config.{name}"
+        problems.append(f"{at}: expected {what}, got {given!r}: true is not a step count (mindformers would read it "
+                        "as 1; write 1)" if counted else
+                        f"{at}: expected {what}, got {given!r}: mindformers {since}+ refuses it ({error}) when the "
+                        "Trainer builds its callbacks, before the first step")
+    return len(problems) > before
 
 
 def _format_problem(at: str, key: str, value: Any, formats: Tuple[str, ...], problems: List[str]) -> None:

@@ -143,3 +143,33 @@ def wrapper_reset(data: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
                 "path": ("runner_config", "gradient_accumulation_steps"), "micro_batch_num": accumulate,
                 "stages": 1}
     return None
+
+
+def _positive_int(value: Any) -> bool:  # mindformers' _is_positive_natural_number (a bool passes it)
+    return isinstance(value, int) and value > 0
+
+
+#: The values TrainingStateMonitor's constructor refuses (``__init__``, ``_init_config``,
+#: ``_init_stable_rank_config``, ``_init_global_norm_monitor_config`` in 1.9.0): key -> (what a valid value is,
+#: the test it passes, the error mindformers raises, the oldest supported version whose constructor checks it:
+#: msbridge applies 1.9's rules on 1.6 too, and says so). Keys under ``stable_rank_config`` are dotted; a missing
+#: key takes mindformers' default, which passes.
+VALUE_RULES: Dict[str, Tuple[str, Any, str, str]] = {
+    "step_interval": ("a positive integer", _positive_int, "TypeError: The value of 'monitor_config.step_interval' "
+                                                           "should be positive integer", "1.9"),
+    "global_norm_spike_count_threshold": ("a positive integer", _positive_int, "TypeError: 'monitor_config."
+                                          "global_norm_spike_count_threshold' should be positive integer", "1.9"),
+    "target": ("a non-empty list of strings, or null", lambda v: not v or (isinstance(v, list) and all(
+        isinstance(i, str) for i in v)), "TypeError: The value of 'target' should be a list of str", "1.6"),
+    "invert": ("true, false or null", lambda v: v is None or isinstance(v, bool),
+               "TypeError: The value of 'invert' should be bool", "1.6"),
+    "print_struct": ("true, false or null", lambda v: v is None or isinstance(v, bool),
+                     "TypeError: The value of 'print_struct' should be bool", "1.6"),
+    "throughput_baseline": ("null or a number > 0", lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
+                            "ValueError: The value of 'throughput_baseline' should be None or positive number", "1.6"),
+    "stable_rank_config.step_interval": ("a positive integer", _positive_int, "TypeError: 'monitor_config."
+                                         "stable_rank_config.step_interval' should be positive integer", "1.9"),
+    "stable_rank_config.power_iteration_num": ("a positive integer", _positive_int, "TypeError: 'monitor_config."
+                                               "stable_rank_config.power_iteration_num' should be positive integer",
+                                               "1.9"),
+}

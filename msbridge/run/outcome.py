@@ -28,6 +28,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import math
 import shlex
 import time
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..sinks.base import FAILED, FINISHED, KILLED, Event
+
+log = logging.getLogger("msbridge")
 
 EXIT_OK = 0
 EXIT_UNDELIVERED = 3
@@ -100,13 +103,21 @@ class RunTally:
 
     def __init__(self) -> None:
         self.steps_recorded = 0
-        self.refused_steps = 0  # steps given at or below the last recorded one (``msbridge.track``): not recorded
+        self.refused_steps = 0  # steps given at or below the last recorded one: not recorded (``refuse``)
         self.final_loss: Optional[float] = None
         self.best_loss: Optional[float] = None  # the smallest finite loss
         self.events: List[Event] = []
         self.started = time.perf_counter()
         self.status: Optional[str] = None  # set when the run has ended
         self.undelivered: Dict[str, str] = {}
+
+    def refuse(self, what: str, last: int) -> None:
+        """A step at or below the last recorded one is not recorded: counted in the outcome (run.json, README),
+        said once per run. ``what`` names it as the user gave it (``step 5``, ``run.step(step=5)``)."""
+        self.refused_steps += 1
+        if self.refused_steps == 1:
+            log.warning("msbridge: %s is not after step %d, the last recorded: refused (steps are recorded once, in "
+                        "increasing order; the run's outcome counts the refused steps)", what, last)
 
     def track_loss(self, loss: Optional[Sequence[Optional[float]]]) -> None:
         """Take a flush's losses (one per recorded step, in step order, None where a step gave none; None when

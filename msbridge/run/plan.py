@@ -152,7 +152,10 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
     problem = writable_problem(run_dir)
     if problem:
         raise ConfigError(f"output_dir: {problem}")
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as exc:  # changed since the check (another process, a full disk): said as a config problem
+        raise ConfigError(f"output_dir: cannot create {run_dir!r}: {exc.strerror or exc}") from None
     claim_rank_file(run_dir, ranks.rank)
     sinks = build_sinks(config, ranks, experiment_dir) + list(extra_sinks)
     if config.alert_spec.enabled:  # a sink, so it hears every event; last, so it reads the others' undelivered

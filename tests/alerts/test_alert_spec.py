@@ -48,10 +48,10 @@ alerts:
   retries: many
 """)
     text = "\n".join(found)
-    assert "monitor.yaml:3: alerts.targets[0].type: expected one of webhook, slack, lark, dingtalk, wecom, got 'slak'" \
+    assert "monitor.yaml:4: alerts.targets[0].type: expected one of webhook, slack, lark, dingtalk, wecom, got 'slak'" \
         in text
-    assert "monitor.yaml:3: alerts.targets[1].secret: only lark and dingtalk bots sign requests" in text
-    assert "monitor.yaml:3: alerts.targets[2].typ: unknown option; did you mean 'type'?" in text
+    assert "monitor.yaml:5: alerts.targets[1].secret: only lark and dingtalk bots sign requests" in text
+    assert "monitor.yaml:6: alerts.targets[2].typ: unknown option; did you mean 'type'?" in text
     assert "monitor.yaml:7: alerts.on[1]: unknown event 'stal'; did you mean 'stall'?" in text
     assert "monitor.yaml:8: alerts.stall_second: unknown key; did you mean 'stall_seconds'?" in text
     assert "monitor.yaml:9: alerts.retries: expected an integer >= 0 and < 20, got 'many'" in text

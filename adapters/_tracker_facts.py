@@ -1,0 +1,85 @@
+"""What the rest of msbridge knows about the built-in trackers, without importing one: which URIs MLflow reads a
+tracking store from (``tracking_uri_problem``, the ``tracking_uri`` option's check, so ``config check`` validates
+it with no MLflow import) and which sinks ``msbridge view`` starts a viewer for (``VIEWED_SINKS``).
+
+A URI is refused here when MLflow, or the first write to its store, would refuse it later: an unknown scheme, an
+http(s)/database URI with no host, a port outside 1-65535 or a control character (CR/LF), and a sqlite or file
+store whose directory cannot be created and written (``sqlite:////proc/mlflow.db``).
+
+Example:
+    >>> tracking_uri_problem("sqlite:///runs/mlflow.db") is None, tracking_uri_problem("./mlruns") is None
+    (True, True)
+    >>> tracking_uri_problem("http://127.0.0.1:99999")
+    "'http://127.0.0.1:99999': port 99999 is not one of 1-65535"
+"""
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from typing import Any, Optional, Tuple
+
+from msbridge.config.directories import path_problem, writable_problem
+from msbridge.config.value_checks import address_problem
+from msbridge.options import did_you_mean
+
+#: The URI schemes MLflow 3 reads a tracking store from (``postgresql+psycopg2`` counts as ``postgresql``);
+#: a plugin adds its own through the ``mlflow.tracking_store`` entry point.
+MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                  "databricks-uc", "uc")
+#: Schemes of a store on a server: a host is needed, and a port, when given, must be a port.
+_NETWORK_SCHEMES = ("http", "https", "postgresql", "mysql", "mssql")
+#: The sinks ``msbridge view`` starts a viewer for.
+VIEWED_SINKS = ("mlflow", "tensorboard", "mindinsight")
+
+
+def tracking_uri_problem(uri: Any) -> Optional[str]:
+    """What is wrong with ``uri`` as an MLflow tracking URI, or None: it must have a scheme MLflow accepts and be
+    usable (see above), or be a path (one with a ``/``, or one word without spaces) that can be written."""
+    if not isinstance(uri, str) or not uri:
+        return None  # the Option's type check speaks for it
+    control = re.search(r"[\x00-\x1f\x7f]", uri)
+    if control:
+        return f"the URI holds the control character {control.group()!r} at position {control.start()}"
+    scheme, sep, rest = uri.partition(":")
+    if not sep or "/" in scheme or len(scheme) == 1:  # no scheme (a one-letter one would be a drive)
+        if "/" in uri or uri.startswith(("~", ".")) or not re.search(r"\s", uri):
+            return _store_dir_problem(uri, uri)
+        return (f"{uri!r} is neither a URI (such as http://127.0.0.1:5000 or sqlite:///mlflow.db) nor a path "
+                "(a path with spaces needs a /)")
+    base = scheme.split("+", 1)[0].lower()
+    if base in _NETWORK_SCHEMES:
+        problem = address_problem(uri)
+        if problem == "names no host" and base in ("http", "https"):
+            return f"{uri!r} names no host; write {base}://HOST:PORT"
+        return f"{uri!r}: {problem}" if problem else None
+    if base == "sqlite":
+        return _store_dir_problem(uri, os.path.dirname(_sqlite_file(rest)) or ".")
+    if base == "file":
+        return _store_dir_problem(uri, urllib.parse.urlsplit(uri).path)
+    if base in MLFLOW_SCHEMES or base in _plugin_schemes():
+        return None
+    return (f"scheme {scheme!r} is not one MLflow reads ({', '.join(MLFLOW_SCHEMES)}, or a path)"
+            f"{did_you_mean(base, MLFLOW_SCHEMES)}")
+
+
+def _sqlite_file(rest: str) -> str:
+    """The database file of ``sqlite:`` + ``rest``: ``///a.db`` is relative, ``////a/b.db`` absolute."""
+    path = rest[3:] if rest.startswith("///") else rest.lstrip("/")
+    return path.split("?", 1)[0]
+
+
+def _store_dir_problem(uri: str, directory: str) -> Optional[str]:
+    """Why the store directory of ``uri`` cannot be made and written, or None (not checked while a template)."""
+    if "{" in directory or not directory or directory == ":memory:":
+        return None
+    problem = path_problem(directory) or writable_problem(directory)
+    return f"{uri!r}: {problem}" if problem else None
+
+
+def _plugin_schemes() -> Tuple[str, ...]:
+    from importlib.metadata import entry_points
+    try:
+        return tuple(ep.name for ep in entry_points(group="mlflow.tracking_store"))
+    except Exception:  # a broken distribution's metadata: the built-in schemes still hold
+        return ()
