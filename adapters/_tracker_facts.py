@@ -1,6 +1,7 @@
 """What the rest of msbridge knows about the built-in trackers, without importing one: which URIs MLflow reads a
 tracking store from (``tracking_uri_problem``, the ``tracking_uri`` option's check, so ``config check`` validates
-it with no MLflow import) and which sinks ``msbridge view`` starts a viewer for (``VIEWED_SINKS``).
+it with no MLflow import), which sinks ``msbridge view`` starts a viewer for (``VIEWED_SINKS``), and how many
+params a tracker's own view of them takes (``tracker_params``).
 
 A URI is refused here when MLflow, or the first write to its store, would refuse it later: an unknown scheme, an
 http(s)/database URI with no host, a port outside 1-65535 or a control character (CR/LF), and a sqlite or file
@@ -14,10 +15,11 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import urllib.parse
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from msbridge.config.directories import path_problem, writable_problem
 from msbridge.config.value_checks import address_problem
@@ -83,3 +85,24 @@ def _plugin_schemes() -> Tuple[str, ...]:
         return tuple(ep.name for ep in entry_points(group="mlflow.tracking_store"))
     except Exception:  # a broken distribution's metadata: the built-in schemes still hold
         return ()
+
+
+#: Params a tracker's own view of them takes (TensorBoard's HParams, MindInsight's lineage): past this, the first
+#: ones in the config's order; run.json and the jsonl header hold them all. Measured on this project's 2-vCPU VM
+#: (2026-12-04): 100,000 params took 26 s (TensorBoard) and 23 s (MindInsight) to encode with the pure-Python
+#: protobuf that MindSpore installs, past either sink's close bound.
+TRACKER_PARAMS = 1000
+
+
+def tracker_params(flat: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """``flat`` cut to its first ``TRACKER_PARAMS`` keys, said once (``where``: the sink's view).
+
+    Example:
+        >>> len(tracker_params({f"p{i}": i for i in range(5000)}, "TensorBoard's HParams"))
+        1000
+    """
+    if len(flat) <= TRACKER_PARAMS:
+        return dict(flat)
+    logging.getLogger("msbridge").warning(
+        "msbridge: %d params; %s takes the first %d (run.json holds every one)", len(flat), where, TRACKER_PARAMS)
+    return dict(list(flat.items())[:TRACKER_PARAMS])

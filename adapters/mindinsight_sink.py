@@ -78,10 +78,11 @@ from msbridge.adapters._eventwire import (
     scalar_event,
     summary_event,
 )
+from msbridge.adapters._tracker_facts import tracker_params
 from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import Event, Held, Record, RunInfo, Series, Sink, flatten, tracker_params
+from msbridge.sinks.base import Event, Held, Record, RunInfo, Series, Sink, flatten
 from msbridge.sinks.registry import register_sink
 
 _INT32 = 2 ** 31

@@ -68,6 +68,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from msbridge.adapters._diskwait import EVENT, DiskWait, WaitsForSpace
 from msbridge.adapters._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
+from msbridge.adapters._tracker_facts import tracker_params
 from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, HOST_RSS_PEAK_MB, LOSS,
                             LOSS_MAX, LOSS_MIN, LOSS_SCALE, LR, MFU, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP,
                             OBJECTIVE_FINAL, OVERFLOW, SAMPLES_PER_S, STEP_TIME, TFLOPS, TOKENS_PER_S, TOKENS_SEEN,
@@ -86,7 +87,6 @@ from msbridge.sinks.base import (
     Sink,
     events_series,
     flatten,
-    tracker_params,
 )
 from msbridge.sinks.registry import register_sink
 

@@ -10,7 +10,6 @@ Example:
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -65,27 +64,6 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-#: Params a tracker's own view of them takes (TensorBoard's HParams, MindInsight's lineage): past this, the first
-#: ones in the config's order; run.json and the jsonl header hold them all. Measured on this project's 2-vCPU VM
-#: (2026-12-04): 100,000 params took 26 s (TensorBoard) and 23 s (MindInsight) to encode with the pure-Python
-#: protobuf that MindSpore installs, past either sink's close bound.
-TRACKER_PARAMS = 1000
-
-
-def tracker_params(flat: Mapping[str, Any], where: str) -> Dict[str, Any]:
-    """``flat`` cut to its first ``TRACKER_PARAMS`` keys, said once (``where``: the sink's view).
-
-    Example:
-        >>> len(tracker_params({f"p{i}": i for i in range(5000)}, "TensorBoard's HParams"))
-        1000
-    """
-    if len(flat) <= TRACKER_PARAMS:
-        return dict(flat)
-    logging.getLogger("msbridge").warning(
-        "msbridge: %d params; %s takes the first %d (run.json holds every one)", len(flat), where, TRACKER_PARAMS)
-    return dict(list(flat.items())[:TRACKER_PARAMS])
 
 
 def events_series(events: Iterable[Tuple[str, int]]) -> Series:

@@ -58,7 +58,7 @@ def test_100k_params_close_every_file_sink_within_its_bound_and_the_trackers_tak
 
     import msbridge
     from msbridge.adapters._eventwire import read_records
-    from msbridge.sinks.base import TRACKER_PARAMS
+    from msbridge.adapters._tracker_facts import TRACKER_PARAMS
 
     params = {f"group{g}": {f"p{i}": i * 0.5 for i in range(g * 1000, (g + 1) * 1000)} for g in range(100)}
     cfg = {"experiment": "big", "run_name": "p", "experiment_dir": str(tmp_path / "big"), "flush_steps": 10,
