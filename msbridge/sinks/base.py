@@ -43,6 +43,10 @@ DEFAULT_CLOSE_TIMEOUT = 10.0
 WAL_NAME = "jsonl"
 
 
+class WrongType(TypeError):
+    """A sink call returned what the contract does not allow: the message names the call and both types."""
+
+
 def json_safe(value: Any) -> Any:
     """A copy JSON can hold: event details may carry NaN, JSON may not; non-finite floats become "nan"/"inf"."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -323,7 +327,7 @@ class Sink:
         if self.__held is None:
             held = self.held()
             if not isinstance(held, Held):
-                raise TypeError(f"held() returned {type(held).__name__}, not Held")
+                raise WrongType(f"held() returned {type(held).__name__}, not Held")
             self.__held = held
         return self.__held
 

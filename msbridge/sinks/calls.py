@@ -15,15 +15,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Sequence
 
-from .base import Event, Held, Record, RunInfo, Sink
+from .base import Event, Held, Record, RunInfo, Sink, WrongType
 
 #: Seconds a quick question may take: ``describe``, ``held``, ``undelivered`` (each answers from memory or a
 #: file; past this the sink is taken to be stuck).
 QUICK_BOUND = 10.0
-
-
-class WrongType(TypeError):
-    """A sink call returned what the contract does not allow: the message names the call and both types."""
 
 
 @dataclass(frozen=True)

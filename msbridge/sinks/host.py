@@ -106,7 +106,7 @@ class SinkHost:
             self.missed_records += len(records)
             self.missed_steps += len({r.step for r in records})
             self.missed_events += len(events)
-        if first:
+        if first and not self._dead:
             log.warning("msbridge: sink %r is %d batches behind; from step %d it gets nothing more in this run "
                         "(the run's outcome names the replay that fills it)", self.sink.name, self.max_batches,
                         self.behind_from)
@@ -186,7 +186,7 @@ class SinkHost:
             call.failure = Failure(call.method, f"took {took:.1f} s, over its bound of {call.bound(self.sink):g} s")
         if call.failure is not None:
             self._fail(call.failure)
-            if isinstance(call, Open):
+            if isinstance(call, (Open, AskHeld)):  # not open, or cannot say what it holds: nothing more
                 self._dead = True
             return
         self.opened = self.opened or isinstance(call, Open)
