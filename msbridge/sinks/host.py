@@ -64,7 +64,7 @@ class SinkHost:
         self._running: Optional[Call] = None
         self._started_at = 0.0
         self._dead = False  # failed to open, or a call hung: handed nothing more
-        self._closing: Optional[Undelivered] = None  # the last call, once ``close`` queued it
+        self._closing: Optional[Call] = None  # the last call, once ``close`` (or ``retire``) queued it
         self._thread = threading.Thread(target=self._loop, name=f"msbridge-{sink.name}", daemon=True)
         self._thread.start()
 
@@ -74,7 +74,7 @@ class SinkHost:
         for call in (Open(run=run), AskHeld(), Flush()):
             self.put(call)
 
-    def close(self, status: str) -> Undelivered:
+    def close(self, status: str) -> Call:
         """Queue ``close(status)``, then ``undelivered()``, the host's last call; ``closed`` is set once that
         returned (or failed). Returns the ``Undelivered`` call: its result is the sink's final word."""
         with self._ready:
@@ -83,6 +83,14 @@ class SinkHost:
                 self._items.extend([Close(status=status), self._closing])
                 self._ready.notify_all()
             return self._closing
+
+    def retire(self) -> None:
+        """End the thread after what is queued, without closing the sink (a host made for one call)."""
+        with self._ready:
+            if self._closing is None:
+                self._closing = _Retire()
+                self._items.append(self._closing)
+                self._ready.notify_all()
 
     # -- any thread ----------------------------------------------------------------
     def offer(self, records: Sequence[Record], events: Sequence[Event], relayed: bool = False) -> bool:
@@ -213,3 +221,12 @@ class SinkHost:
             first = len(self.failures) == 1
         if first:
             log.error("msbridge: sink %r failed in %s; other sinks and training carry on", self.sink.name, failure)
+
+
+class _Retire(Call):
+    """The last item of a host that ``retire`` ends: no call of the sink."""
+
+    method = "retire"
+
+    def invoke(self, sink: Sink) -> None:
+        return None
