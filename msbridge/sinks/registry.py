@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
 from ..errors import MissingDependencyError
@@ -71,6 +72,14 @@ def _plugins() -> Dict[str, str]:
     reserved = {name: f"the built-in {BUILTIN_PACKAGE}.{name}{_SUFFIX} (package msbridge)"
                 for name in builtin_names()}
     return load_points(ENTRY_POINT_GROUP, "sink", Sink, _REGISTERED, reserved)
+
+
+def names() -> Tuple[str, ...]:
+    """Every sink name registered, loading no plug-in (for a command line's choices): built-ins first, then
+    the entry points' names and in-process registrations."""
+    builtins = builtin_names()
+    plugins = {point.name for point in entry_points(group=ENTRY_POINT_GROUP)}
+    return builtins + tuple(sorted((plugins | set(_REGISTERED)) - set(builtins)))
 
 
 def available() -> Tuple[str, ...]:
