@@ -17,7 +17,7 @@ encoded by ``_eventwire.scalar_event`` byte for byte as MindSpore's protobuf
 class would, about 20x faster; the TensorBoard sink shares that encoder).
 MindSpore's own ``SummaryWriter`` (its C++ event writer: length, masked
 CRC32C, body, masked CRC32C) writes it, called from the
-dispatcher thread; each ``write`` ends by handing its batch to the OS, so a
+sink's own thread; each ``write`` ends by handing its batch to the OS, so a
 running MindInsight shows it at its next reload, and ``flush`` adds fsync.
 ``SummaryRecord`` is not used: its writer process busy-polls and burns a CPU
 core even when idle. An open sink costs nothing between calls.

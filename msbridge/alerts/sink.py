@@ -4,8 +4,8 @@
 named under ``sinks:``. Being a sink gives it, with no new plumbing: every health event, the stall
 watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink raises, the run's end
 status in ``close``, and, as an observer (``Sink.observer``), every other sink's final ``undelivered`` in
-``observe``: the dispatcher hands it over once every other sink closed or hit its bound, before this close. ``emit`` runs on the
-dispatcher thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
+``observe``: the dispatcher hands it over once every other sink closed or hit its bound, before this close.
+``emit`` runs on its own host thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
 the outbox and named in ``undelivered()``, so the run's outcome says ``msbridge replay RUN_DIR --to alerts``.
 
 Example:
