@@ -100,7 +100,7 @@ class RunPlan:
                       config=config_dict, metadata=meta, start_time=time.time(), training=True,
                       resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
         self._dispatcher = Dispatcher(sinks)  # each sink on a host of its own; nothing opened yet
-        where = self._dispatcher.describe(run)  # each on its own thread, waited for at most DESCRIBE_WAIT
+        where = self._dispatcher.describe(run)  # each on its own thread, waited for at most DESCRIBE_BOUND (2 s)
         run = replace(run, readme=render_readme(self.run_name, self.run_id, meta, where, self.run_dir))
         self._dispatcher.open(run)  # queued on each sink's thread: training does not wait for an open
         self._where = where

@@ -17,9 +17,11 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from .base import Event, Held, Record, RunInfo, Sink, WrongType
 
-#: Seconds a quick question may take: ``describe``, ``held``, ``undelivered`` (each answers from memory or a
+#: Seconds a quick question may take: ``held``, ``undelivered``, ``observe`` (each answers from memory or a
 #: file; past this the sink is taken to be stuck).
 QUICK_BOUND = 10.0
+#: Seconds ``describe`` may take: training waits for every sink's, in parallel, once at train begin.
+DESCRIBE_BOUND = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ class Describe(Call):
     method = "describe"
 
     def bound(self, sink: Sink) -> float:
-        return QUICK_BOUND
+        return DESCRIBE_BOUND
 
     def invoke(self, sink: Sink) -> Any:
         return sink.describe(self.run)

@@ -32,14 +32,10 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .base import FINISHED, HURRY_AFTER, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
-from .calls import Call, Close, Describe, Failure, Flush, Gaps, Observe, Open, Write
+from .calls import DESCRIBE_BOUND, Call, Close, Describe, Failure, Flush, Gaps, Observe, Open, Write
 from .host import SinkHost
 
 log = logging.getLogger("msbridge")
-
-#: Seconds the training thread waits, once at train begin, for every sink's ``describe`` (asked in parallel,
-#: each on its sink's thread); one not back by then is a failure and its sink gets nothing.
-DESCRIBE_WAIT = 2.0
 
 
 class Dispatcher:
@@ -88,9 +84,10 @@ class Dispatcher:
         return ([self._wal] if self._wal is not None else []) + self._trackers
 
     def describe(self, run: RunInfo) -> Dict[str, Dict[str, str]]:
-        """Each sink's ``describe(run)`` (where it writes), asked in parallel, waited for ``DESCRIBE_WAIT`` s."""
+        """Each sink's ``describe(run)`` (where it writes), asked in parallel, each on its sink's thread, waited for
+        ``DESCRIBE_BOUND`` s in all; one not back by then is a failure, and its sink gets nothing."""
         asked = [(host, host.put(Describe(run=run))) for host in self.hosts]
-        deadline = time.monotonic() + DESCRIBE_WAIT
+        deadline = time.monotonic() + DESCRIBE_BOUND
         where: Dict[str, Dict[str, str]] = {}
         for sink in self.inline:
             info = self._inline(sink, Describe(run=run))
@@ -98,7 +95,7 @@ class Dispatcher:
                 where[sink.name] = info
         for host, call in asked:
             if not call.done.wait(max(0.0, deadline - time.monotonic())):
-                host.overran(call, DESCRIBE_WAIT)
+                host.overran(call, DESCRIBE_BOUND)
             elif call.result:
                 where[host.sink.name] = call.result
         return where

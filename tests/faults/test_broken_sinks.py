@@ -1,4 +1,4 @@
-"""Ten broken sinks beside real trainings (MindSpore ``Model.train`` on CPU and an ``msbridge.track`` loop): each
+"""Eleven broken sinks beside real trainings (MindSpore ``Model.train`` on CPU and an ``msbridge.track`` loop): each
 a different failure (a raise, a wrong return type, a call that blocks, a call that is slow) in a different call.
 Training goes on to its last step, jsonl holds every step, the exit code is 3, and run.json's outcome names each
 broken sink with its reason and the replay that fills it."""
@@ -44,6 +44,13 @@ class DescribeWrongType(Broken):
 
     def describe(self, run):
         return "somewhere"
+
+
+class DescribeBlocks(Broken):
+    name, reason = "describe_blocks", "describe(): did not return within 2 s"
+
+    def describe(self, run):
+        _block()
 
 
 class OpenRaises(Broken):
@@ -111,7 +118,7 @@ class UndeliveredWrongType(Broken):
         return ["10 records"]
 
 
-BROKEN = (DescribeWrongType, OpenRaises, OpenBlocks, HeldWrongType, EmitRaises, EmitWrongType, FlushSlow,
+BROKEN = (DescribeWrongType, DescribeBlocks, OpenRaises, OpenBlocks, HeldWrongType, EmitRaises, EmitWrongType, FlushSlow,
           CloseRaises, CloseBlocks, UndeliveredWrongType)
 
 
@@ -141,7 +148,7 @@ def check_outcome(run_dir: str, exit_code: int, broken) -> None:
         assert f"msbridge replay {run_dir} --to {cls.name}" in said[cls.name]
 
 
-def test_ten_broken_sinks_beside_model_train_leave_training_and_jsonl_whole(tmp_path):
+def test_eleven_broken_sinks_beside_model_train_leave_training_and_jsonl_whole(tmp_path):
     monitor = BridgeMonitor(config(tmp_path, "model-train"), sinks=[cls() for cls in BROKEN], progress=False)
     started = time.monotonic()
     train_regression([monitor], steps=STEPS)
