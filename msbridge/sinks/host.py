@@ -7,10 +7,12 @@ it is handed nothing more for this run and counts what it missed, one tail that 
 NAME`` fills from jsonl. ``lossless`` (jsonl, the write-ahead log) makes ``offer`` wait instead, at most the
 sink's bound. ``ask`` waits for one call, at most its bound.
 
-Whatever goes wrong with a call (a raise, a wrong return type, a call that overran its bound, one still running
-when it is waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
+Whatever goes wrong with a call (a raise, a wrong return type, a call still running when its bound ran out
+while it was waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
 undelivered in the run's outcome. A sink that failed to open, or hung, is handed nothing more. What a sink
-returned of its own accord (``Gaps``) goes to ``on_gaps``. The thread sleeps on a condition while idle.
+returned of its own accord (``Gaps``) goes to ``on_gaps``. A call that returns after its bound with nobody
+waiting (an ``open`` or a ``write`` starved of CPU) is said once as a warning: it kept no one waiting, and its
+queue bound is what stops a sink that falls too far behind. The thread sleeps on a condition while idle.
 
 Example:
     >>> host = SinkHost(sink, max_batches=256)
@@ -24,7 +26,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, List, Optional, Sequence
+from typing import Any, Callable, Deque, List, Optional, Sequence, Set
 
 from .base import Event, Record, RunInfo, Sink
 from .calls import AskHeld, Call, Close, Failure, Flush, Gaps, Open, Undelivered, Write
@@ -63,6 +65,7 @@ class SinkHost:
         self._ready = threading.Condition()
         self._running: Optional[Call] = None
         self._started_at = 0.0
+        self._slow: Set[str] = set()  # the calls said to have returned after their bound
         self._dead = False  # failed to open, or a call hung: handed nothing more
         self._closing: Optional[Call] = None  # the last call, once ``close`` (or ``retire``) queued it
         self._thread = threading.Thread(target=self._loop, name=f"msbridge-{sink.name}", daemon=True)
@@ -191,7 +194,7 @@ class SinkHost:
         finally:
             took, self._running = time.monotonic() - self._started_at, None
         if call.failure is None and took > call.bound(self.sink):
-            call.failure = Failure(call.method, f"took {took:.1f} s, over its bound of {call.bound(self.sink):g} s")
+            self._say_slow(call, took)
         if call.failure is not None:
             self._fail(call.failure)
             if isinstance(call, (Open, AskHeld)):  # not open, or cannot say what it holds: nothing more
@@ -205,6 +208,15 @@ class SinkHost:
                 self._after_write(call)
         if isinstance(call.result, Gaps) and call.result.events and self._on_gaps is not None:
             self._on_gaps(self.sink, call.result)
+
+    def _say_slow(self, call: Call, took: float) -> None:
+        """A call that returned after its bound: nobody was kept waiting (a wait that ran out is a ``Failure``,
+        ``overran``), and what it was handed is stored; said once per sink and call, as a warning."""
+        if call.method in self._slow:
+            return
+        self._slow.add(call.method)
+        log.warning("msbridge: sink %r: %s() took %.1f s, over its bound of %g s; it is behind (its queue holds "
+                    "what comes meanwhile)", self.sink.name, call.method, took, call.bound(self.sink))
 
     def _count_missed(self, call: Write) -> None:
         with self._ready:
