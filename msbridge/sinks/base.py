@@ -198,8 +198,8 @@ class Sink:
     holds the values), ``extra``/``requires`` (the ``msbridge[extra]`` that installs its import names),
     ``ranks`` and ``default_store``; ``register_sink("name")`` (``msbridge.sinks.registry``) names it.
 
-    Opt-in capabilities, each a return value or a method (the host reads only the class attributes declared
-    below, ``close_bound`` and ``name``):
+    Opt-in capabilities, each a return value or a method (of a sink's attributes the dispatcher and its host read
+    only ``name``, ``close_bound``, ``on_training_thread`` and ``observer``):
 
     - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
     - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events it raised (what it finally lost);
