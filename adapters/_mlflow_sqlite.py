@@ -15,7 +15,7 @@ It applies only where those tables have exactly the columns written here, checke
 anywhere else (another MLflow schema, a server, a run that is not active) ``rows_for`` gives None or
 ``log`` gives False, and the caller uses ``MlflowClient``. Runs, params, other tags, artifacts and
 status always go through ``MlflowClient``, and so does any ``mlflow.`` tag (MLflow acts on some).
-``tests/test_mlflow_sink.py`` checks that both write the same rows.
+``tests/adapters/test_mlflow_sqlite.py`` checks that both write the same rows.
 
 Example:
     >>> rows = rows_for("sqlite:////tmp/exp/mlflow.db")          # None if it does not apply

@@ -17,7 +17,7 @@ encoded by ``_eventwire.scalar_event`` byte for byte as MindSpore's protobuf
 class would, about 20x faster; the TensorBoard sink shares that encoder).
 MindSpore's C++ event writer (length, masked CRC32C, body, masked CRC32C)
 writes it, as MindSpore's ``SummaryWriter`` would (its version event first,
-read-only once closed), called from the sink's thread; each event is handed
+read-only once closed), called from the sink's own thread; each event is handed
 to the OS at once, so a running MindInsight shows it at its next reload, and
 ``flush`` adds fsync. On a full disk events wait, bounded, and go into a fresh
 file pair when space returns (``_diskwait``).

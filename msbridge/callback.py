@@ -350,10 +350,11 @@ class BridgeMonitor(EvalHooks, Callback):
     def _finish(self, status: str, dispatcher: Dispatcher, late: Optional[Mapping[str, Any]] = None) -> None:
         """The closed ``dispatcher``'s outcome into run.json and README (never raising: this runs inside
         MindSpore's hooks). ``late``: a signal that arrived while the sinks were closing."""
-        self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
         if self.plan is None:
+            self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
             return
         try:
+            self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
             objective = self._objective.summary() if self.run is not None and self.run.is_global else None
             self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late,
                                                 objective))

@@ -1,10 +1,12 @@
 """The sink contract, runnable: what every sink keeps, checked through the sink's own ``read_back``.
 
 A plug-in's author runs ``check_sink(MySink)`` (in a test of theirs, or once by hand); msbridge's own contract
-test runs it over every available sink. Each check opens the sink on a fresh run under ``directory``, hands it
-records and events as the dispatcher does (``write``, ``flush``, ``close``) and compares what ``read_back`` gives
-back, step for step: every metric with exactly its steps (checked first), then its values (to float32's
-precision; a non-finite value stays non-finite), and every event as ``events/<kind>`` at its step.
+test runs it over every available sink. Each check opens the sink on a fresh run under ``directory`` and drives
+it through the same ``SinkHost`` as a training does (its own thread, typed calls, each waited for at most
+``timeout`` s: a raise, a wrong return type or a hang fails the check, named), then compares what ``read_back``
+gives back, step for step: every metric with exactly its steps (checked first), then its values (to float32's
+precision; a non-finite value stays non-finite), and every event as ``events/<kind>`` at its step. A replay
+into the same store, twice, must add nothing (``held()``).
 
 Example:
     >>> from msbridge.testing import check_sink
@@ -21,7 +23,9 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from .names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
-from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Series, Sink
+from .sinks.base import FAILED, FINISHED, KILLED, WAL_NAME, Event, Record, RunInfo, Series, Sink
+from .sinks.calls import Call, Describe, Flush, ReadBack
+from .sinks.host import SinkHost
 
 #: float32 keeps 7 significant digits: a value read back is this close to the one handed over.
 REL_TOLERANCE = 1e-6
@@ -84,66 +88,135 @@ def _span(points: Sequence[Any]) -> str:
     return f"{len(steps)} steps {steps[0]}..{steps[-1]}" if steps else "no steps"
 
 
-def check_records_and_events(cls: Type[Sink], directory: str, steps: int = 50, **options: Any) -> None:
+class Driven:
+    """A sink driven as production drives it: on its ``SinkHost`` (its own thread, typed calls), each call
+    waited for at most ``timeout`` s. A raise, a wrong return type or a hang is a ``ContractError`` naming it.
+
+    Example:
+        >>> sink = Driven(CsvSink, contract_run("/tmp/c", "records"), {}, timeout=60)
+        >>> sink.write(contract_records(range(1, 4)), []); sink.close(FINISHED); sink.read_back()
+    """
+
+    def __init__(self, cls: Type[Sink], run: RunInfo, options: Dict[str, Any], timeout: float) -> None:
+        try:
+            self.sink = cls(**options)
+        except Exception as exc:
+            raise ContractError(f"{cls.__name__}(**{options!r}) raised {type(exc).__name__}: {exc}") from None
+        self.run, self.timeout = run, timeout
+        self.host = SinkHost(self.sink, max_batches=1_000_000, lossless=True)
+        self.ask(Describe(run=run))
+        self.host.open(run)
+        self.flush()  # open and held() have returned
+
+    def ask(self, call: Call, host: Optional[SinkHost] = None) -> Any:
+        """``call`` on the sink's thread, waited for at most ``timeout``; its checked result."""
+        host = host or self.host
+        result = host.ask(call, wait=self.timeout)
+        self._no_failure(host)
+        return result
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        self.host.offer(records, events)
+
+    def flush(self) -> None:
+        self.ask(Flush())
+
+    def close(self, status: str) -> str:
+        """``close(status)`` and the final ``undelivered()``, each on the sink's thread; the latter's text."""
+        final = self.host.close(status)
+        if not self.host.closed.wait(self.timeout):
+            self.host.overran(final, self.timeout)
+        self._no_failure(self.host)
+        return final.result
+
+    def read_back(self) -> Series:
+        """``read_back(run)`` after the close, on a thread of its own, bounded too."""
+        host = SinkHost(self.sink)
+        try:
+            return self.ask(ReadBack(run=self.run), host)
+        finally:
+            host.retire()
+
+    def _no_failure(self, host: SinkHost) -> None:
+        if host.failures:
+            raise ContractError(f"{host.failures[0]}")
+
+
+def check_records_and_events(cls: Type[Sink], directory: str, steps: int = 50, timeout: float = 60.0,
+                             **options: Any) -> None:
     """open, write, flush, write with events, close FINISHED: records and events read back."""
     run, records = contract_run(directory, "records"), contract_records(range(1, steps + 1))
     events = [Event("anomaly", 30, 0, 1_700_000_030.0, {"check": "loss_spike", "value": 9.5}),
               Event("checkpoint", 40, 0, 1_700_000_040.0, {"path": "ckpt/step_40"})]
-    sink = _opened(cls, run, options)
+    sink = Driven(cls, run, options, timeout)
     sink.write(records[:20], [])
     sink.flush()
     sink.write(records[20:], events)
     sink.close(FINISHED)
-    got = sink.read_back(run)
+    got = sink.read_back()
     assert_series(got, records)
     assert_events(got, events)
 
 
-def check_empty_run(cls: Type[Sink], directory: str, **options: Any) -> None:
+def check_empty_run(cls: Type[Sink], directory: str, timeout: float = 60.0, **options: Any) -> None:
     """open and close KILLED with nothing handed over: nothing read back."""
-    run = contract_run(directory, "empty")
-    sink = _opened(cls, run, options)
+    sink = Driven(cls, contract_run(directory, "empty"), options, timeout)
     sink.close(KILLED)
-    held = sorted(n for n, points in sink.read_back(run).items() if points and n.startswith(("train/", "events/")))
+    held = sorted(n for n, points in sink.read_back().items() if points and n.startswith(("train/", "events/")))
     _expect(not held, f"an empty run read back {held}")
 
 
-def check_non_finite(cls: Type[Sink], directory: str, **options: Any) -> None:
+def check_non_finite(cls: Type[Sink], directory: str, timeout: float = 60.0, **options: Any) -> None:
     """A NaN loss and an infinite global loss at step 3: kept visible, the other steps untouched."""
     run, records = contract_run(directory, "nonfinite"), contract_records(range(1, 6))
     records[2] = Record(3, 0, records[2].time, {**records[2].values, LOSS: math.nan, GLOBAL_LOSS: math.inf})
-    sink = _opened(cls, run, options)
+    sink = Driven(cls, run, options, timeout)
     sink.write(records, [])
     sink.close(FAILED)
-    assert_series(sink.read_back(run), records)
+    assert_series(sink.read_back(), records)
 
 
-def check_resume(cls: Type[Sink], directory: str, **options: Any) -> None:
+def check_resume(cls: Type[Sink], directory: str, timeout: float = 60.0, **options: Any) -> None:
     """The job dies after step 10 and resumes from its step-6 checkpoint: steps 7-10 come again, once stored."""
     run = contract_run(directory, "resumed")
-    first = _opened(cls, run, options)
+    first = Driven(cls, run, options, timeout)
     first.write(contract_records(range(1, 11)), [])
     first.close(KILLED)
-    again = _opened(cls, replace(run, resumed_from_step=10), options)
+    again = Driven(cls, replace(run, resumed_from_step=10), options, timeout)
     again.write(contract_records(range(7, 16), seed=1), [])
     again.close(FINISHED)
-    assert_series(again.read_back(run), contract_records(range(1, 11)) + contract_records(range(7, 16), seed=1)[4:])
+    assert_series(again.read_back(), contract_records(range(1, 11)) + contract_records(range(7, 16), seed=1)[4:])
 
 
-def check_many_steps(cls: Type[Sink], directory: str, steps: int = 10_000, **options: Any) -> None:
+def check_replay_twice(cls: Type[Sink], directory: str, timeout: float = 60.0, **options: Any) -> None:
+    """A run, then ``msbridge replay`` into it twice (a fresh sink, opened as replay opens it): its ``held()``
+    says what the store holds, so each replay adds no record and no event. Not for jsonl: replay reads the
+    write-ahead log, never writes it."""
+    if cls.name == WAL_NAME:
+        return
+    run, records = contract_run(directory, "replayed"), contract_records(range(1, 21))
+    events = [Event("anomaly", 12, 0, 1_700_000_012.0, {"check": "loss_spike"})]
+    for attempt in ("the run", "the first replay", "the second replay"):
+        sink = Driven(cls, run, options, timeout)
+        sink.write(records, events)
+        sink.close(FINISHED)
+        got = sink.read_back()
+        try:
+            assert_series(got, records)
+            assert_events(got, events)
+        except ContractError as exc:
+            raise ContractError(f"after {attempt}: {exc} (does held() read back what the store holds?)") from None
+
+
+def check_many_steps(cls: Type[Sink], directory: str, steps: int = 10_000, timeout: float = 60.0,
+                     **options: Any) -> None:
     """``steps`` steps in batches of 100, as flush windows: every step read back, the last value too."""
     run, records = contract_run(directory, "many"), contract_records(range(1, steps + 1))
-    sink = _opened(cls, run, options)
+    sink = Driven(cls, run, options, timeout)
     for start in range(0, len(records), 100):
         sink.write(records[start:start + 100], [])
     sink.close(FINISHED)
-    assert_series(sink.read_back(run), records)
-
-
-def _opened(cls: Type[Sink], run: RunInfo, options: Dict[str, Any]) -> Sink:
-    sink = cls(**options)
-    sink.open(run)
-    return sink
+    assert_series(sink.read_back(), records)
 
 
 #: Every check of the contract, by name: ``CHECKS[name](cls, directory, **options)``.
@@ -152,29 +225,32 @@ CHECKS: Dict[str, Callable[..., None]] = {
     "empty_run": check_empty_run,
     "non_finite": check_non_finite,
     "resume": check_resume,
+    "replay_twice": check_replay_twice,
     "many_steps": check_many_steps,
 }
 
 
-def check_sink(cls: Type[Sink], directory: Optional[str] = None, steps: int = 10_000, **options: Any) -> List[str]:
+def check_sink(cls: Type[Sink], directory: Optional[str] = None, steps: int = 10_000, timeout: float = 60.0,
+               **options: Any) -> List[str]:
     """Run every check of the contract on ``cls(**options)``; returns the names of the checks passed.
 
     ``directory`` holds the runs (a temporary directory, removed after, when None); ``steps`` is the long
-    check's length. Raises ``ContractError`` at the first check that fails, naming it.
+    check's length; ``timeout`` bounds each call of the sink (a hang fails the check in that time). Raises
+    ``ContractError`` at the first check that fails, naming it.
 
     Example:
         >>> from msbridge.adapters.jsonl_sink import JsonlSink
         >>> check_sink(JsonlSink, steps=1_000)
-        ['records_and_events', 'empty_run', 'non_finite', 'resume', 'many_steps']
+        ['records_and_events', 'empty_run', 'non_finite', 'resume', 'replay_twice', 'many_steps']
     """
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="msbridge-contract-") as scratch:
-            return check_sink(cls, scratch, steps, **options)
+            return check_sink(cls, scratch, steps, timeout, **options)
     passed = []
     for name, check in CHECKS.items():
         extra: Dict[str, Any] = {"steps": steps} if name == "many_steps" else {}
         try:
-            check(cls, directory, **extra, **options)
+            check(cls, directory, timeout=timeout, **extra, **options)
         except ContractError as exc:
             raise ContractError(f"{cls.__name__} ({cls.name}) fails {name}: {exc}") from None
         passed.append(name)

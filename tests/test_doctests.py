@@ -138,8 +138,11 @@ SKIP: Dict[str, str] = {
     "msbridge.sinks.columns.*": RUN_DIR,
     "msbridge.sinks.dispatch.*": LIVE_RUN,
     "msbridge.sinks.runlog": RUN_DIR,
-    "msbridge.sinks.worker.*": LIVE_RUN,
+    "msbridge.sinks.host.*": LIVE_RUN,
+    "msbridge.sinks.calls": LIVE_RUN,
     "msbridge.testing": GUIDE,
+    "msbridge.testing.Driven": GUIDE,
+    "msbridge.plugins": GUIDE,
 }
 
 

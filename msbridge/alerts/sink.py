@@ -3,8 +3,9 @@
 ``msbridge.run.plan`` adds it (last, after every other sink) when ``alerts.targets`` is set; it is not
 named under ``sinks:``. Being a sink gives it, with no new plumbing: every health event, the stall
 watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink raises, the run's end
-status in ``close``, and the other sinks' ``undelivered()`` (they are closed before it). ``emit`` runs on the
-dispatcher thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
+status in ``close``, and, as an observer (``Sink.observer``), every other sink's final ``undelivered`` in
+``observe``: the dispatcher hands it over once every other sink closed or hit its bound, before this close.
+``emit`` runs on its own host thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
 the outbox and named in ``undelivered()``, so the run's outcome says ``msbridge replay RUN_DIR --to alerts``.
 
 Example:
@@ -13,7 +14,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 from ..sinks.base import FAILED, KILLED, Event, Record, Sink
 from .delivery import Sender
@@ -31,21 +32,21 @@ class AlertSink(Sink):
 
     Args:
         spec: the ``alerts`` section.
-        peers: the run's other sinks (their ``undelivered()`` at close alerts as ``undelivered``).
         config_file: the config file the run was started with (kept in the outbox for the replay).
         backoff_s: the first retry's wait (tests shorten it).
 
     Example:
-        >>> AlertSink(spec, peers=sinks, config_file="monitor.yaml")
+        >>> AlertSink(spec, config_file="monitor.yaml")
     """
 
     name = "alerts"
     ranks = "all"
+    observer = True
 
-    def __init__(self, spec: AlertSpec, peers: Sequence[Sink] = (), config_file: str = "",
-                 backoff_s: float = 1.0) -> None:
+    def __init__(self, spec: AlertSpec, config_file: str = "", backoff_s: float = 1.0) -> None:
         super().__init__()
-        self.spec, self.peers, self.config_file, self.backoff_s = spec, list(peers), config_file, backoff_s
+        self.spec, self.config_file, self.backoff_s = spec, config_file, backoff_s
+        self._lost: Dict[str, str] = {}  # ``observe``: the other sinks' final undelivered
         self.policy: Optional[Policy] = None
         self.sender: Optional[Sender] = None
         self._cause: Optional[Event] = None
@@ -80,6 +81,10 @@ class AlertSink(Sink):
         if admitted is not None:
             self.sender.submit(admitted)
 
+    def observe(self, undelivered: Mapping[str, str]) -> None:
+        """The other sinks' final ``undelivered``: one ``undelivered`` alert at close when any lacks something."""
+        self._lost = dict(undelivered)
+
     def close(self, status: str = "FINISHED") -> None:
         """The run-end alerts, the held ones ("and N more"), then a bounded wait for the sender."""
         if self.sender is None:
@@ -88,7 +93,7 @@ class AlertSink(Sink):
             self._offer(run_end_alert(self.run, status, self._step, FAILED_RUN, self._cause))
         elif self.policy.allows(RUN_END):
             self._offer(run_end_alert(self.run, status, self._step, RUN_END, self._cause))
-        lost = "; ".join(f"{peer.name}: {what}" for peer in self.peers for what in [peer.undelivered()] if what)
+        lost = "; ".join(f"{name}: {what}" for name, what in self._lost.items() if what)
         if lost and self.policy.allows(UNDELIVERED):
             self._offer(run_end_alert(self.run, status, self._step, UNDELIVERED, lost=lost))
         for alert in self.policy.held():

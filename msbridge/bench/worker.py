@@ -59,7 +59,7 @@ class _Timer(Callback):
             self.cpu_first_step = process_cpu_s()
         if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
             self.cpu.append(process_cpu_s())
-            self.sink_thread_cpu.append(thread_cpu_s("msbridge-dispatch"))
+            self.sink_thread_cpu.append(thread_cpu_s("msbridge-jsonl"))  # jsonl's host thread: it writes, then hands each batch on
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
         if step >= self.cpu_at[1]:

@@ -17,6 +17,8 @@ import sys
 from typing import List, Optional
 
 from ..errors import MsbridgeError
+from ..sinks.base import WAL_NAME
+from ..sinks.registry import names as sink_names
 from .alert_cmd import add_alert_commands, cmd_replay_alerts
 from .analyze import add_analysis_commands, add_strict
 from .config_cmd import add_config_commands
@@ -155,8 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("replay", help="rebuild a sink from a run's jsonl write-ahead log (offline mode)")
     rep.add_argument("run_dir", help="the run directory (holds run.json and metrics/rank_*.jsonl)")
-    rep.add_argument("--to", required=True, choices=["mlflow", "tensorboard", "mindinsight", "alerts"],
-                     help="the sink to rebuild (alerts: send the alerts the run could not)")
+    targets = [name for name in sink_names() if name != WAL_NAME] + ["alerts"]
+    rep.add_argument("--to", required=True, choices=targets, metavar="SINK",
+                     help=f"the sink to rebuild, one of: {', '.join(targets)} (every registered sink, plug-ins "
+                          "included; alerts: send the alerts the run could not)")
     rep.add_argument("--config", help="alerts: the config with alerts.targets (default: the run's config file)")
     rep.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the run was configured with)")
     add_strict(rep)

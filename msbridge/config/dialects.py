@@ -371,8 +371,8 @@ HANDLERS: Dict[str, Handler] = {
     "keep_default_callbacks": _keep_default_callbacks,
     "keep_default_action": _keep_default_action,
     "custom_lineage_data": _custom_lineage_data,
-    "num_process": _no_effect("msbridge writes summaries from one background thread and starts no writer "
-                              "processes (SummaryCollector's writer pool)"),
+    "num_process": _no_effect("msbridge writes summaries from the MindInsight sink's own thread and starts "
+                              "no summary writer processes (SummaryCollector's writer pool)"),
     "collect_tensor_freq": _no_effect("msbridge records no TensorSummary data (histograms follow "
                                       "histogram_interval)"),
     "max_file_size": _no_effect("msbridge does not split or cap its summary files; the jsonl log is the "

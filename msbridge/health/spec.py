@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 from ..options import Option, declare, declared_options, did_you_mean, expected
-from .detectors import DETECTORS
+from .detectors import BROKEN, DETECTORS
 from .detectors.base import ACTIONS, PROFILES, SKIP, STOP_ACTIONS
 
 #: Keys every check section has besides the detector's own options.
@@ -127,7 +127,8 @@ def _top_problems(top: Mapping[str, Any]) -> List[Problem]:
     problems: List[Problem] = []
     for key, value in top.items():
         option = SETTINGS.get(key)
-        problem = (f"unknown key{did_you_mean(key, list(SETTINGS) + list(DETECTORS))}" if option is None
+        problem = (BROKEN[key] if key in BROKEN and option is None else  # a plug-in check that did not load
+                   f"unknown key{did_you_mean(key, list(SETTINGS) + list(DETECTORS))}" if option is None
                    else option.check(value))
         if problem:
             problems.append((("health", key), problem))

@@ -100,13 +100,13 @@ class RunPlan:
                       is_global=self.ranks.is_global, run_dir=self.run_dir,
                       config=config_dict, metadata=meta, start_time=time.time(), training=True,
                       resumed_from_step=last_step(wal) if os.path.exists(wal) else 0)
-        where = {s.name: info for s in sinks for info in [s.describe(run)] if info}
+        self._dispatcher = Dispatcher(sinks)  # each sink on a host of its own; nothing opened yet
+        where = self._dispatcher.describe(run)  # each on its own thread, waited for at most DESCRIBE_BOUND (2 s)
         run = replace(run, readme=render_readme(self.run_name, self.run_id, meta, where, self.run_dir))
         if self.ranks.is_global:  # the outcome's room, before anything else takes the disk
             reserve_space(self.run_dir)
-        self._dispatcher = Dispatcher(sinks, run)  # opens every sink; one that fails is dropped
-        opened = {s.name for s in self._dispatcher.sinks}
-        self._where = {name: info for name, info in where.items() if name in opened}
+        self._dispatcher.open(run)  # queued on each sink's thread: training does not wait for an open
+        self._where = where
         self._meta = dict(meta, run_id=self.run_id, run_name=self.run_name, sinks=self._where)
         self._write()
         return self._dispatcher, run
@@ -118,14 +118,18 @@ class RunPlan:
 
     @property
     def failed_sinks(self) -> Dict[str, str]:
-        """Each sink that raised (in open, write, flush or close), with its first error."""
+        """Each sink whose call failed (raised, returned a wrong type, overran its bound), with its first failure."""
         dispatcher = getattr(self, "_dispatcher", None)
         return dict(dispatcher.failures) if dispatcher is not None else {}
 
     def finish(self, outcome: Dict[str, Any]) -> None:
-        """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json."""
+        """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json; a sink that
+        never opened leaves the list of where the sinks write."""
         if hasattr(self, "_meta"):
             release_space(self.run_dir)
+            unopened = self._dispatcher.unopened
+            self._where = {name: info for name, info in self._where.items() if name not in unopened}
+            self._meta["sinks"] = self._where
             self._write(outcome)
 
     def _write(self, outcome: Optional[Dict[str, Any]] = None) -> None:
@@ -158,10 +162,10 @@ def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[R
         raise ConfigError(f"output_dir: cannot create {run_dir!r}: {exc.strerror or exc}") from None
     claim_rank_file(run_dir, ranks.rank)
     sinks = build_sinks(config, ranks, experiment_dir) + list(extra_sinks)
-    if config.alert_spec.enabled:  # a sink, so it hears every event; last, so it reads the others' undelivered
+    if config.alert_spec.enabled:  # a sink, so it hears every event; an observer, told the others' final undelivered
         from ..alerts.sink import AlertSink
 
-        sinks.append(AlertSink(config.alert_spec, peers=list(sinks), config_file=config.provenance.source))
+        sinks.append(AlertSink(config.alert_spec, config_file=config.provenance.source))
     return RunPlan(config=config, ranks=ranks, run_name=run_name, run_dir=run_dir, run_id=run_id_for(run_dir),
                    sinks=sinks, experiment_dir=experiment_dir)
 

@@ -43,6 +43,10 @@ DEFAULT_CLOSE_TIMEOUT = 10.0
 WAL_NAME = "jsonl"
 
 
+class WrongType(TypeError):
+    """A sink call returned what the contract does not allow: the message names the call and both types."""
+
+
 def json_safe(value: Any) -> Any:
     """A copy JSON can hold: event details may carry NaN, JSON may not; non-finite floats become "nan"/"inf"."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -182,8 +186,10 @@ Raised = Optional[Sequence[Event]]
 
 
 class Sink:
-    """Base class of every sink. The dispatcher calls it from one background thread (jsonl: the
-    dispatcher's own; every other sink: a thread of its own).
+    """Base class of every sink. Every call of it (``open``, ``describe``, ``held``, ``write``, ``flush``,
+    ``close``, ``undelivered``, ``read_back``) is made on a thread of its own by its ``SinkHost``
+    (``msbridge.sinks.host``), each within a time limit; one that raises, returns a wrong type or overruns
+    makes the sink undelivered, and training goes on.
 
     What a sink implements: ``open(run)`` once, ``emit(records, events)`` per batch, ``flush()`` (everything
     handed over is durable when it returns), ``close(status)`` once (it flushes first), ``read_back(run)``
@@ -192,11 +198,13 @@ class Sink:
     holds the values), ``extra``/``requires`` (the ``msbridge[extra]`` that installs its import names),
     ``ranks`` and ``default_store``; ``register_sink("name")`` (``msbridge.sinks.registry``) names it.
 
-    Opt-in capabilities, each a return value (the dispatcher never reads a sink's attributes):
+    Opt-in capabilities, each a return value or a method (of a sink's attributes the dispatcher and its host read
+    only ``name``, ``close_bound``, ``on_training_thread`` and ``observer``):
 
     - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
     - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events it raised (what it finally lost);
     - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
+    - observer: ``observer = True`` and ``observe(undelivered)``: the others' final ``undelivered``;
     - hurry: ``hurry()`` is called from another thread once training has ended and the sink's close has run
       ``HURRY_AFTER`` seconds: a sink that kept its client at a low priority for training's sake lifts it;
     - tracker times: ``start_time``/``end_time`` (read-only) are the training's start and the latest time
@@ -229,6 +237,8 @@ class Sink:
     default_store: Tuple[str, str] = ()
     #: True only for a sink as cheap as a print (see above): ``submit`` calls it on the training thread.
     on_training_thread = False
+    #: True for a sink that reports on the others (alerts): it is closed last, after ``observe``.
+    observer = False
 
     def __init__(self, **options: Any) -> None:
         problems = check_options(self.options, options)
@@ -315,8 +325,15 @@ class Sink:
 
     def _holding(self) -> Held:
         if self.__held is None:
-            self.__held = self.held()
+            held = self.held()
+            if not isinstance(held, Held):
+                raise WrongType(f"held() returned {type(held).__name__}, not Held")
+            self.__held = held
         return self.__held
+
+    def holding(self) -> Held:
+        """``held()``, asked once per open (the host asks it right after ``open``; ``write`` reuses it)."""
+        return self._holding()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
         """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""
@@ -332,6 +349,11 @@ class Sink:
     def hurry(self) -> None:
         """Training has ended and this sink's close is still running (see the class docstring); called from
         the dispatcher's closing thread, so it must be safe beside the sink's own. By default nothing."""
+
+    def observe(self, undelivered: Mapping[str, str]) -> None:
+        """An ``observer``'s final facts: every other sink's final ``undelivered`` (name -> what; only the ones
+        that lack something), handed over once every other sink closed or hit its bound, before this one's
+        close. By default nothing."""
 
     def undelivered(self) -> str:
         """What this sink gave up delivering ("30 records and status FINISHED ..."), "" when nothing:

@@ -1,58 +1,51 @@
-"""Hands each batch to the write-ahead log (jsonl) first, then to every tracker on a thread of its own.
+"""Hands each batch to the write-ahead log (jsonl) first, then to every tracker: each sink on its own host.
 
-``submit`` (safe from any thread) puts a batch on one bounded queue. The dispatcher thread
-``msbridge-dispatch`` takes it, writes and fsyncs it to jsonl, then offers it to each tracker's
-``TrackerWorker`` (``worker.py``): its own thread and its own bounded queue. A slow, stalled or
-starved tracker delays only itself; one whose queue is full is handed nothing more and counts
-what it missed, and the run's outcome names it with the replay that fills it. Threads sleep on
-their queues while idle (no polling).
+Every sink is run by a ``SinkHost`` (``host.py``): its own thread, its own queue, every call a typed ``Call``
+(``calls.py``) bounded in time. ``submit`` (safe from any thread) queues the batch on jsonl's host, which waits
+only while jsonl's queue is full (at most its bound, once: jsonl loses nothing it can help); once jsonl wrote it,
+jsonl's host offers it to each tracker's host, which never waits. A slow, stalled or broken tracker delays only
+itself. ``open`` is queued too: the training thread never waits for a sink to open.
 
-Every call is in its own try/except: a sink that raises is logged once with its name, counted,
-and the others carry on. The events a sink's ``write``/``flush``/``close`` return (a ``gap`` in the
-jsonl log: what it finally lost) are handed to every other sink, and kept in ``raised``.
+What a sink returns of its own accord (``Gaps``: the ``gap`` events of what it finally lost) is handed to every
+other sink and kept in ``raised``. What went wrong with a call (``Failure``: a raise, a wrong type, an overrun)
+is kept per sink; the run's outcome lists the sink as undelivered, with the replay that fills it.
 
-A sink marked ``on_training_thread`` (the console's progress line) is written in ``submit``
-itself: a progress line is printed at the flush of the step it reports, never behind a sink.
+A sink marked ``on_training_thread`` (the console's progress line) is called in ``submit`` itself, through the
+same typed calls: a progress line is printed at the flush of the step it reports, never behind a sink.
 
-``close(status)`` drains jsonl first, then closes the trackers in parallel, waiting for each at
-most its ``close_bound`` (its ``close_timeout`` plus ``CLOSE_GRACE``) from the start of the close;
-one still closing ``HURRY_AFTER`` seconds in is told to ``hurry`` (training has ended: a client kept at a low
-priority may take the CPU now), and one still closing at its bound is listed in ``undelivered`` with what it
-was not seen to finish.
+``close(status)`` drains and closes jsonl, then closes the trackers in parallel, each within its ``close_bound``
+from the start of the close (one still closing ``HURRY_AFTER`` s in is told to ``hurry``), then hands the
+observers (``Sink.observer``: alerts) each other sink's final ``undelivered`` and closes them.
 
 Example:
     >>> d = Dispatcher([JsonlSink(), MlflowSink()], run_info)
     >>> d.submit(records, events)
-    >>> d.close("FINISHED")   # jsonl drained and closed, then each tracker within its bound
+    >>> d.close("FINISHED")   # jsonl drained and closed, then each tracker within its bound, then alerts
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import shlex
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from .base import FINISHED, HURRY_AFTER, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
-from .worker import TrackerWorker
+from .calls import DESCRIBE_BOUND, Call, Close, Describe, Failure, Flush, Gaps, Observe, Open, Write
+from .host import SinkHost
 
 log = logging.getLogger("msbridge")
 
-_STOP = object()
-
 
 class Dispatcher:
-    """Opens ``sinks``, writes jsonl on its own thread and each other sink on a ``TrackerWorker``.
+    """Runs ``sinks`` on hosts of their own; jsonl first, then the trackers, then the observers.
 
     Args:
-        sinks: opened here, in order; the one named jsonl is the write-ahead log.
-        run: what every sink is opened with.
-        max_batches: the jsonl queue's bound; a full one makes ``submit`` wait (jsonl loses nothing).
+        sinks: the one named jsonl is the write-ahead log.
+        run: when given, every sink is opened with it now (queued); else call ``describe`` then ``open``.
+        max_batches: jsonl's queue bound; a full one makes ``submit`` wait (at most jsonl's bound, once).
         tracker_batches: each tracker's queue bound; past it the tracker misses the rest of the run.
-
-    ``sinks`` holds the sinks that opened (jsonl and the trackers), ``inline`` the ``on_training_thread`` ones.
 
     Example:
         >>> d = Dispatcher([JsonlSink(), TensorBoardSink()], run)
@@ -60,53 +53,78 @@ class Dispatcher:
         {}
     """
 
-    def __init__(self, sinks: Sequence[Sink], run: RunInfo, max_batches: int = 64,
+    def __init__(self, sinks: Sequence[Sink], run: Optional[RunInfo] = None, max_batches: int = 64,
                  tracker_batches: int = 256) -> None:
-        self.errors: Dict[str, int] = {}
-        self.failures: Dict[str, str] = {}  # sink name -> its first failure, "open(): TypeError: ..."
         #: Every event the sinks raised themselves (a ``gap``), in order: the run's outcome lists them.
         self.raised: List[Event] = []
         self.run = run
         self.submitted = 0  # records handed to ``submit``
-        self.wal_written = 0  # records jsonl's write took without raising
+        self.wal_written = 0  # records jsonl's write took
+        self._inline_failures: Dict[str, Failure] = {}
         self._late: Dict[str, str] = {}  # sink name -> what it was not seen to finish at close
-        self._queue: "queue.Queue[object]" = queue.Queue(maxsize=max_batches)
-        self._lock = threading.RLock()  # submit and close from any thread; errors and raised from every thread
+        self._final: Dict[str, str] = {}  # sink name -> its final ``undelivered()``
+        self._lock = threading.RLock()
         self._closed = False
         self._close_done = threading.Event()
-        self._warned_full = False
-        opened = [sink for sink in sinks if self._call(sink, "open", run)[0]]
-        self.sinks: List[Sink] = [sink for sink in opened if not sink.on_training_thread]
-        self.inline: List[Sink] = [sink for sink in opened if sink.on_training_thread]
-        self.wal: Optional[Sink] = next((s for s in self.sinks if s.name == WAL_NAME), None)
-        self.workers: List[TrackerWorker] = [TrackerWorker(s, self._run, tracker_batches)
-                                             for s in self.sinks if s is not self.wal]
-        self.close_bound = max([s.close_bound for s in self.sinks] or [0.0])
-        self._thread = threading.Thread(target=self._loop, name="msbridge-dispatch", daemon=True)
-        self._thread.start()
+        self.inline: List[Sink] = [s for s in sinks if s.on_training_thread]
+        hosted = [s for s in sinks if not s.on_training_thread]
+        wal = next((s for s in hosted if s.name == WAL_NAME), None)
+        self._wal = (SinkHost(wal, max_batches, lossless=True, on_gaps=self._gaps, after_write=self._written)
+                     if wal is not None else None)
+        self._trackers = [SinkHost(s, tracker_batches, on_gaps=self._gaps) for s in hosted if s is not wal]
+        self.sinks: List[Sink] = hosted
+        self.wal: Optional[Sink] = wal
+        self.close_bound = max([s.close_bound for s in hosted] or [0.0])
+        if run is not None:
+            self.open(run)
+
+    @property
+    def hosts(self) -> List[SinkHost]:
+        """Every sink's host: jsonl first."""
+        return ([self._wal] if self._wal is not None else []) + self._trackers
+
+    def describe(self, run: RunInfo) -> Dict[str, Dict[str, str]]:
+        """Each sink's ``describe(run)`` (where it writes), asked in parallel, each on its sink's thread, waited for
+        ``DESCRIBE_BOUND`` s in all; one not back by then is a failure, and its sink gets nothing."""
+        asked = [(host, host.put(Describe(run=run))) for host in self.hosts]
+        deadline = time.monotonic() + DESCRIBE_BOUND
+        where: Dict[str, Dict[str, str]] = {}
+        for sink in self.inline:
+            info = self._inline(sink, Describe(run=run))
+            if info:
+                where[sink.name] = info
+        for host, call in asked:
+            if not call.done.wait(max(0.0, deadline - time.monotonic())):
+                host.overran(call, DESCRIBE_BOUND)
+            elif call.result:
+                where[host.sink.name] = call.result
+        return where
+
+    def open(self, run: RunInfo) -> None:
+        """Open every sink with ``run``: the inline ones now, the others queued on their hosts (no wait)."""
+        self.run = run
+        for sink in self.inline:
+            self._inline(sink, Open(run=run))
+        for host in self.hosts:
+            host.open(run)
         atexit.register(self._atexit)
 
     # -- any thread ----------------------------------------------------------------
     def submit(self, records: Sequence[Record], events: Sequence[Event] = ()) -> None:
-        """Write the inline sinks (the progress line), then queue the batch for jsonl and the trackers.
-        Returns at once unless jsonl's queue is full; safe to call from any thread."""
+        """Write the inline sinks (the progress line), then queue the batch on jsonl's host. Returns at once
+        unless jsonl's queue is full; safe from any thread."""
         if not records and not events:
             return
-        item = ("write", list(records), list(events))
+        records, events = list(records), list(events)
         with self._lock:
             if self._closed:
                 return
             for sink in self.inline:
-                self._call(sink, "write", item[1], item[2])
-            self.submitted += len(item[1])
-            try:
-                self._queue.put_nowait(item)
-            except queue.Full:
-                if not self._warned_full:
-                    self._warned_full = True
-                    log.warning("msbridge: jsonl queue full (%d batches); training waits for the write-ahead log",
-                                self._queue.maxsize)
-                self._queue.put(item)
+                self._inline(sink, Write(records=records, events=events))
+            self.submitted += len(records)
+            if self._wal is None or not self._wal.offer(records, events):
+                for host in self._trackers:  # no jsonl, or jsonl behind: the trackers still get it
+                    host.offer(records, events)
 
     def flush(self, timeout: Optional[float] = None) -> bool:
         """Wait until jsonl and every tracker have written and flushed what was submitted so far."""
@@ -114,27 +132,23 @@ class Dispatcher:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         for sink in self.inline:
-            self._call(sink, "flush")
-        done = threading.Event()
-        self._queue.put(("flush", done))
-        if not done.wait(_left(deadline)):
+            self._inline(sink, Flush())
+        if self._wal is not None and not self._wal.put(Flush()).done.wait(_left(deadline)):
             return False
-        return all(event.wait(_left(deadline)) for event in [w.request_flush() for w in self.workers])
+        asked = [host.put(Flush()) for host in self._trackers]
+        return all(call.done.wait(_left(deadline)) for call in asked)
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> None:
-        """Drain and close jsonl, then close the trackers in parallel, each waited for at most its
-        ``close_bound`` (``timeout``, when given, caps them all). A second close waits for the first."""
+        """Drain and close jsonl, then the trackers in parallel, each waited for at most its ``close_bound``
+        (``timeout``, when given, caps them all), then the observers. A second close waits for the first."""
         with self._lock:
             first, self._closed = not self._closed, True
             if first:
                 for sink in self.inline:
-                    self._call(sink, "close", status)
-                self._queue.put(("close", status))
-                self._queue.put(_STOP)
+                    self._inline(sink, Close(status=status))
                 atexit.unregister(self._atexit)
         if not first:
-            if threading.current_thread() is not self._thread:
-                self._close_done.wait(self.close_bound if timeout is None else timeout)
+            self._close_done.wait(self.close_bound if timeout is None else timeout)
             return
         try:
             self._close_all(status, timeout)
@@ -142,113 +156,114 @@ class Dispatcher:
             self._close_done.set()
 
     @property
-    def undelivered(self) -> Dict[str, str]:
-        """Each sink that may lack records: its failed calls, what it missed (its queue was full), what it
-        gave up delivering (its ``undelivered()``), and a close not seen to finish within its bound."""
-        out = {name: f"{count} failed call(s)" for name, count in self.errors.items()}
-        missed = {w.sink.name: w.missed for w in self.workers}
-        for sink in (*self.sinks, *self.inline):
-            parts = (out.get(sink.name), missed.get(sink.name), _gave_up(sink), self._late.get(sink.name))
-            if any(parts[1:]):
-                out[sink.name] = "; ".join(part for part in parts if part)
+    def failures(self) -> Dict[str, str]:
+        """Each sink whose call failed (raised, wrong type, overran): its first failure, "open(): TypeError: ..."."""
+        out = {name: str(failure) for name, failure in self._inline_failures.items()}
+        out.update({h.sink.name: str(h.failures[0]) for h in self.hosts if h.failures})
         return out
 
+    @property
+    def unopened(self) -> List[str]:
+        """The sinks whose ``open`` did not return (raised, overran, or is still running)."""
+        names = [h.sink.name for h in self.hosts if not h.opened]
+        return names + [name for name, failure in self._inline_failures.items() if failure.method == "open"]
+
+    @property
+    def undelivered(self) -> Dict[str, str]:
+        """Each sink that may lack records, from final facts only: its failed calls, what it missed (queue full
+        or a failed call), what it gave up delivering (its final ``undelivered()``), a close not seen to finish."""
+        out = {name: f"1 failed call(s): {failure}" for name, failure in self._inline_failures.items()}
+        for host in self.hosts:
+            name = host.sink.name
+            failed = f"{len(host.failures)} failed call(s): {host.failures[0]}" if host.failures else ""
+            parts = [p for p in (failed, host.missed, self._final.get(name, ""), self._late.get(name)) if p]
+            if parts:
+                out[name] = "; ".join(parts)
+        return out
+
+    # -- the closing thread --------------------------------------------------------
     def _close_all(self, status: str, timeout: Optional[float]) -> None:
         start = time.monotonic()
+        cap = self.close_bound if timeout is None else timeout
+        if self._wal is not None:
+            final = self._wal.close(status)
+            if not self._wal.closed.wait(max(0.0, start + min(cap, self._wal.sink.close_bound) - time.monotonic())):
+                self._say_late(self._wal, round(time.monotonic() - start))
+            self._final[WAL_NAME] = final.result or ""
+        trackers = [h for h in self._trackers if not h.sink.observer]
+        self._close_each(trackers, status, start, timeout)
+        observers = [h for h in self._trackers if h.sink.observer]
+        if observers:
+            watching = {host.sink.name for host in observers}
+            facts = {name: what for name, what in self.undelivered.items() if name not in watching}
+            for host in observers:
+                host.put(Observe(undelivered=facts))
+            self._close_each(observers, status, time.monotonic(), timeout)
 
-        def bound(sink: Sink) -> float:
-            return sink.close_bound if timeout is None else min(timeout, sink.close_bound)
+    def _close_each(self, hosts: Sequence[SinkHost], status: str, start: float, timeout: Optional[float]) -> None:
+        """Close ``hosts`` in parallel, each waited for its bound from ``start``; a late one is listed."""
+        def bound(host: SinkHost) -> float:
+            return host.sink.close_bound if timeout is None else min(timeout, host.sink.close_bound)
 
-        self._thread.join(max(0.0, start + (self.close_bound if timeout is None else timeout) - time.monotonic()))
-        if self._thread.is_alive():
-            self._late[WAL_NAME] = (f"its close had not finished after {time.monotonic() - start:.0f} s: it had "
-                                    f"taken {self.wal_written} of the {self.submitted} records submitted")
-            log.error("msbridge: jsonl did not finish within %.0f s: it took %d of the %d records submitted",
-                      time.monotonic() - start, self.wal_written, self.submitted)
-        closing = [(w, w.request_close(status)) for w in self.workers]
+        closing = [(host, host.close(status)) for host in hosts]
         hurry_at = time.monotonic() + HURRY_AFTER
-        for worker, closed in closing:
-            if not closed.wait(max(0.0, min(hurry_at, start + bound(worker.sink)) - time.monotonic())):
-                self._call(worker.sink, "hurry")
-        for worker, closed in closing:
-            if not closed.wait(max(0.0, start + bound(worker.sink) - time.monotonic())):
-                self._say_late(worker, bound(worker.sink))
+        for host, _ in closing:
+            if not host.closed.wait(max(0.0, min(hurry_at, start + bound(host)) - time.monotonic())):
+                _hurry(host.sink)
+        for host, final in closing:
+            if not host.closed.wait(max(0.0, start + bound(host) - time.monotonic())):
+                self._say_late(host, bound(host))
+            self._final[host.sink.name] = final.result or ""
 
-    def _say_late(self, worker: TrackerWorker, bound: float) -> None:
-        behind = self.submitted - worker.done_records
-        what = (f"its close had not finished after {bound:g} s (its close bound): it had taken "
-                f"{worker.done_records} of the {self.submitted} records (up to step {worker.done_step}), "
+    def _say_late(self, host: SinkHost, waited: float) -> None:
+        behind = self.submitted - host.done_records
+        what = (f"its close had not finished after {waited:g} s (its close bound; {host.running_for() or 'idle'}):"
+                f" it had taken {host.done_records} of the {self.submitted} records (up to step {host.done_step}), "
                 f"{behind} behind, and what it stored is not confirmed")
-        self._late[worker.sink.name] = what
-        log.warning("msbridge: sink %r: %s; jsonl took %d of the %d records; fill it: msbridge replay %s --to %s",
-                    worker.sink.name, what, self.wal_written, self.submitted, shlex.quote(self.run.run_dir),
-                    worker.sink.name)
+        self._late[host.sink.name] = what
+        log.warning("msbridge: sink %r: %s; fill it: msbridge replay %s --to %s", host.sink.name, what,
+                    shlex.quote(self.run.run_dir if self.run else "RUN_DIR"), host.sink.name)
 
     def _atexit(self) -> None:
         # Backstop for a process that exits without train_end: keep what we have.
         self.close(KILLED, timeout=30.0)
 
-    # -- dispatcher thread -------------------------------------------------------
-    def _loop(self) -> None:
-        if self.wal is not None:
-            self._run(self.wal, "flush")
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            kind = item[0]
-            if kind == "write":
-                if self.wal is not None and self._run(self.wal, "write", item[1], item[2]):
-                    self.wal_written += len(item[1])
-                for worker in self.workers:  # after jsonl holds it; never waits for a tracker
-                    worker.offer(item[1], item[2])
-            elif kind == "raised":  # a tracker's own events: the trackers were handed them already
-                self._run(self.wal, "write", [], item[1])
-            elif kind == "flush":
-                if self.wal is not None:
-                    self._run(self.wal, "flush")
-                item[1].set()
-            elif kind == "close" and self.wal is not None:
-                self._run(self.wal, "close", item[1])
+    # -- the sinks' threads ----------------------------------------------------------
+    def _written(self, call: Write) -> None:
+        """jsonl's thread, once jsonl wrote a batch: count it and offer it to every tracker (never waits)."""
+        self.wal_written += len(call.records)
+        if not call.relayed:
+            for host in self._trackers:
+                host.offer(call.records, call.events)
 
-    def _run(self, sink: Sink, method: str, *args: object) -> bool:
-        """Call ``method``, then hand the events it returned (what the sink raised itself) to every other sink.
-        Runs on the sink's thread."""
-        ok, returned = self._call(sink, method, *args)
-        raised = [ev for ev in returned if isinstance(ev, Event)] if isinstance(returned, (list, tuple)) else []
-        if not raised:
-            return ok
+    def _gaps(self, sink: Sink, gaps: Gaps) -> None:
+        """A sink's own ``gap`` events: into ``raised``, jsonl, and every other tracker."""
         with self._lock:
-            self.raised.extend(raised)
-        if sink is not self.wal and self.wal is not None and not self._closed:
-            self._queue.put(("raised", raised))  # into jsonl only; after its close only in ``raised``
-        for worker in self.workers:
-            if worker.sink is not sink:
-                worker.offer([], list(raised))
-        return ok
+            self.raised.extend(gaps.events)
+        if self._wal is not None and sink is not self._wal.sink:
+            self._wal.offer([], gaps.events, relayed=True)  # after jsonl's close: in ``raised`` only
+        for host in self._trackers:
+            if host.sink is not sink:
+                host.offer([], gaps.events, relayed=True)
 
-    def _call(self, sink: Sink, method: str, *args: object) -> Tuple[bool, Any]:
-        """``(True, what the call returned)``, or ``(False, None)`` when it raised (counted, said once)."""
+    def _inline(self, sink: Sink, call: Call) -> Any:
+        """``call`` on the training thread (an ``on_training_thread`` sink); a failure is kept, never raised."""
+        if sink.name in self._inline_failures:
+            return None
         try:
-            return True, getattr(sink, method)(*args)
-        except Exception as exc:  # one broken sink never stops training or the others
-            with self._lock:
-                count = self.errors.get(sink.name, 0) + 1
-                self.errors[sink.name] = count
-                if count == 1:
-                    self.failures[sink.name] = f"{method}(): {type(exc).__name__}: {exc}"
-            if count == 1:
-                log.error("msbridge: sink %r failed in %s(): %s: %s; other sinks carry on",
-                          sink.name, method, type(exc).__name__, exc)
-            return False, None
+            return call.check(call.invoke(sink))
+        except Exception as exc:
+            self._inline_failures[sink.name] = Failure(call.method, f"{type(exc).__name__}: {exc}")
+            log.error("msbridge: sink %r failed in %s", sink.name, self._inline_failures[sink.name])
+            return None
 
 
-def _gave_up(sink: Sink) -> str:
-    """The sink's ``undelivered()``; a sink that raises in it is taken to have given up on everything."""
+def _hurry(sink: Sink) -> None:
+    """``sink.hurry()`` from the closing thread (it interrupts the sink's own); a raise is logged."""
     try:
-        return sink.undelivered()
+        sink.hurry()
     except Exception as exc:
-        return f"undelivered() raised {type(exc).__name__}: {exc}"
+        log.warning("msbridge: sink %r: hurry() raised %s: %s", sink.name, type(exc).__name__, exc)
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:

@@ -5,7 +5,9 @@ decorated with ``@register_sink("<name>")``: its name is known from the file nam
 checking the names imports no adapter module. A sink's module is imported when its class is asked for (its
 options checked, or the sink built), and its tracker library only when the sink is built. A sink of another
 package registers under the ``msbridge.sinks`` entry-point group (``csv = "my_pkg.csv_sink:CsvSink"``) and is
-then named like a built-in; a class decorated in a module already imported is found too.
+then named like a built-in; a class decorated in a module already imported is found too. The rule is the health
+checks' too (``msbridge.plugins``): the registered name is the YAML name (a plug-in's entry point has the same
+name), a clash names both packages, and a plug-in that does not load is said once and left out.
 ``check_available`` finds a missing optional package at config time and says which ``pip install`` fixes it.
 
 Example:
@@ -24,7 +26,8 @@ import pkgutil
 from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import MissingDependencyError
+from ..plugins import claim, load_points, unavailable
 from .base import WAL_NAME, Sink
 
 ENTRY_POINT_GROUP = "msbridge.sinks"
@@ -47,8 +50,8 @@ def register_sink(name: str) -> Callable[[S], S]:
     """
 
     def register(cls: S) -> S:
+        claim(_REGISTERED, "sink", name, cls)  # another class of that name: PluginError naming both packages
         cls.name = name
-        _REGISTERED[name] = cls
         return cls
 
     return register
@@ -63,27 +66,40 @@ def builtin_names() -> Tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: (n != WAL_NAME, n)))
 
 
-def _entry_points() -> Dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+def _plugins() -> Dict[str, str]:
+    """Load the ``msbridge.sinks`` entry points not loaded yet (``plugins.load_points``); ``{name: why}`` of
+    the broken ones (each said once)."""
+    reserved = {name: f"the built-in {BUILTIN_PACKAGE}.{name}{_SUFFIX} (package msbridge)"
+                for name in builtin_names()}
+    return load_points(ENTRY_POINT_GROUP, "sink", Sink, _REGISTERED, reserved)
+
+
+def names() -> Tuple[str, ...]:
+    """Every sink name registered, loading no plug-in (for a command line's choices): built-ins first, then
+    the entry points' names and in-process registrations."""
+    builtins = builtin_names()
+    plugins = {point.name for point in entry_points(group=ENTRY_POINT_GROUP)}
+    return builtins + tuple(sorted((plugins | set(_REGISTERED)) - set(builtins)))
 
 
 def available() -> Tuple[str, ...]:
     """Every sink name that can be configured: built-ins first, then plug-ins and in-process registrations."""
     builtins = builtin_names()
-    others = (set(_entry_points()) | set(_REGISTERED)) - set(builtins)
-    return builtins + tuple(sorted(others))
+    _plugins()
+    return builtins + tuple(sorted(set(_REGISTERED) - set(builtins)))
 
 
 def sink_class(name: str) -> Type[Sink]:
-    """The class registered under ``name``, its extra installed or not; ``ConfigError`` for an unknown name."""
+    """The class registered under ``name``, its extra installed or not; ``ConfigError`` for an unknown name
+    or a plug-in that did not load (with why)."""
+    broken = _plugins()
+    if name in broken:  # a plug-in that did not load, or that claims another's name
+        raise unavailable("sink", name, broken, ())
     if name not in _REGISTERED and name in builtin_names():
         importlib.import_module(f"{BUILTIN_PACKAGE}.{name}{_SUFFIX}")  # its decorator registers it
     if name in _REGISTERED:
         return _REGISTERED[name]
-    plugin = _entry_points().get(name)
-    if plugin is None:
-        raise ConfigError(f"unknown sink {name!r}; registered sinks: {', '.join(available())}")
-    return plugin.load()
+    raise unavailable("sink", name, broken, available())
 
 
 def check_available(name: str) -> None:

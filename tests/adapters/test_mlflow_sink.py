@@ -414,7 +414,7 @@ def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_child_process(shared_s
     second = sink._client._proc
     assert second.pid != first.pid and os.getpriority(os.PRIO_PROCESS, second.pid) == mine
     dispatcher.close(FINISHED)
-    assert dispatcher.errors == {} and sink._client is None and second.poll() == 0  # close ended it
+    assert dispatcher.failures == {} and sink._client is None and second.poll() == 0  # close ended it
     mlrun = only_run(client, run.experiment)
     assert mlrun.info.status == FINISHED and steps(client, mlrun.info.run_id) == list(range(1, 41))
     assert_same_series(client, mlrun.info.run_id, run.run_dir)

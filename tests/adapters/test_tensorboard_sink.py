@@ -329,7 +329,7 @@ def test_through_the_dispatcher_beside_jsonl(tmp_path):
     assert len(series(load(rank_dir), "train/loss")) == 30  # durable at flush, before close
     dispatcher.close(FINISHED)
 
-    assert dispatcher.errors == {}
+    assert dispatcher.failures == {}
     log = read_run(run.run_dir).ranks[0]
     rank_ea, glob_ea = load(rank_dir), load(tb_root(tmp_path))
     same_series(series(rank_ea, "train/loss"), log.series("train/loss"))

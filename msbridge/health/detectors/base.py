@@ -32,6 +32,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Type,
 
 from ...names import GRAD_NORM, LOSS
 from ...options import Option
+from ...plugins import claim
 
 #: Finding kinds; also the kinds of the events they become.
 ANOMALY, RECOVERY = "anomaly", "recovery"
@@ -150,11 +151,17 @@ def _registered(name: str, cls: D) -> D:
     """``cls`` as the check ``name``, in ``DETECTORS`` in look order."""
     if not (isinstance(cls, type) and issubclass(cls, Detector)):
         raise TypeError(f"register_detector({name!r}): {cls!r} is not a Detector subclass")
+    claim(DETECTORS, "health check", name, cls)  # another class of that name: PluginError naming both packages
     cls.name = name
-    ordered = sorted({**DETECTORS, name: cls}.items(), key=lambda item: (not item[1].in_graph_skip, item[0]))
+    reorder()
+    return cls
+
+
+def reorder() -> None:
+    """``DETECTORS`` in look order: the in-graph checks first, then by name."""
+    ordered = sorted(DETECTORS.items(), key=lambda item: (not item[1].in_graph_skip, item[0]))
     DETECTORS.clear()
     DETECTORS.update(ordered)
-    return cls
 
 
 def finite(value: Optional[float]) -> bool:

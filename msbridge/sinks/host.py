@@ -1,0 +1,244 @@
+"""One sink on a thread of its own: every call of it is a typed ``Call`` (``calls.py``), made there, bounded.
+
+The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``Describe``, ``Open`` and ``AskHeld``
+(queued: nobody waits for the open), then ``Write``/``Flush``, and last ``Close`` and ``Undelivered``. ``offer`` queues a batch and
+never waits: a full queue means the sink is far behind (stalled, starved or unreachable), so from that batch on
+it is handed nothing more for this run and counts what it missed, one tail that ``msbridge replay RUN_DIR --to
+NAME`` fills from jsonl. ``lossless`` (jsonl, the write-ahead log) makes ``offer`` wait instead, at most the
+sink's bound. ``ask`` waits for one call, at most its bound.
+
+Whatever goes wrong with a call (a raise, a wrong return type, a call still running when its bound ran out
+while it was waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
+undelivered in the run's outcome. A sink that failed to open, or hung, is handed nothing more. What a sink
+returned of its own accord (``Gaps``) goes to ``on_gaps``. A call that returns after its bound with nobody
+waiting (an ``open`` or a ``write`` starved of CPU) is said once as a warning: it kept no one waiting, and its
+queue bound is what stops a sink that falls too far behind. The thread sleeps on a condition while idle.
+
+Example:
+    >>> host = SinkHost(sink, max_batches=256)
+    >>> host.open(run)                       # queued: returns at once
+    >>> host.offer(records, events)          # True: queued; False: missed (the sink is behind)
+    >>> host.close("FINISHED").done.wait(sink.close_bound)   # then its final undelivered()
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Deque, List, Optional, Sequence, Set
+
+from .base import Event, Record, RunInfo, Sink
+from .calls import AskHeld, Call, Close, Failure, Flush, Gaps, Open, Undelivered, Write
+
+log = logging.getLogger("msbridge")
+
+
+class SinkHost:
+    """Runs ``sink``'s calls on the daemon thread ``msbridge-<name>``.
+
+    Attributes:
+        failures: every ``Failure`` of its calls, in order (the first one is what the outcome says).
+        done_records / done_step: records, and the highest step, of the writes that returned.
+        missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full).
+        closed: set once its close and its final ``undelivered()`` returned (or failed).
+
+    Example:
+        >>> host = SinkHost(TensorBoardSink(), on_gaps=lambda sink, gaps: None)
+        >>> host.open(run); host.offer(make_records([1, 2]), [])
+        True
+    """
+
+    def __init__(self, sink: Sink, max_batches: int = 256, lossless: bool = False,
+                 on_gaps: Optional[Callable[[Sink, Gaps], None]] = None,
+                 after_write: Optional[Callable[[Write], None]] = None) -> None:
+        self.sink, self.max_batches, self.lossless = sink, max_batches, lossless
+        self.failures: List[Failure] = []
+        self.done_records = self.done_step = 0
+        self.missed_records = self.missed_steps = self.missed_events = 0
+        self.behind_from: Optional[int] = None
+        self.closed = threading.Event()
+        self.opened = False
+        self._on_gaps, self._after_write = on_gaps, after_write
+        self._items: Deque[Call] = collections.deque()
+        self._writes = 0  # Write calls in ``_items``: what the bound counts
+        self._ready = threading.Condition()
+        self._running: Optional[Call] = None
+        self._started_at = 0.0
+        self._slow: Set[str] = set()  # the calls said to have returned after their bound
+        self._dead = False  # failed to open, or a call hung: handed nothing more
+        self._closing: Optional[Call] = None  # the last call, once ``close`` (or ``retire``) queued it
+        self._thread = threading.Thread(target=self._loop, name=f"msbridge-{sink.name}", daemon=True)
+        self._thread.start()
+
+    def open(self, run: RunInfo) -> None:
+        """Queue ``open(run)``, ``held()`` and a first ``flush`` (first contact: MLflow makes its run at once);
+        returns at once (writes queue behind them)."""
+        for call in (Open(run=run), AskHeld(), Flush()):
+            self.put(call)
+
+    def close(self, status: str) -> Call:
+        """Queue ``close(status)``, then ``undelivered()``, the host's last call; ``closed`` is set once that
+        returned (or failed). Returns the ``Undelivered`` call: its result is the sink's final word."""
+        with self._ready:
+            if self._closing is None:
+                self._closing = Undelivered()
+                self._items.extend([Close(status=status), self._closing])
+                self._ready.notify_all()
+            return self._closing
+
+    def retire(self) -> None:
+        """End the thread after what is queued, without closing the sink (a host made for one call)."""
+        with self._ready:
+            if self._closing is None:
+                self._closing = _Retire()
+                self._items.append(self._closing)
+                self._ready.notify_all()
+
+    # -- any thread ----------------------------------------------------------------
+    def offer(self, records: Sequence[Record], events: Sequence[Event], relayed: bool = False) -> bool:
+        """Queue a batch; never waits (``lossless``: waits while the queue is full, at most the sink's bound,
+        once). ``relayed``: another sink's gaps, which ``after_write`` does not pass on again."""
+        call = Write(records=list(records), events=list(events), relayed=relayed)
+        with self._ready:
+            if self._closing is not None:  # closed: what comes after its close is in ``raised`` only
+                return False
+            if self.lossless and not self._dead and self.behind_from is None:
+                self._ready.wait_for(lambda: self._writes < self.max_batches or self._dead, self.sink.close_bound)
+            if self.behind_from is None and not self._dead and self._writes < self.max_batches:
+                self._items.append(call)
+                self._writes += 1
+                self._ready.notify_all()
+                return True
+            first = self.behind_from is None
+            if first:
+                steps = [r.step for r in records] + [e.step for e in events]
+                self.behind_from = min(steps) if steps else self.done_step + 1
+            self.missed_records += len(records)
+            self.missed_steps += len({r.step for r in records})
+            self.missed_events += len(events)
+        if first and not self._dead:
+            log.warning("msbridge: sink %r is %d batches behind; from step %d it gets nothing more in this run "
+                        "(the run's outcome names the replay that fills it)", self.sink.name, self.max_batches,
+                        self.behind_from)
+        return False
+
+    def put(self, call: Call) -> Call:
+        """Queue ``call`` after everything queued (no bound: a flush, a close); returns it (wait on ``done``)."""
+        with self._ready:
+            if self._dead or self._closing is not None:
+                call.done.set()
+                return call
+            self._items.append(call)
+            self._ready.notify_all()
+        return call
+
+    def ask(self, call: Call, wait: Optional[float] = None) -> Any:
+        """Queue ``call`` and wait for it, at most ``wait`` (default: its bound); its result, None when it failed
+        or did not return in time (then a ``Failure``)."""
+        self.put(call)
+        limit = call.bound(self.sink) if wait is None else wait
+        if not call.done.wait(limit):
+            self.overran(call, limit)
+            return None
+        return call.result
+
+    def overran(self, call: Call, waited: float) -> None:
+        """``call`` was waited for ``waited`` s and has not returned: a Failure; the sink is handed nothing more."""
+        running = self._running
+        what = running.method if running is not None else call.method
+        self._fail(Failure(what, f"did not return within {waited:g} s ({call.method} waited for it)"))
+        with self._ready:
+            self._dead = True
+            self._ready.notify_all()
+
+    @property
+    def missed(self) -> str:
+        """What it was not handed, "" when nothing: "missed 40 records of 40 steps from step 61 and 2 events"."""
+        if self.behind_from is None:
+            return ""
+        why = "its queue of %d batches was full" % self.max_batches if not self._dead else "a call of it failed"
+        return (f"missed {self.missed_records} records of {self.missed_steps} steps from step {self.behind_from} "
+                f"and {self.missed_events} events ({why})")
+
+    def running_for(self) -> str:
+        """The call running now and for how long ("write() running for 12 s"), "" when idle."""
+        running = self._running
+        return f"{running.method}() running for {time.monotonic() - self._started_at:.0f} s" if running else ""
+
+    # -- the sink's thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._items:
+                    self._ready.wait()
+                call = self._items.popleft()
+                if isinstance(call, Write):
+                    self._writes -= 1
+                    self._ready.notify_all()
+            if not self._dead or call is self._closing:
+                self._make(call)
+            elif isinstance(call, Write):  # failed to open, or hung: nothing more reaches it
+                self._count_missed(call)
+            call.done.set()
+            if call is self._closing:
+                self.closed.set()
+                return
+
+    def _make(self, call: Call) -> None:
+        self._running, self._started_at = call, time.monotonic()
+        try:
+            call.result = call.check(call.invoke(self.sink))
+        except Exception as exc:  # one broken sink never stops training or the others
+            call.failure = Failure(call.method, f"{type(exc).__name__}: {exc}")
+        finally:
+            took, self._running = time.monotonic() - self._started_at, None
+        if call.failure is None and took > call.bound(self.sink):
+            self._say_slow(call, took)
+        if call.failure is not None:
+            self._fail(call.failure)
+            if isinstance(call, (Open, AskHeld)):  # not open, or cannot say what it holds: nothing more
+                self._dead = True
+            return
+        self.opened = self.opened or isinstance(call, Open)
+        if isinstance(call, Write):
+            self.done_records += len(call.records)
+            self.done_step = max([self.done_step, *(r.step for r in call.records)])
+            if self._after_write is not None:
+                self._after_write(call)
+        if isinstance(call.result, Gaps) and call.result.events and self._on_gaps is not None:
+            self._on_gaps(self.sink, call.result)
+
+    def _say_slow(self, call: Call, took: float) -> None:
+        """A call that returned after its bound: nobody was kept waiting (a wait that ran out is a ``Failure``,
+        ``overran``), and what it was handed is stored; said once per sink and call, as a warning."""
+        if call.method in self._slow:
+            return
+        self._slow.add(call.method)
+        log.warning("msbridge: sink %r: %s() took %.1f s, over its bound of %g s; it is behind (its queue holds "
+                    "what comes meanwhile)", self.sink.name, call.method, took, call.bound(self.sink))
+
+    def _count_missed(self, call: Write) -> None:
+        with self._ready:
+            if self.behind_from is None:
+                steps = [r.step for r in call.records] + [e.step for e in call.events]
+                self.behind_from = min(steps) if steps else self.done_step + 1
+            self.missed_records += len(call.records)
+            self.missed_steps += len({r.step for r in call.records})
+            self.missed_events += len(call.events)
+
+    def _fail(self, failure: Failure) -> None:
+        with self._ready:
+            self.failures.append(failure)
+            first = len(self.failures) == 1
+        if first:
+            log.error("msbridge: sink %r failed in %s; other sinks and training carry on", self.sink.name, failure)
+
+
+class _Retire(Call):
+    """The last item of a host that ``retire`` ends: no call of the sink."""
+
+    method = "retire"
+
+    def invoke(self, sink: Sink) -> None:
+        return None
