@@ -148,8 +148,9 @@ class Config:
     learning_rate: bool = declare(bool, True, "record the optimizer's learning rate")
     throughput: bool = declare(bool, True, "record step time, samples/s and tokens/s, and `perf/monitor_overhead`")
     memory: bool = declare(bool, False,
-        "per flush: `memory/host_rss_mb`, and on Ascend/GPU `memory/device_allocated_mb`, `memory/device_peak_mb` "
-        "(MindSpore's runtime memory API; the CPU backend has no device pool: said once)")
+        "per flush: `memory/host_rss_mb` and the window's peak `memory/host_rss_peak_mb`, and on Ascend/GPU "
+        "`memory/device_allocated_mb` and the window's `memory/device_peak_mb` (MindSpore's runtime memory API; "
+        "the CPU backend has no device pool: said once)")
     layer_norms: Optional[str] = declare(str, None,
         "per-parameter norms for parameter names matching the regex (`re.search`): `grad_norm/<param>` every "
         "recorded step (computed in the compiled step: needs `TrainStep`, or `attach_ring` around a mindformers "
