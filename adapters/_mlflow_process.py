@@ -6,7 +6,8 @@ training process, every millisecond of it costs training about as much: the trai
 switch interval (5 ms) each time it needs the GIL back. In a child process it has its own GIL, and it must use little
 CPU: on this project's 2-vCPU VM even an idle-class process using 15% of a core cost training 16-22%, so priority does
 not make CPU free, it only decides who waits when the cores are busy. The child starts when the sink is built, before
-training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
+training; for a sqlite store it never imports MLflow for a run's usual calls (``_mlflow_native``), for any other it
+imports MLflow on its first call (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
 pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
 Priority: the child is niced, then idle-class, beside a live training, and ``hurry`` hands a starved one over
@@ -211,16 +212,27 @@ def import_client() -> Any:
 
 
 class _Tracker:
-    """The child's side: ``MlflowClient(uri)``, except that metric rows for a sqlite store, with the
-    tags sent along, are written by ``_mlflow_sqlite`` (MLflow's ORM costs ~16x their CPU). A sqlite
-    store is made (or a half-made one repaired) once and whole, under a lock beside it (``_mlflow_store``)."""
+    """The child's side: for a ``sqlite:///`` store, the calls ``_mlflow_native`` does itself (a run, its params,
+    tags, metric rows, status and text artifacts, with no MLflow import); anything else, and any other store,
+    through ``MlflowClient(uri)``, with metric rows written by ``_mlflow_sqlite`` where they apply (MLflow's ORM
+    costs ~16x their CPU). A sqlite store is made (a copy of MLflow's template, ``_mlflow_template``) or a
+    half-made one repaired once and whole, under a lock beside it (``_mlflow_store``)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self._client: Any = None
         self._rows: Any = False  # False: not looked at yet; None: MLflow's client writes them
+        self._native: Any = False  # False: not looked at yet; None: not a sqlite store this path serves
 
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        native = self._native_store()
+        if native is not None:
+            from msbridge.adapters._mlflow_native import NotNative
+
+            try:
+                return native.call(name, args, kwargs)
+            except NotNative:
+                pass  # MLflow's client does it
         if self._client is None:
             from msbridge.adapters._mlflow_store import open_client
 
@@ -242,8 +254,26 @@ class _Tracker:
                                        tags=[RunTag(*t) for t in tags] if last else [])
 
     def close(self) -> None:
-        if self._rows:
-            self._rows.close()
+        for part in (self._rows, self._native):
+            if part:
+                part.close()
+
+    def _native_store(self) -> Any:
+        """The store's ``NativeStore`` (the store made whole first), or None where it does not apply."""
+        if self._native is False:
+            from msbridge.adapters._mlflow_native import NativeStore
+            from msbridge.adapters._mlflow_store import make_whole, store_file, store_lock
+
+            path, self._native = store_file(self.uri), None
+            if path is not None:
+                with store_lock(path):
+                    make_whole(path, lambda uri: import_client()(uri))
+                store = NativeStore(path)
+                if store.matches_schema():
+                    self._native = store
+                else:
+                    store.close()
+        return self._native
 
     def _metric_rows(self) -> Any:
         if self._rows is False:  # by the first metrics, MLflow's client has made the store's tables
