@@ -53,6 +53,8 @@ SKIPPED = ("pandas", "pyarrow", "scipy")
 #: ``mlflow.entities.ViewType`` values, for ``search_runs`` (without importing MLflow here).
 ACTIVE_ONLY, ALL_RUNS = 1, 3
 _CONNECT = "_connect"
+#: Seconds ``close`` gives the child to exit by itself once its input has ended.
+EXIT_WAIT = 1.0
 #: Calls ``hurry`` does not cut short: run twice, they would make two runs.
 NOT_REDONE = ("create_run",)
 
@@ -172,14 +174,16 @@ class ClientProcess:
         return proc is not None and starved(then, cpu_and_wait(proc.pid), time.monotonic() - start, proc.pid)
 
     def close(self) -> None:
-        """End the child: it finishes the call it is in, then sees the end of its input."""
+        """End the child: it sees the end of its input and exits; one that has not within ``EXIT_WAIT`` s (an
+        idle-class child beside busy processes may get no CPU to) is killed: every call was answered, so each of
+        its writes is committed, and a kill needs no CPU of it."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=EXIT_WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -46,6 +46,19 @@ print_interval: 1000
 sinks: {jsonl: {}, tensorboard: {}, mlflow: {}, mindinsight: {}}
 """
 _HOG = "while True: pass"
+#: A 200-step ``msbridge.track`` loop (jsonl + mlflow, a flush every 10 steps, 20 ms a step), given 3 s to be up
+#: to date; it prints how long the ``with`` block's close took.
+CLOSE_JOB = """import json, sys, time
+import msbridge
+config = {"output_dir": sys.argv[1], "experiment": "close", "flush_steps": 10, "sinks": {"jsonl": {}, "mlflow": {}}}
+with msbridge.track(config) as run:
+    for step in range(200):
+        run.step(loss=1.0 / (step + 1))
+        time.sleep(0.02)
+    time.sleep(3.0)
+    start = time.monotonic()
+print(json.dumps({"close_s": time.monotonic() - start}))
+"""
 
 
 def unmonitored(source: str) -> str:
@@ -145,6 +158,21 @@ def trial(setup: str, work: str, script: str, pythonpath: str) -> Dict[str, Any]
             "cgroup": bool(group)}
 
 
+def close_trial(setup: str, work: str, pythonpath: str) -> Dict[str, Any]:
+    """One ``CLOSE_JOB``: its close's seconds, and the steps MLflow's store holds after it."""
+    os.makedirs(work)
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=pythonpath) if pythonpath else dict(os.environ, GLOG_v="3")
+    done = subprocess.run([sys.executable, "-c", CLOSE_JOB, work], cwd=work, env=env, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    close = json.loads(lines[-1])["close_s"] if done.returncode == 0 and lines else None
+    stores = glob.glob(os.path.join(work, "**", "mlflow.db"), recursive=True)
+    steps = 0
+    if stores:
+        with contextlib.closing(sqlite3.connect(f"file:{stores[0]}?mode=ro", uri=True)) as db:
+            steps = db.execute("SELECT COUNT(DISTINCT step) FROM metrics").fetchone()[0]
+    return {"setup": setup, "close_s": close, "steps_after_close": steps, "rc": done.returncode}
+
+
 def _cgroup_cpu(group: str, wait_s: float = 120.0) -> float:
     """The cgroup's CPU once every process in it ended (a detached child included), then the cgroup removed."""
     deadline = time.monotonic() + wait_s
@@ -184,6 +212,18 @@ def table(results: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def close_table(results: List[Dict[str, Any]]) -> List[str]:
+    """The close figures as a markdown table."""
+    lines = ["| setup | hogs | close s (median; each) | steps in MLflow after close (of 200) |", "|---|---|---|---|"]
+    for key in sorted({(r["setup"], r["hogs"]) for r in results}):
+        rows = [r for r in results if (r["setup"], r["hogs"]) == key]
+        each = ", ".join("-" if r["close_s"] is None else f"{r['close_s']:.2f}" for r in rows)
+        close = _median([r["close_s"] for r in rows])
+        lines.append(f"| {key[0]} | {key[1]} | {'-' if close is None else f'{close:.2f}'} ({each}) | "
+                     f"{'/'.join(str(r['steps_after_close']) for r in rows)} |")
+    return lines
+
+
 def main(argv: Sequence[str] = ()) -> int:
     """Interleave the setups (old, new, none) for each hog count and repeat; print the table and write JSON."""
     parser = argparse.ArgumentParser(prog="python -m msbridge.bench.firstpoint", description=__doc__.split("\n")[0])
@@ -195,6 +235,7 @@ def main(argv: Sequence[str] = ()) -> int:
     with open(QUICKSTART, encoding="utf-8") as handle:
         source = handle.read()
     results: List[Dict[str, Any]] = []
+    closes: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="msbridge-firstpoint-") as root:
         setups = {"old": (source, old_tree(args.old, root)), "new": (source, ""), "none": (unmonitored(source), "")}
         for repeat in range(args.repeats):
@@ -206,9 +247,15 @@ def main(argv: Sequence[str] = ()) -> int:
                         row = trial(setup, os.path.join(root, f"{setup}-{count}-{repeat}"), script, path)
                     results.append(dict(row, hogs=count, repeat=repeat))
                     print(json.dumps(results[-1]), flush=True)
+                for setup in ("old", "new"):
+                    with hogs(count):
+                        row = close_trial(setup, os.path.join(root, f"close-{setup}-{count}-{repeat}"),
+                                          setups[setup][1])
+                    closes.append(dict(row, hogs=count, repeat=repeat))
+                    print(json.dumps(closes[-1]), flush=True)
     with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump(results, handle, indent=1)
-    print("\n".join(table(results)))
+        json.dump({"trials": results, "closes": closes}, handle, indent=1)
+    print("\n".join(table(results) + [""] + close_table(closes)))
     return 0
 
 

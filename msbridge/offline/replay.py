@@ -21,6 +21,9 @@ nothing: KILLED; an early stop: FINISHED), with what its log holds.
 
 Bad lines in the log are skipped with one warning per file (``strict`` refuses the run).
 
+The log is streamed, never held whole: a first pass keeps each rank's header, events and what its outcome
+reads (steps, losses, first and last time), a second hands the sink ``BATCH`` records at a time.
+
 Example:
     >>> replay("msbridge_runs/demo/run-1", "mlflow", {"tracking_uri": "http://127.0.0.1:5000"})
     {'records': 300, 'events': 0, 'ranks': 1, 'truncated': 0, 'skipped': 0}
@@ -32,7 +35,8 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set
 
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
@@ -40,9 +44,9 @@ from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import HISTOGRAM, LOSS
 from ..paths import recorded_experiment_dir
 from ..run.metadata import README, RUN_JSON, write_outcome
-from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, RunInfo
+from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo
 from ..sinks.registry import resolve, with_store_defaults
-from ..sinks.runlog import RunLog, RunLogError, read_run
+from ..sinks.runlog import RankLog, RunLog, RunLogError, finish_rank_log, iter_rank_lines, read_rank_file, read_run
 
 BATCH = 1000
 log = logging.getLogger("msbridge")
@@ -80,18 +84,50 @@ def ended_as(run: RunLog) -> str:
     return FINISHED if any(e.kind == EARLY_STOP for e in events) else KILLED
 
 
+@dataclass
+class ScannedLog(RankLog):
+    """A rank's log read once without keeping its records: their count and what its outcome reads."""
+
+    count: int = 0
+    steps: Set[int] = field(default_factory=set)
+    losses: List[float] = field(default_factory=list)
+    first_time: Optional[float] = None
+    last_time: Optional[float] = None
+
+    def see(self, records: Iterator[Record]) -> "ScannedLog":
+        for rec in records:
+            self.count += 1
+            self.steps.add(rec.step)
+            if LOSS in rec.values:
+                self.losses.append(rec.values[LOSS])
+            self.first_time = rec.time if self.first_time is None else self.first_time
+            self.last_time = rec.time
+        return self
+
+
+def scan_rank_file(path: str, strict: bool = False) -> ScannedLog:
+    """``read_rank_file`` without keeping the records; a file whose header must be rebuilt from its records is
+    read whole once (``runlog``'s salvage needs them)."""
+    scanned = ScannedLog(path=path, header={})
+    scanned.see(iter_rank_lines(path, scanned, strict))
+    if scanned.header:
+        return finish_rank_log(scanned, strict)
+    whole = read_rank_file(path, strict)
+    return ScannedLog(path=path, header=whole.header, events=whole.events, truncated=whole.truncated,
+                      skipped=whole.skipped).see(iter(whole.records))
+
+
 def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
-    """The outcome the global rank would have written, rebuilt from its log (as ``BridgeMonitor.outcome``)."""
+    """The outcome the global rank would have written, rebuilt from its scanned log (as ``BridgeMonitor.outcome``)."""
     main = run.ranks[min(run.ranks)]
-    records = main.records
-    losses = [r.values[LOSS] for r in records if LOSS in r.values]
+    losses = main.losses
     finite = [v for v in losses if math.isfinite(v)]
     anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events if e.kind != HISTOGRAM]
     return {
         "status": status,
-        "steps recorded": len({r.step for r in records}),  # an evaluation's record shares its step
-        "last step": max((r.step for r in records), default=0),
-        "wall time": f"{records[-1].time - records[0].time:.1f} s (first to last record)" if records else "unknown",
+        "steps recorded": len(main.steps),  # an evaluation's record shares its step
+        "last step": max(main.steps, default=0),
+        "wall time": f"{main.last_time - main.first_time:.1f} s (first to last record)" if main.count else "unknown",
         "final loss": losses[-1] if losses else None,
         "best loss": min(finite) if finite else None,
         "anomalies": "; ".join(anomalies) if anomalies else "none",
@@ -118,7 +154,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     progress = sys.stderr.isatty() if progress is None else progress
     run_dir = os.path.abspath(run_dir)
     meta = _run_json(run_dir)
-    run_log = read_run(run_dir, strict=strict)
+    run_log = read_run(run_dir, strict=strict, reader=scan_rank_file)
     meta = _settle_outcome(run_dir, meta, run_log)
     status = meta["outcome"]["status"]
     config = meta.get("config", {})
@@ -140,7 +176,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         sink = sink_cls(**sink_options)
         sink.open(run)
         try:
-            _write_all(sink, rank, rank_log.records, rank_log.events, progress)
+            _write_all(sink, rank_log, strict, progress)
         except Exception:
             sink.close(FAILED)
             raise
@@ -148,7 +184,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         if sink.undelivered():
             raise MsbridgeError(f"{to}: {sink.undelivered()}; the jsonl log still holds everything: replay again "
                                 "once it is reachable (or its disk has space)")
-        counts["records"] += len(rank_log.records)
+        counts["records"] += rank_log.count
         counts["events"] += len(rank_log.events)
         counts["truncated"] += rank_log.truncated
         counts["skipped"] += len(rank_log.skipped)
@@ -175,13 +211,19 @@ def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
         write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
 
 
-def _write_all(sink: Any, rank: int, records: List[Any], events: List[Event], progress: bool) -> None:
-    for start in range(0, len(records), BATCH):
-        sink.write(records[start:start + BATCH], [])
-        if progress:
-            done = min(start + BATCH, len(records))
-            print(f"\r[msbridge] replay rank {rank}: {done}/{len(records)} records", end="", file=sys.stderr,
-                  flush=True)
-    sink.write([], events)
+def _write_all(sink: Any, scanned: ScannedLog, strict: bool, progress: bool) -> None:
+    """The rank's records, read again ``BATCH`` at a time, then its events (kept by the scan)."""
+    done, batch = 0, []
+    for rec in iter_rank_lines(scanned.path, RankLog(path=scanned.path, header={}), strict):
+        batch.append(rec)
+        if len(batch) == BATCH:
+            sink.write(batch, [])
+            done, batch = done + len(batch), []
+            if progress:
+                print(f"\r[msbridge] replay rank {scanned.rank}: {done}/{scanned.count} records", end="",
+                      file=sys.stderr, flush=True)
+    if batch:
+        sink.write(batch, [])
+    sink.write([], scanned.events)
     if progress:
-        print(file=sys.stderr)
+        print(f"\r[msbridge] replay rank {scanned.rank}: {scanned.count}/{scanned.count} records", file=sys.stderr)
