@@ -43,7 +43,7 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 from msbridge.adapters._mlflow_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
                                              starved)
-from msbridge.masking import mask_text
+from msbridge.masking import MaskingFilter, mask_text
 
 #: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
 MLFLOW_BATCH = 900
@@ -57,6 +57,13 @@ _CONNECT = "_connect"
 EXIT_WAIT = 1.0
 #: Calls ``hurry`` does not cut short: run twice, they would make two runs.
 NOT_REDONE = ("create_run",)
+
+
+#: Run first in the child: ``msbridge`` as a bare package (its ``__path__`` only), so that importing this module does
+#: not run ``msbridge/__init__`` (its config loader, sinks and YAML: ~0.2 CPU-s of the child's ~0.25 to its first
+#: answer here, which beside busy processes is most of a restarted child's wait).
+_LEAN = ("import sys, types; sys.modules['msbridge'] = package = types.ModuleType('msbridge'); "
+         f"package.__path__ = {list(sys.modules['msbridge'].__path__)!r}")
 
 
 class TrackerError(Exception):
@@ -100,7 +107,7 @@ class ClientProcess:
         """Start the child (if none is running); it imports MLflow while the caller goes on."""
         if self._proc is None or self._proc.poll() is not None:
             # not ``-m``: as ``__main__`` the child's TrackerError would not unpickle here
-            command = f"from {__name__} import main; main({os.getpid()})"
+            command = f"{_LEAN}; from {__name__} import main; main({os.getpid()})"
             self._proc = subprocess.Popen([sys.executable, "-c", command],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected, self._slowed = False, self._beside_training
@@ -357,6 +364,7 @@ def main(parent: int = 0) -> None:
     # MLflow logs every failed SQL call as an ERROR with its traceback (a full disk: one per retry); the error
     # goes back to the parent, which says it once.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    logging.getLogger("msbridge").addFilter(MaskingFilter())  # what ``msbridge/__init__`` does, not run here
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
     sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"

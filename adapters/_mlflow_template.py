@@ -25,12 +25,15 @@ import fcntl
 import glob
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import re
 import shutil
 import sqlite3
 import time
 from typing import Iterator, Optional
+
+log = logging.getLogger("msbridge")
 
 _REVISION = re.compile(r'^(down_)?revision\s*=\s*(.*)$', re.M)
 _HEX = re.compile(r'["\']([0-9a-zA-Z_]+)["\']')
@@ -96,12 +99,17 @@ def copy_template(target: str) -> bool:
     path = template_path()
     if path is None:
         return False
-    if not os.path.exists(path):
-        with _locked(path):
-            for stale in glob.glob(f"{path}.creating-*"):
-                os.remove(stale)  # a maker killed before its rename: we hold the lock
-            if not os.path.exists(path):
-                _make(path)
+    try:
+        if not os.path.exists(path):
+            with _locked(path):
+                for stale in glob.glob(f"{path}.creating-*"):
+                    os.remove(stale)  # a maker killed before its rename: we hold the lock
+                if not os.path.exists(path):
+                    _make(path)
+    except OSError as exc:  # no cache dir to write: MLflow makes this store itself, as before
+        log.warning("msbridge: MLflow's store template cannot be kept in %s (%s); MLflow makes the store itself "
+                    "(seconds of CPU)", os.path.dirname(path), exc)
+        return False
     shutil.copyfile(path, target)
     now = int(time.time() * 1000)
     default = os.path.join(os.path.abspath("mlruns"), "0")  # MLflow's ./mlruns, resolved in this cwd

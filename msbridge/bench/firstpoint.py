@@ -7,7 +7,7 @@ stops. It prints, per setup and hog count, the median over repeats of:
 
 - ``CPU s``: every process the trial starts, waited for or not, from a cpuacct cgroup of its own (else the
   rusage of the processes waited for, and the table says so); ``added`` is over the quick start without its
-  three msbridge lines, at 0 hogs;
+  three msbridge lines beside as many hogs;
 - ``first point s``: from the first flush (the first record in the run's jsonl, which is written first at every
   flush) to the first metric row in MLflow's store, read with sqlite while the trial runs; ``-`` when none
   came before the training process ended;
@@ -195,12 +195,12 @@ def _median(values: Sequence[Optional[float]]) -> Optional[float]:
 
 def table(results: List[Dict[str, Any]]) -> List[str]:
     """The figures as a markdown table, one row per setup and hog count."""
-    base = _median([r["cpu_s"] for r in results if r["setup"] == "none" and r["hogs"] == 0])
     lines = ["| setup | hogs | trials | CPU s (added) | first point s (trials with one) | steps at exit |",
              "|---|---|---|---|---|---|"]
     for key in sorted({(r["setup"], r["hogs"]) for r in results}):
         rows = [r for r in results if (r["setup"], r["hogs"]) == key]
         cpu = _median([r["cpu_s"] for r in rows])
+        base = _median([r["cpu_s"] for r in results if r["setup"] == "none" and r["hogs"] == key[1]])
         added = f" ({cpu - base:+.2f})" if cpu is not None and base is not None and key[0] != "none" else ""
         first = _median([r["first_point_s"] for r in rows])
         seen = sum(r["first_point_s"] is not None for r in rows)
@@ -241,8 +241,6 @@ def main(argv: Sequence[str] = ()) -> int:
         for repeat in range(args.repeats):
             for count in (int(h) for h in args.hogs.split(",")):
                 for setup, (script, path) in setups.items():
-                    if setup == "none" and count:
-                        continue
                     with hogs(count):
                         row = trial(setup, os.path.join(root, f"{setup}-{count}-{repeat}"), script, path)
                     results.append(dict(row, hogs=count, repeat=repeat))

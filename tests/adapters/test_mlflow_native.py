@@ -152,3 +152,14 @@ def test_a_sink_run_without_mlflow_reads_back_in_mlflows_client_and_server(tmp_p
         assert [r["info"]["status"] for r in runs] == ["FINISHED"]
         history = MlflowClient(server.uri).get_metric_history(runs[0]["info"]["run_id"], "train/loss")
         assert sorted(m.step for m in history) == list(range(1, STEPS + 1))
+
+
+def test_an_unwritable_cache_leaves_the_store_to_mlflow_with_one_warning(tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache dir would be")  # makedirs under it fails, as on a read-only home
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with caplog.at_level("WARNING", logger="msbridge"):
+        path = _make(tmp_path)
+    assert "cannot be kept in" in caplog.text
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchone()[0] == alembic_head()
