@@ -13,9 +13,10 @@ Anything else raises ``NotNative``, and the caller hands the call to MLflow's cl
 (LoggedModels, ``delete_run`` ...), another filter, a remote artifact root, a run or experiment that is
 not active, a ``mlflow.runName`` tag, a changed param. So every error message is MLflow's own.
 
-Example:
-    >>> store = NativeStore("/tmp/exp/mlflow.db")
-    >>> run_id = store.call("create_run", ("1",), {"run_name": "r", "tags": {"k": "v"}}).info.run_id
+Example (on a store ``_mlflow_store.make_whole`` made; not a doctest, it needs one)::
+
+    store = NativeStore("/tmp/exp/mlflow.db")
+    run_id = store.call("create_run", ("1",), {"run_name": "r", "tags": {"k": "v"}}).info.run_id
 """
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def _now() -> int:
 class NativeStore:
     """The sink's MLflow calls on one sqlite store (see the module's docstring).
 
-    Example:
-        >>> NativeStore("/tmp/exp/mlflow.db").call("get_experiment_by_name", ("exp",), {})   # None: not there
+    Example (on a store MLflow's template made)::
+
+        NativeStore("/tmp/exp/mlflow.db").call("get_experiment_by_name", ("exp",), {})   # None: not there
     """
 
     def __init__(self, path: str) -> None:

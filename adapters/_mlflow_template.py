@@ -15,8 +15,9 @@ the ``Default`` experiment (id 0), gets MLflow's values for this process (artifa
 Only ``sqlite:///`` files take this path: a remote ``mlflow server`` makes its own store, and a
 PostgreSQL/MySQL store is a database server's, which a file copy cannot make (``docs/sinks.md``).
 
-Example:
-    >>> copy_template("/tmp/exp/mlflow.db.creating-42")   # a whole store, as MLflow makes it, in ~10 ms
+Example (not a doctest: the first call makes the template in the user's cache)::
+
+    copy_template("/tmp/exp/.mlflow.db.creating-42")   # a whole store, as MLflow makes it, in ~10 ms
 """
 from __future__ import annotations
 

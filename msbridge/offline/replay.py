@@ -21,8 +21,10 @@ nothing: KILLED; an early stop: FINISHED), with what its log holds.
 
 Bad lines in the log are skipped with one warning per file (``strict`` refuses the run).
 
-The log is streamed, never held whole: a first pass keeps each rank's header, events and what its outcome
-reads (steps, losses, first and last time), a second hands the sink ``BATCH`` records at a time.
+The log is streamed, never held whole: records go to the sink ``BATCH`` at a time as they are read. A run
+without a recorded outcome, or a ``strict`` replay, is scanned first (its header, events and what its outcome
+reads: steps, losses, first and last time), so the outcome is known, or a bad line refused, before a sink
+gets a record.
 
 Example:
     >>> replay("msbridge_runs/demo/run-1", "mlflow", {"tracking_uri": "http://127.0.0.1:5000"})
@@ -36,7 +38,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set
 
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
@@ -86,15 +88,18 @@ def ended_as(run: RunLog) -> str:
 
 @dataclass
 class ScannedLog(RankLog):
-    """A rank's log read once without keeping its records: their count and what its outcome reads."""
+    """A rank's log read without keeping its records: their count and what its outcome reads; ``scanned`` once a
+    whole pass read it (and warned about its bad lines)."""
 
     count: int = 0
     steps: Set[int] = field(default_factory=set)
     losses: List[float] = field(default_factory=list)
     first_time: Optional[float] = None
     last_time: Optional[float] = None
+    scanned: bool = False
 
-    def see(self, records: Iterator[Record]) -> "ScannedLog":
+    def counted(self, records: Iterable[Record]) -> Iterator[Record]:
+        """``records``, each counted on its way through."""
         for rec in records:
             self.count += 1
             self.steps.add(rec.step)
@@ -102,19 +107,37 @@ class ScannedLog(RankLog):
                 self.losses.append(rec.values[LOSS])
             self.first_time = rec.time if self.first_time is None else self.first_time
             self.last_time = rec.time
-        return self
+            yield rec
 
 
 def scan_rank_file(path: str, strict: bool = False) -> ScannedLog:
     """``read_rank_file`` without keeping the records; a file whose header must be rebuilt from its records is
     read whole once (``runlog``'s salvage needs them)."""
-    scanned = ScannedLog(path=path, header={})
-    scanned.see(iter_rank_lines(path, scanned, strict))
+    scanned = ScannedLog(path=path, header={}, scanned=True)
+    for _ in scanned.counted(iter_rank_lines(path, scanned, strict)):
+        pass
     if scanned.header:
         return finish_rank_log(scanned, strict)
     whole = read_rank_file(path, strict)
-    return ScannedLog(path=path, header=whole.header, events=whole.events, truncated=whole.truncated,
-                      skipped=whole.skipped).see(iter(whole.records))
+    rebuilt = ScannedLog(path=path, header=whole.header, events=whole.events, truncated=whole.truncated,
+                         skipped=whole.skipped, scanned=True)
+    for _ in rebuilt.counted(whole.records):
+        pass
+    return rebuilt
+
+
+def head_of_rank_file(path: str, strict: bool = False) -> ScannedLog:
+    """The rank file's header line only (its records are read as they are replayed); a file whose first line is
+    not a header is scanned whole (``scan_rank_file``)."""
+    with open(path, "rb") as fh:
+        first = fh.readline()
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if isinstance(header, dict) and header.get("type") == "header":
+        return ScannedLog(path=path, header=header)
+    return scan_rank_file(path, strict)
 
 
 def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
@@ -154,7 +177,9 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     progress = sys.stderr.isatty() if progress is None else progress
     run_dir = os.path.abspath(run_dir)
     meta = _run_json(run_dir)
-    run_log = read_run(run_dir, strict=strict, reader=scan_rank_file)
+    recorded = isinstance(meta.get("outcome"), Mapping) and meta["outcome"].get("status") in STATUSES
+    # one pass unless something must be read first: the outcome from the log, or a strict check before any write
+    run_log = read_run(run_dir, strict=strict, reader=head_of_rank_file if recorded and not strict else scan_rank_file)
     meta = _settle_outcome(run_dir, meta, run_log)
     status = meta["outcome"]["status"]
     config = meta.get("config", {})
@@ -176,7 +201,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         sink = sink_cls(**sink_options)
         sink.open(run)
         try:
-            _write_all(sink, rank_log, strict, progress)
+            streamed = _write_all(sink, rank_log, strict, progress)
         except Exception:
             sink.close(FAILED)
             raise
@@ -184,10 +209,10 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         if sink.undelivered():
             raise MsbridgeError(f"{to}: {sink.undelivered()}; the jsonl log still holds everything: replay again "
                                 "once it is reachable (or its disk has space)")
-        counts["records"] += rank_log.count
-        counts["events"] += len(rank_log.events)
-        counts["truncated"] += rank_log.truncated
-        counts["skipped"] += len(rank_log.skipped)
+        counts["records"] += streamed.count
+        counts["events"] += len(streamed.events)
+        counts["truncated"] += streamed.truncated
+        counts["skipped"] += len(streamed.skipped)
         counts["ranks"] += 1
     if not counts["ranks"]:
         raise MsbridgeError(f"{run_dir}: no rank log to replay to {to!r}")
@@ -211,19 +236,23 @@ def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
         write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
 
 
-def _write_all(sink: Any, scanned: ScannedLog, strict: bool, progress: bool) -> None:
-    """The rank's records, read again ``BATCH`` at a time, then its events (kept by the scan)."""
-    done, batch = 0, []
-    for rec in iter_rank_lines(scanned.path, RankLog(path=scanned.path, header={}), strict):
+def _write_all(sink: Any, head: ScannedLog, strict: bool, progress: bool) -> ScannedLog:
+    """The rank's records read as they go, ``BATCH`` at a time, then its events; returns what was read (its bad
+    lines warned about here unless a scan did already)."""
+    streamed, batch = ScannedLog(path=head.path, header={}), []
+    for rec in streamed.counted(iter_rank_lines(head.path, streamed, strict)):
         batch.append(rec)
         if len(batch) == BATCH:
             sink.write(batch, [])
-            done, batch = done + len(batch), []
+            batch = []
             if progress:
-                print(f"\r[msbridge] replay rank {scanned.rank}: {done}/{scanned.count} records", end="",
-                      file=sys.stderr, flush=True)
+                print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", end="", file=sys.stderr,
+                      flush=True)
     if batch:
         sink.write(batch, [])
-    sink.write([], scanned.events)
+    sink.write([], streamed.events)
     if progress:
-        print(f"\r[msbridge] replay rank {scanned.rank}: {scanned.count}/{scanned.count} records", file=sys.stderr)
+        print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", file=sys.stderr)
+    if streamed.skipped and not head.scanned:
+        finish_rank_log(streamed, strict)
+    return streamed
