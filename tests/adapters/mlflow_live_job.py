@@ -1,7 +1,7 @@
 """A ``Model.train`` run with msbridge's monitor and all four sinks, for the busy-host MLflow test.
 
 ``python mlflow_live_job.py OUT STEPS [TRACKING_URI]``: a Dense regressor (tests/helpers/training.py) trains STEPS steps with a
-``BridgeMonitor`` (flush every 10 steps) writing to ``OUT/live``; each step also waits 30 ms, as a slower device
+``BridgeMonitor`` (flush every 10 steps) whose run dir is ``OUT`` (its sqlite store ``OUT/mlflow.db``); each step also waits 30 ms, as a slower device
 step would (a wait, not CPU), so the training outlasts the first flush by seconds. MLflow's store is the default
 sqlite one unless TRACKING_URI is given.
 """

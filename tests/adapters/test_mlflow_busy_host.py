@@ -100,7 +100,7 @@ def test_quickstart_beside_4_busy_processes_is_live_in_mlflow(tmp_path, trial):
 def test_model_train_beside_4_busy_processes_is_live_in_mlflow(tmp_path, trial):
     with cpu_hogs(HOGS):
         delay, logged, stored = _watch([sys.executable, str(JOB), str(tmp_path / "out"), "400"], tmp_path,
-                                       tmp_path / "out", str(tmp_path / "out" / "live" / "mlflow.db"), "live")
+                                       tmp_path / "out", str(tmp_path / "out" / "mlflow.db"), "live")
     _check(delay, logged, stored, f"Model.train trial {trial}")
 
 
