@@ -6,7 +6,8 @@ training process, every millisecond of it costs training about as much: the trai
 switch interval (5 ms) each time it needs the GIL back. In a child process it has its own GIL, and it must use little
 CPU: on this project's 2-vCPU VM even an idle-class process using 15% of a core cost training 16-22%, so priority does
 not make CPU free, it only decides who waits when the cores are busy. The child starts when the sink is built, before
-training, and imports MLflow at once (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
+training; for a sqlite store it never imports MLflow for a run's usual calls (``_mlflow_native``), for any other it
+imports MLflow on its first call (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
 pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
 Priority: the child is niced, then idle-class, beside a live training, and ``hurry`` hands a starved one over
@@ -42,7 +43,7 @@ from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 from msbridge.adapters._mlflow_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
                                              starved)
-from msbridge.masking import mask_text
+from msbridge.masking import MaskingFilter, mask_text
 
 #: Metrics per ``log_batch`` of MLflow's client (it takes 1000 entities a call; the rest leave room for tags).
 MLFLOW_BATCH = 900
@@ -52,8 +53,17 @@ SKIPPED = ("pandas", "pyarrow", "scipy")
 #: ``mlflow.entities.ViewType`` values, for ``search_runs`` (without importing MLflow here).
 ACTIVE_ONLY, ALL_RUNS = 1, 3
 _CONNECT = "_connect"
+#: Seconds ``close`` gives the child to exit by itself once its input has ended.
+EXIT_WAIT = 1.0
 #: Calls ``hurry`` does not cut short: run twice, they would make two runs.
 NOT_REDONE = ("create_run",)
+
+
+#: Run first in the child: ``msbridge`` as a bare package (its ``__path__`` only), so that importing this module does
+#: not run ``msbridge/__init__`` (its config loader, sinks and YAML: ~0.2 CPU-s of the child's ~0.25 to its first
+#: answer here, which beside busy processes is most of a restarted child's wait).
+_LEAN = ("import sys, types; sys.modules['msbridge'] = package = types.ModuleType('msbridge'); "
+         f"package.__path__ = {list(sys.modules['msbridge'].__path__)!r}")
 
 
 class TrackerError(Exception):
@@ -97,7 +107,7 @@ class ClientProcess:
         """Start the child (if none is running); it imports MLflow while the caller goes on."""
         if self._proc is None or self._proc.poll() is not None:
             # not ``-m``: as ``__main__`` the child's TrackerError would not unpickle here
-            command = f"from {__name__} import main; main({os.getpid()})"
+            command = f"{_LEAN}; from {__name__} import main; main({os.getpid()})"
             self._proc = subprocess.Popen([sys.executable, "-c", command],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected, self._slowed = False, self._beside_training
@@ -171,14 +181,16 @@ class ClientProcess:
         return proc is not None and starved(then, cpu_and_wait(proc.pid), time.monotonic() - start, proc.pid)
 
     def close(self) -> None:
-        """End the child: it finishes the call it is in, then sees the end of its input."""
+        """End the child: it sees the end of its input and exits; one that has not within ``EXIT_WAIT`` s (an
+        idle-class child beside busy processes may get no CPU to) is killed: every call was answered, so each of
+        its writes is committed, and a kill needs no CPU of it."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=EXIT_WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -211,16 +223,27 @@ def import_client() -> Any:
 
 
 class _Tracker:
-    """The child's side: ``MlflowClient(uri)``, except that metric rows for a sqlite store, with the
-    tags sent along, are written by ``_mlflow_sqlite`` (MLflow's ORM costs ~16x their CPU). A sqlite
-    store is made (or a half-made one repaired) once and whole, under a lock beside it (``_mlflow_store``)."""
+    """The child's side: for a ``sqlite:///`` store, the calls ``_mlflow_native`` does itself (a run, its params,
+    tags, metric rows, status and text artifacts, with no MLflow import); anything else, and any other store,
+    through ``MlflowClient(uri)``, with metric rows written by ``_mlflow_sqlite`` where they apply (MLflow's ORM
+    costs ~16x their CPU). A sqlite store is made (a copy of MLflow's template, ``_mlflow_template``) or a
+    half-made one repaired once and whole, under a lock beside it (``_mlflow_store``)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self._client: Any = None
         self._rows: Any = False  # False: not looked at yet; None: MLflow's client writes them
+        self._native: Any = False  # False: not looked at yet; None: not a sqlite store this path serves
 
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        native = self._native_store()
+        if native is not None:
+            from msbridge.adapters._mlflow_native import NotNative
+
+            try:
+                return native.call(name, args, kwargs)
+            except NotNative:
+                pass  # MLflow's client does it
         if self._client is None:
             from msbridge.adapters._mlflow_store import open_client
 
@@ -242,8 +265,26 @@ class _Tracker:
                                        tags=[RunTag(*t) for t in tags] if last else [])
 
     def close(self) -> None:
-        if self._rows:
-            self._rows.close()
+        for part in (self._rows, self._native):
+            if part:
+                part.close()
+
+    def _native_store(self) -> Any:
+        """The store's ``NativeStore`` (the store made whole first), or None where it does not apply."""
+        if self._native is False:
+            from msbridge.adapters._mlflow_native import NativeStore
+            from msbridge.adapters._mlflow_store import make_whole, store_file, store_lock
+
+            path, self._native = store_file(self.uri), None
+            if path is not None:
+                with store_lock(path):
+                    make_whole(path, lambda uri: import_client()(uri))
+                store = NativeStore(path)
+                if store.matches_schema():
+                    self._native = store
+                else:
+                    store.close()
+        return self._native
 
     def _metric_rows(self) -> Any:
         if self._rows is False:  # by the first metrics, MLflow's client has made the store's tables
@@ -323,6 +364,7 @@ def main(parent: int = 0) -> None:
     # MLflow logs every failed SQL call as an ERROR with its traceback (a full disk: one per retry); the error
     # goes back to the parent, which says it once.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    logging.getLogger("msbridge").addFilter(MaskingFilter())  # what ``msbridge/__init__`` does, not run here
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever a library prints goes to stderr, never into the replies
     sys.stdout = sys.stderr = _Masked(sys.stderr)  # MLflow prints "View run ... at: <uri with password>"

@@ -3,10 +3,11 @@ the check that finds it starved of CPU once training has ended, and its death wi
 
 The child starts at the priority of the process that starts it. Beside a live training (``connect(...,
 beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two phases. The parent sets
-it at once to nice ``NICE`` (5) above its own, normal class (``nice_beside_training``): its import of MLflow, the
-store's check or migrations and the run's creation (seconds of CPU) finish in bounded time on a busy host (beside 2
-CPU-bound processes: 42-49 s; at nice 19 or ``SCHED_IDLE`` they did not finish in 120 s,
-``examples/bench/child_priority.py``). It then drops to ``SCHED_IDLE`` once its first metrics are stored
+it at once to nice ``NICE`` (5) above its own, normal class (``nice_beside_training``): its start (with a sqlite
+store a template's copy and the run in sqlite, ~0.1 CPU-s, ``_mlflow_native``; with a server MLflow's import, seconds)
+finishes in bounded time on a busy host (MLflow's
+import and a new store's migrations beside 2 CPU-bound processes: 42-49 s at nice 5; at nice 19 or ``SCHED_IDLE``
+they did not finish in 120 s, ``examples/bench/child_priority.py``). It then drops to ``SCHED_IDLE`` once its first metrics are stored
 (``go_idle``): steady delivery is ~1% of a core, and MindSpore's CPU kernels keep both cores of this project's 2-vCPU
 VM busy, so any normal-class CPU it takes stalls a kernel thread. Measured 2026-12-01, interleaved, setup (e) of
 ``msbridge bench`` against no monitoring: ``SCHED_IDLE`` 0.92-0.96, nice 19 0.88, nice 5 0.85 (docs/benchmarks.md).

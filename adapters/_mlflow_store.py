@@ -9,7 +9,8 @@ per URI, and does not cover a kill.
 
 ``open_client`` touches the store under a cross-process ``fcntl.flock`` on ``<store>.lock`` beside it
 (the kernel drops the lock of a killed holder), and a store that does not exist yet is made aside,
-in ``.<store>.creating-<pid>`` in the same directory, then renamed into place once MLflow finished:
+in ``.<store>.creating-<pid>`` in the same directory (a copy of MLflow's own template, ``_mlflow_template``),
+then renamed into place once whole:
 a kill at any moment leaves either no store (and a temp file the next run removes) or a whole one.
 
 A store left half-made by an older msbridge (``_alembic_tmp_*`` tables, or a schema version that is
@@ -36,6 +37,8 @@ import sqlite3
 import time
 from typing import Any, Callable, Iterator, List, Optional
 from urllib.parse import quote
+
+from msbridge.adapters._mlflow_template import alembic_head, copy_template
 
 log = logging.getLogger("msbridge")
 
@@ -67,17 +70,23 @@ def open_client(uri: str, client_cls: Callable[[str], Any]) -> Any:
     if path is None:
         return client_cls(uri)
     with store_lock(path):
-        for stale in glob.glob(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.creating-*")):
-            os.remove(stale)  # a creator killed before its rename: nobody else creates while we hold the lock
-        if not os.path.exists(path) or os.path.getsize(path) == 0:
-            _make_aside(path, client_cls)
-        else:
-            problem = half_made(path)
-            if problem:
-                _repair(path, problem, client_cls)
+        make_whole(path, client_cls)
         client = client_cls(uri)
         client.search_experiments(max_results=1)  # MLflow opens the store (its Default experiment) under the lock
     return client
+
+
+def make_whole(path: str, client_cls: Callable[[str], Any]) -> None:
+    """Make the sqlite store at ``path`` (a copy of MLflow's template, ``_mlflow_template``) or repair it; the
+    caller holds ``store_lock(path)``. ``client_cls`` (``MlflowClient``) is called only to make or repair one."""
+    for stale in glob.glob(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.creating-*")):
+        os.remove(stale)  # a creator killed before its rename: nobody else creates while we hold the lock
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        _make_aside(path, client_cls)
+    else:
+        problem = half_made(path)
+        if problem:
+            _repair(path, problem, client_cls)
 
 
 def half_made(path: str) -> str:
@@ -92,7 +101,7 @@ def half_made(path: str) -> str:
             if "alembic_version" in tables else None
     if leftovers:
         return f"leftover migration tables {', '.join(leftovers)}"
-    head = _head_revision()
+    head = alembic_head()
     if version is None:
         return "no schema version"
     if head is not None and version[0] != head:
@@ -100,19 +109,13 @@ def half_made(path: str) -> str:
     return ""
 
 
-def _head_revision() -> Optional[str]:
-    try:
-        from mlflow.store.db.utils import _get_latest_schema_revision
-    except ImportError:  # another MLflow: its own check (``_verify_schema``) then speaks
-        return None
-    return _get_latest_schema_revision()
-
-
 def _make_aside(path: str, client_cls: Callable[[str], Any]) -> None:
-    """Make a new store in ``.<store>.creating-<pid>`` (MLflow's tables and migrations), then rename it to ``path``."""
+    """Make a new store in ``.<store>.creating-<pid>`` (a copy of MLflow's template, else MLflow's tables and
+    migrations there), then rename it to ``path``."""
     temp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.creating-{os.getpid()}")
     try:
-        client_cls(f"sqlite:///{temp}").search_experiments(max_results=1)  # MLflow makes and migrates it
+        if not copy_template(temp):
+            client_cls(f"sqlite:///{temp}").search_experiments(max_results=1)  # MLflow makes and migrates it
         os.replace(temp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

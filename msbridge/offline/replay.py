@@ -21,6 +21,11 @@ nothing: KILLED; an early stop: FINISHED), with what its log holds.
 
 Bad lines in the log are skipped with one warning per file (``strict`` refuses the run).
 
+The log is streamed, never held whole: records go to the sink ``BATCH`` at a time as they are read. A run
+without a recorded outcome, or a ``strict`` replay, is scanned first (its header, events and what its outcome
+reads: steps, losses, first and last time), so the outcome is known, or a bad line refused, before a sink
+gets a record.
+
 Example:
     >>> replay("msbridge_runs/demo/run-1", "mlflow", {"tracking_uri": "http://127.0.0.1:5000"})
     {'records': 300, 'events': 0, 'ranks': 1, 'truncated': 0, 'skipped': 0}
@@ -32,7 +37,8 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set
 
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
@@ -40,9 +46,9 @@ from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import HISTOGRAM, LOSS
 from ..paths import recorded_experiment_dir
 from ..run.metadata import README, RUN_JSON, write_outcome
-from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, RunInfo
+from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo
 from ..sinks.registry import resolve, with_store_defaults
-from ..sinks.runlog import RunLog, RunLogError, read_run
+from ..sinks.runlog import RankLog, RunLog, RunLogError, finish_rank_log, iter_rank_lines, read_rank_file, read_run
 
 BATCH = 1000
 log = logging.getLogger("msbridge")
@@ -80,18 +86,71 @@ def ended_as(run: RunLog) -> str:
     return FINISHED if any(e.kind == EARLY_STOP for e in events) else KILLED
 
 
+@dataclass
+class ScannedLog(RankLog):
+    """A rank's log read without keeping its records: their count and what its outcome reads; ``scanned`` once a
+    whole pass read it (and warned about its bad lines)."""
+
+    count: int = 0
+    steps: Set[int] = field(default_factory=set)
+    losses: List[float] = field(default_factory=list)
+    first_time: Optional[float] = None
+    last_time: Optional[float] = None
+    scanned: bool = False
+
+    def counted(self, records: Iterable[Record]) -> Iterator[Record]:
+        """``records``, each counted on its way through."""
+        for rec in records:
+            self.count += 1
+            self.steps.add(rec.step)
+            if LOSS in rec.values:
+                self.losses.append(rec.values[LOSS])
+            self.first_time = rec.time if self.first_time is None else self.first_time
+            self.last_time = rec.time
+            yield rec
+
+
+def scan_rank_file(path: str, strict: bool = False) -> ScannedLog:
+    """``read_rank_file`` without keeping the records; a file whose header must be rebuilt from its records is
+    read whole once (``runlog``'s salvage needs them)."""
+    scanned = ScannedLog(path=path, header={}, scanned=True)
+    for _ in scanned.counted(iter_rank_lines(path, scanned, strict)):
+        pass
+    if scanned.header:
+        return finish_rank_log(scanned, strict)
+    whole = read_rank_file(path, strict)
+    rebuilt = ScannedLog(path=path, header=whole.header, events=whole.events, truncated=whole.truncated,
+                         skipped=whole.skipped, scanned=True)
+    for _ in rebuilt.counted(whole.records):
+        pass
+    return rebuilt
+
+
+def head_of_rank_file(path: str, strict: bool = False) -> ScannedLog:
+    """The rank file's header line only (its records are read as they are replayed); a file whose first line is
+    not a header is scanned whole (``scan_rank_file``)."""
+    with open(path, "rb") as fh:
+        first = fh.readline()
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if isinstance(header, dict) and header.get("type") == "header":
+        return ScannedLog(path=path, header=header)
+    return scan_rank_file(path, strict)
+
+
 def outcome_from_log(run: RunLog, status: str) -> Dict[str, Any]:
-    """The outcome the global rank would have written, rebuilt from its log (as ``BridgeMonitor.outcome``)."""
+    """The outcome the global rank would have written, rebuilt from its scanned log (as ``BridgeMonitor.outcome``)."""
     main = run.ranks[min(run.ranks)]
-    records = main.records
-    losses = [r.values[LOSS] for r in records if LOSS in r.values]
+    losses = main.losses
     finite = [v for v in losses if math.isfinite(v)]
     anomalies = [f"step {e.step}: {e.kind} {dict(e.detail)}" for e in main.events if e.kind != HISTOGRAM]
     return {
         "status": status,
-        "steps recorded": len({r.step for r in records}),  # an evaluation's record shares its step
-        "last step": max((r.step for r in records), default=0),
-        "wall time": f"{records[-1].time - records[0].time:.1f} s (first to last record)" if records else "unknown",
+        "steps recorded": len(main.steps),  # an evaluation's record shares its step
+        "last step": max(main.steps, default=0),
+        "wall time": f"{main.last_time - main.first_time:.1f} s (first to last record)" if main.count else "unknown",
         "final loss": losses[-1] if losses else None,
         "best loss": min(finite) if finite else None,
         "anomalies": "; ".join(anomalies) if anomalies else "none",
@@ -118,7 +177,9 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     progress = sys.stderr.isatty() if progress is None else progress
     run_dir = os.path.abspath(run_dir)
     meta = _run_json(run_dir)
-    run_log = read_run(run_dir, strict=strict)
+    recorded = isinstance(meta.get("outcome"), Mapping) and meta["outcome"].get("status") in STATUSES
+    # one pass unless something must be read first: the outcome from the log, or a strict check before any write
+    run_log = read_run(run_dir, strict=strict, reader=head_of_rank_file if recorded and not strict else scan_rank_file)
     meta = _settle_outcome(run_dir, meta, run_log)
     status = meta["outcome"]["status"]
     config = meta.get("config", {})
@@ -140,7 +201,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         sink = sink_cls(**sink_options)
         sink.open(run)
         try:
-            _write_all(sink, rank, rank_log.records, rank_log.events, progress)
+            streamed = _write_all(sink, rank_log, strict, progress)
         except Exception:
             sink.close(FAILED)
             raise
@@ -148,10 +209,10 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         if sink.undelivered():
             raise MsbridgeError(f"{to}: {sink.undelivered()}; the jsonl log still holds everything: replay again "
                                 "once it is reachable (or its disk has space)")
-        counts["records"] += len(rank_log.records)
-        counts["events"] += len(rank_log.events)
-        counts["truncated"] += rank_log.truncated
-        counts["skipped"] += len(rank_log.skipped)
+        counts["records"] += streamed.count
+        counts["events"] += len(streamed.events)
+        counts["truncated"] += streamed.truncated
+        counts["skipped"] += len(streamed.skipped)
         counts["ranks"] += 1
     if not counts["ranks"]:
         raise MsbridgeError(f"{run_dir}: no rank log to replay to {to!r}")
@@ -175,13 +236,23 @@ def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
         write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
 
 
-def _write_all(sink: Any, rank: int, records: List[Any], events: List[Event], progress: bool) -> None:
-    for start in range(0, len(records), BATCH):
-        sink.write(records[start:start + BATCH], [])
-        if progress:
-            done = min(start + BATCH, len(records))
-            print(f"\r[msbridge] replay rank {rank}: {done}/{len(records)} records", end="", file=sys.stderr,
-                  flush=True)
-    sink.write([], events)
+def _write_all(sink: Any, head: ScannedLog, strict: bool, progress: bool) -> ScannedLog:
+    """The rank's records read as they go, ``BATCH`` at a time, then its events; returns what was read (its bad
+    lines warned about here unless a scan did already)."""
+    streamed, batch = ScannedLog(path=head.path, header={}), []
+    for rec in streamed.counted(iter_rank_lines(head.path, streamed, strict)):
+        batch.append(rec)
+        if len(batch) == BATCH:
+            sink.write(batch, [])
+            batch = []
+            if progress:
+                print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", end="", file=sys.stderr,
+                      flush=True)
+    if batch:
+        sink.write(batch, [])
+    sink.write([], streamed.events)
     if progress:
-        print(file=sys.stderr)
+        print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", file=sys.stderr)
+    if streamed.skipped and not head.scanned:
+        finish_rank_log(streamed, strict)
+    return streamed

@@ -28,3 +28,29 @@ def test_mlflow_is_imported_without_what_tracking_does_not_need(tmp_path, also_s
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == f"{imported} 0"  # what was imported; the finder is gone afterwards
+
+
+def test_close_ends_a_child_that_gets_no_cpu_to_exit_once_every_call_is_answered(tmp_path):
+    """A child stopped (SIGSTOP: no CPU at all, as an idle-class child beside busy processes) after its last
+    answer: close returns within ``EXIT_WAIT`` + a little, the child is gone, and what it wrote is in the store."""
+    import os
+    import signal
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from msbridge.adapters._mlflow_process import EXIT_WAIT, ClientProcess
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = ClientProcess()
+    client.connect(uri, {})
+    exp = client.create_experiment("x", artifact_location=str(tmp_path / "artifacts"))
+    run_id = client.create_run(exp, run_name="r").info.run_id
+    client.log_batch(run_id, metrics=[("loss", 1.5, 1_700_000_000_000, 1)])
+    proc = client._proc
+    os.kill(proc.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    client.close()
+    assert time.monotonic() - start < EXIT_WAIT + 2.0
+    assert proc.poll() is not None
+    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [1]

@@ -101,14 +101,21 @@ def _wait_for(predicate, limit=120.0):
         time.sleep(0.005)
 
 
-def _kill_child(root, rng, in_creation):
-    """Kill MLflow's child process while it makes the store (``in_creation``) or at a random moment."""
+def _making(root, cache):
+    """The temp files of a store, or of MLflow's template, being made (killed before their rename)."""
+    return glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*")) + \
+        glob.glob(os.path.join(cache, "msbridge", "mlflow-store", "*.creating-*"))
+
+
+def _kill_child(root, rng, in_creation, cache):
+    """Kill MLflow's child process while it makes the store or its template (``in_creation``: in a new cache
+    ``cache``, MLflow's migrations make the template first, seconds) or at a random moment."""
     client = ClientProcess()
     client.connect(_uri(root), {})
     started = threading.Thread(target=lambda: _quiet(lambda: client.create_experiment("exp")), daemon=True)
     started.start()
     if in_creation:
-        _wait_for(lambda: glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*")) or not started.is_alive())
+        _wait_for(lambda: _making(root, cache) or not started.is_alive())
         time.sleep(rng.uniform(0.0, 0.5))
     else:
         time.sleep(rng.uniform(0.0, 4.0))
@@ -116,7 +123,7 @@ def _kill_child(root, rng, in_creation):
     if proc is not None:
         proc.kill()
     started.join(60)
-    return bool(glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*")))  # killed before its rename
+    return bool(_making(root, cache))  # killed before its rename
 
 
 def _quiet(call):
@@ -135,7 +142,7 @@ def _kill_group(command, rng, limit):
 
 
 @pytest.mark.slow
-def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_path):
+def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_path, monkeypatch):
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     print(f"seed {seed}")
@@ -144,10 +151,12 @@ def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_
         kind = moment % 4
         root = tmp_path / (f"k{moment}" if kind != 1 or moment % 8 == 1 else f"k{moment - 4}")  # some reuse a store
         os.makedirs(root / "exp", exist_ok=True)
+        cache = str(tmp_path / f"cache{moment}" if kind == 0 else tmp_path / "cache")
+        monkeypatch.setenv("XDG_CACHE_HOME", cache)  # the child and the jobs read it: a new one has no template
         if kind == 0:
-            in_creation += _kill_child(str(root), rng, in_creation=True)
+            in_creation += _kill_child(str(root), rng, in_creation=True, cache=cache)
         elif kind == 1:
-            _kill_child(str(root), rng, in_creation=False)
+            _kill_child(str(root), rng, in_creation=False, cache=cache)
         elif kind == 2:  # the training process and its MLflow child, at once
             _kill_group([sys.executable, JOB, str(root), f"killed{moment}", str(STEPS)], rng, 5.0)
         else:  # an older msbridge's store creation, with no lock and in place
