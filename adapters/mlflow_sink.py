@@ -36,19 +36,8 @@ from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from msbridge.adapters._mlflow_fields import (
-    EXPERIMENT_TAGS,
-    MAX_PARAM_LENGTH,
-    MAX_TAG_LENGTH,
-    NOTE_TAG,
-    RUN_ID_TAG,
-    clean_key,
-    clean_keys,
-    fit,
-    run_note,
-    run_params,
-    run_tags,
-)
+from msbridge.adapters._mlflow_fields import (EXPERIMENT_TAGS, MAX_PARAM_LENGTH, MAX_TAG_LENGTH, NOTE_TAG,
+                                              RUN_ID_TAG, clean_key, clean_keys, fit, run_note, run_params, run_tags)
 from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, EventLog
 from msbridge.adapters._mlflow_models import CheckpointModels
 from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
@@ -142,6 +131,7 @@ class MlflowSink(Sink):
         self._next_try = 0.0
         self._delay = float(self.settings["backoff_initial"])
         self._down = self._warned_full = False
+        self._why_down = "unreachable"  # or what else kept the last try from MLflow: said in ``undelivered()``
         self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
         self._gave_up = ""  # ``undelivered()``
@@ -184,11 +174,11 @@ class MlflowSink(Sink):
         deadline = time.monotonic() + self.settings["close_timeout"]
         while self.run is not None and not self._deliver(status):
             if time.monotonic() >= deadline:
-                log.warning("msbridge: gave up on MLflow at %s: %d records and status %s not delivered; once it "
-                            "is back: msbridge replay %s --to mlflow", mask_text(self.uri), len(self._pending),
-                            status, shlex.quote(self.run.run_dir))
-                self._gave_up = (f"{len(self._pending)} records and status {status} not delivered to MLflow at "
-                                 f"{mask_text(self.uri)} (unreachable until close_timeout ran out)")
+                log.warning("msbridge: gave up on MLflow at %s: %s and status %s not delivered; once it is back: "
+                            "msbridge replay %s --to mlflow", mask_text(self.uri), self._pending_text(), status,
+                            shlex.quote(self.run.run_dir))
+                self._gave_up = (f"{self._pending_text()} and status {status} not delivered to MLflow at "
+                                 f"{mask_text(self.uri)} ({self._why_down} until close_timeout ran out)")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
         if self._client is not None:
@@ -203,6 +193,12 @@ class MlflowSink(Sink):
 
     def undelivered(self) -> str:
         return self._gave_up
+
+    def _pending_text(self) -> str:
+        """"steps 211-600 (390 records)": what waits, oldest first (a backlog past ``max_pending`` lost its oldest)."""
+        if not self._pending:
+            return "0 records"
+        return f"steps {self._pending[0].step}-{self._pending[-1].step} ({len(self._pending)} records)"
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         uri = mask_text(self.store(run, "tracking_uri"))
@@ -255,7 +251,7 @@ class MlflowSink(Sink):
                 log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
                             "in memory and are retried with backoff (jsonl holds every record)",
                             mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending))
-            self._down = True
+            self._down, self._why_down = True, "its store's disk full" if store else "unreachable"
             return False
         if self._down:
             log.info("msbridge: MLflow at %s is reachable again; the backlog is delivered", mask_text(self.uri))

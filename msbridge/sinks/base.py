@@ -34,7 +34,7 @@ GAP = "gap"
 #: Seconds a sink's close may take beyond its ``close_timeout`` (its last call, ending its client).
 CLOSE_GRACE = 5.0
 #: Seconds into a close after which the dispatcher calls ``hurry`` on each tracker still closing.
-HURRY_AFTER = 2.0
+HURRY_AFTER = 0.3
 #: The largest ``close_timeout`` a sink takes (an hour): a close is always bounded.
 MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).

@@ -1,12 +1,13 @@
-"""The whole experiment dir (run dir, tensorboard/, summary/) on a real 2 MB tmpfs (root only), filled mid-run.
+"""The whole experiment dir (run dir, mlflow.db, tensorboard/, summary/) on a real 4 MB tmpfs (root only), filled
+mid-run; 4 MB, so that the room freed holds what MLflow's sqlite store (1 MB when new) writes afterwards.
 
-(a) freed again during training: every step reaches jsonl, TensorBoard and MindInsight exactly once (read back
-with TensorBoard's EventAccumulator and MindSpore's summary protobuf), and run.json says FINISHED with nothing
-undelivered. (b) never freed: run.json has its outcome (the reserved room), which names each sink's lost range
-exactly (the steps its reader does not find), the gap events say the same, and the exit code is 3.
+(a) freed again during training: every step reaches jsonl, MLflow, TensorBoard and MindInsight exactly once (read
+back with MlflowClient, TensorBoard's EventAccumulator and MindSpore's summary protobuf), and run.json says FINISHED
+with nothing undelivered. (b) never freed: run.json has its outcome (the reserved room), which names each sink's
+lost range exactly (the steps its reader does not find), the gap events say the same (MLflow's are not lost but
+undelivered: its replay fills them), and the exit code is 3.
 (c) past the wait bound (made small here): the oldest are dropped as one gap, written into every sink.
 (d) (a) again under a real MindSpore ``Model.train`` with ``BridgeMonitor``.
-MLflow is left out: its sink belongs to the sink-boundary work (see tests/faults/test_disk_full.py for its store).
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run
 
 STEPS, FULL_AT, FREE_AT = 600, 60, 200
-SINKS = ("jsonl", "tensorboard", "mindinsight")
+SINKS = ("jsonl", "mlflow", "tensorboard", "mindinsight")
+#: The sinks' config: MLflow retries a store on a full disk for 5 s at the close (30 s by default)
+SINK_CONFIG = {sink: {"close_timeout": 5.0} if sink == "mlflow" else {} for sink in SINKS}
 ALL = list(range(1, STEPS + 1))
 
 
@@ -48,7 +51,7 @@ def train(disk, free_at, caplog=None, said="cannot write"):
     """600 steps of ``msbridge.track`` with the disk filled after step 60 and freed after ``free_at``, once the
     trackers have ``said`` so (in ``caplog``)."""
     cfg = {"experiment": "full", "run_name": "r", "experiment_dir": str(disk / "full"), "flush_steps": 10,
-           "sinks": list(SINKS)}
+           "sinks": SINK_CONFIG}
     filler = None
     with msbridge.track(cfg, progress=False) as run:
         for step in ALL:
@@ -64,6 +67,15 @@ def train(disk, free_at, caplog=None, said="cannot write"):
         os.remove(filler)
     with open(os.path.join(run.run_dir, "run.json"), encoding="utf-8") as fh:
         return run, json.load(fh)["outcome"]
+
+
+def mlflow_steps(disk):
+    """The steps of ``train/loss`` in the experiment's MLflow run (``MlflowClient`` on its sqlite store)."""
+    from helpers.mlflow_reads import only_run, steps
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{disk / 'full' / 'mlflow.db'}")
+    return steps(client, only_run(client, "full").info.run_id)
 
 
 def tensorboard_steps(disk):
@@ -122,12 +134,13 @@ def assert_waited(caplog):
 
 def test_freed_during_training_every_step_reaches_every_sink(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="msbridge")
-    with small_tmpfs(tmp_path / "disk", size="2m") as disk:
+    with small_tmpfs(tmp_path / "disk", size="4m") as disk:
         run, outcome = train(disk, FREE_AT, caplog)
         steps, gaps = jsonl_steps(run.run_dir)
         assert steps == ALL and gaps == []
         tb = tensorboard_steps(disk)
         assert tb == ALL, (len(tb), sorted(set(ALL) - set(tb))[:10])  # each once, in order: none lost or doubled
+        assert mlflow_steps(disk) == ALL
         assert len(glob.glob(str(disk / "full" / "tensorboard" / "r" / "rank_0" / "events.*"))) >= 2  # a fresh file
         mi = mindinsight_points(disk)
         assert [s for s, _ in mi] == ALL, len(mi)
@@ -139,9 +152,10 @@ def test_freed_during_training_every_step_reaches_every_sink(tmp_path, caplog):
 
 
 def test_never_freed_the_outcome_names_every_lost_range_exactly(tmp_path):
-    with small_tmpfs(tmp_path / "disk", size="2m") as disk:
+    with small_tmpfs(tmp_path / "disk", size="4m") as disk:
         run, outcome = train(disk, None)
-        held = {"jsonl": jsonl_steps(run.run_dir)[0], "tensorboard": tensorboard_steps(disk),
+        held = {"jsonl": jsonl_steps(run.run_dir)[0], "mlflow": mlflow_steps(disk),
+                "tensorboard": tensorboard_steps(disk),
                 "mindinsight": [s for s, _ in mindinsight_points(disk)]}
         missed, gaps = outcome["not delivered"], outcome_gaps(outcome)
         assert sorted(missed) == sorted(SINKS) and run.outcome.exit_code == 3
@@ -156,14 +170,14 @@ def test_never_freed_the_outcome_names_every_lost_range_exactly(tmp_path):
                 assert f"{lost[2]} record(s) and 0 event(s) of steps {lost[0]}-{lost[1]} lost" in missed[sink]
             else:
                 assert lost_ranges(missed[sink]) == [lost], (sink, missed[sink])
-                assert "status FINISHED not written" in missed[sink]
-            assert gaps[sink] == [lost], (sink, gaps)
+                assert f"status FINISHED not {'delivered' if sink == 'mlflow' else 'written'}" in missed[sink]
+            assert gaps.get(sink) == (None if sink == "mlflow" else [lost]), (sink, gaps)
 
 
 def test_past_the_bound_the_oldest_are_one_gap_in_every_sink(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(_diskwait, "MAX_WAITING_EVENTS", 40)
     caplog.set_level(logging.WARNING, logger="msbridge")
-    with small_tmpfs(tmp_path / "disk", size="2m") as disk:
+    with small_tmpfs(tmp_path / "disk", size="4m") as disk:
         run, outcome = train(disk, FREE_AT, caplog, said="more than 40 events")
         tb, mi = tensorboard_steps(disk), [s for s, _ in mindinsight_points(disk)]
         jsonl, jsonl_gaps = jsonl_steps(run.run_dir)
@@ -207,12 +221,12 @@ class FullBetween(Callback):
 def test_freed_during_model_train_every_step_reaches_every_sink(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="msbridge")
     steps = list(range(1, 401))
-    with small_tmpfs(tmp_path / "disk", size="2m") as disk:
+    with small_tmpfs(tmp_path / "disk", size="4m") as disk:
         monitor = BridgeMonitor({"experiment": "full", "run_name": "r", "experiment_dir": str(disk / "full"),
-                                 "flush_steps": 10, "sinks": list(SINKS)}, progress=False)
+                                 "flush_steps": 10, "sinks": SINK_CONFIG}, progress=False)
         train_regression([monitor, FullBetween(disk, FULL_AT, FREE_AT, caplog)], steps=len(steps))
         assert jsonl_steps(monitor.run_dir) == (steps, [])
-        assert tensorboard_steps(disk) == steps
+        assert tensorboard_steps(disk) == steps and mlflow_steps(disk) == steps
         assert [s for s, _ in mindinsight_points(disk)] == steps
         with open(os.path.join(monitor.run_dir, "run.json"), encoding="utf-8") as fh:
             outcome = json.load(fh)["outcome"]
