@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
@@ -17,6 +18,36 @@ def _run_in_tmp(tmp_path, monkeypatch):
     """Every test runs in its own directory: nothing (./output/log, mlflow.db ...) lands in the checkout."""
     monkeypatch.chdir(tmp_path)
     yield
+
+
+def _msbridges_own(cls):
+    """A class msbridge's own modules define (not one an example defines in a copy of their namespace)."""
+    module = sys.modules.get(cls.__module__)
+    return cls.__module__.startswith("msbridge.") and getattr(module, cls.__qualname__, None) is cls
+
+
+@pytest.fixture(autouse=True)
+def _plugins_forgotten():
+    """What a test registers (a plug-in it installs, an example's sink or check) is gone after it, and so is what
+    loading plug-ins said: the next test sees only msbridge's own. msbridge's own stay registered, even those first
+    imported during the test (their decorator runs once per process)."""
+    from msbridge import plugins
+    from msbridge.health.detectors.base import DETECTORS
+    from msbridge.sinks import registry
+
+    tables = (registry._REGISTERED, DETECTORS)
+    before = [dict(table) for table in tables]
+    said, failed = set(plugins._SAID), dict(plugins._FAILED)
+    yield
+    for table, saved in zip(tables, before):
+        for name, cls in list(table.items()):
+            if saved.get(name) is not cls and not _msbridges_own(cls):
+                del table[name]
+        table.update({name: cls for name, cls in saved.items() if name not in table})
+    plugins._SAID.clear()
+    plugins._SAID.update(said)
+    plugins._FAILED.clear()
+    plugins._FAILED.update(failed)
 
 
 @pytest.fixture

@@ -188,21 +188,8 @@ def test_every_skip_names_an_example():
     assert not stale, f"SKIP entries that name no docstring example (remove them): {stale}"
 
 
-@pytest.fixture
-def registries_restored():
-    """An example may register a sink or a check (that is what some show): the registries are put back after it."""
-    from msbridge.health.detectors.base import DETECTORS
-    from msbridge.sinks import registry
-
-    sinks, checks = dict(registry._REGISTERED), dict(DETECTORS)
-    yield
-    for registered, saved in ((registry._REGISTERED, sinks), (DETECTORS, checks)):
-        registered.clear()
-        registered.update(saved)
-
-
 @pytest.mark.parametrize("module_name", MODULES)
-def test_docstring_examples_run(module_name, tmp_path, monkeypatch, registries_restored):
+def test_docstring_examples_run(module_name, tmp_path, monkeypatch):  # what an example registers: conftest.py
     monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here
     found = _doctests(module_name)
     tests = [t for t in found if not _skip_reason(t.name)]

@@ -183,11 +183,14 @@ def normalise_sinks(sinks: Any) -> Dict[str, Any]:
 
 def sink_problems(value: Any) -> Problems:
     """Names against the registry, each sink's options against the sink's own declaration."""
-    from ..sinks.registry import available, check_available, sink_class
+    from ..sinks.registry import available, check_available, sink_class, unloadable
 
     problems: Problems = []
-    registered = available()  # read once: each read scans every installed distribution's entry points
+    registered, broken = available(), unloadable()  # read once: each read scans every distribution's entry points
     for name, options in normalise_sinks(value).items():
+        if name in broken:  # a plug-in that did not load, or claims another's name: why, as for checks
+            problems.append((("sinks", name), broken[name]))
+            continue
         if name not in registered:
             problems.append((("sinks", name), f"unknown sink {name!r}{did_you_mean(name, registered)} "
                                               f"(registered sinks: {', '.join(registered)})"))

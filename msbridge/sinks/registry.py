@@ -66,7 +66,7 @@ def builtin_names() -> Tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: (n != WAL_NAME, n)))
 
 
-def _plugins() -> Dict[str, str]:
+def unloadable() -> Dict[str, str]:
     """Load the ``msbridge.sinks`` entry points not loaded yet (``plugins.load_points``); ``{name: why}`` of
     the broken ones (each said once)."""
     reserved = {name: f"the built-in {BUILTIN_PACKAGE}.{name}{_SUFFIX} (package msbridge)"
@@ -85,14 +85,14 @@ def names() -> Tuple[str, ...]:
 def available() -> Tuple[str, ...]:
     """Every sink name that can be configured: built-ins first, then plug-ins and in-process registrations."""
     builtins = builtin_names()
-    _plugins()
+    unloadable()
     return builtins + tuple(sorted(set(_REGISTERED) - set(builtins)))
 
 
 def sink_class(name: str) -> Type[Sink]:
     """The class registered under ``name``, its extra installed or not; ``ConfigError`` for an unknown name
     or a plug-in that did not load (with why)."""
-    broken = _plugins()
+    broken = unloadable()
     if name in broken:  # a plug-in that did not load, or that claims another's name
         raise unavailable("sink", name, broken, ())
     if name not in _REGISTERED and name in builtin_names():
