@@ -11,12 +11,15 @@ import re
 from pathlib import Path
 
 from mindspore.train import Callback
+import pytest
 
 from helpers.sink_reads import every_sink
 from helpers.training import train_regression
 from msbridge import BridgeMonitor
 from msbridge.cli.main import main
 from msbridge.names import LOSS
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 SEEN_AS = (10, 11, 5, 6, 6, 12)
 RECORDED = [10, 11, 12]

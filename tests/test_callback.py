@@ -32,6 +32,7 @@ def test_every_step_recorded_with_the_networks_loss(tmp_path, mode, sink_mode):
     assert log.truncated == 0
 
 
+@pytest.mark.slow
 def test_lr_follows_the_schedule(tmp_path):
     mon = monitor(tmp_path)
     train_regression([mon], steps=20, learning_rate=nn.ExponentialDecayLR(0.1, 0.9, 4))
@@ -40,6 +41,7 @@ def test_lr_follows_the_schedule(tmp_path):
     np.testing.assert_allclose([lr[s] for s in expected], list(expected.values()), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_lr_from_a_dynamic_list_and_a_fixed_value(tmp_path):
     table = [0.05] * 5 + [0.01] * 5 + [0.002] * 10
     mon = monitor(tmp_path / "list")
@@ -51,6 +53,7 @@ def test_lr_from_a_dynamic_list_and_a_fixed_value(tmp_path):
     assert [v for _, v in read_run(mon.run_dir).ranks[0].series("train/lr")] == pytest.approx([0.03] * 6)
 
 
+@pytest.mark.slow
 def test_flush_by_time_and_header(tmp_path):
     mon = monitor(tmp_path, flush_steps=1000, flush_seconds=0.001)
     train_regression([mon], steps=8)
@@ -60,6 +63,7 @@ def test_flush_by_time_and_header(tmp_path):
     assert [line["step"] for line in lines[1:]] == list(range(1, 9))
 
 
+@pytest.mark.slow
 def test_tokens_per_s_when_seq_length_given(tmp_path):
     mon = monitor(tmp_path, seq_length=32)
     train_regression([mon], steps=4)
@@ -67,6 +71,7 @@ def test_tokens_per_s_when_seq_length_given(tmp_path):
     assert rec["perf/tokens_per_s"] == pytest.approx(rec["perf/samples_per_s"] * 32)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_written_as_null_and_listed(tmp_path):
     import mindspore as ms
     from helpers.training import regression_data
@@ -106,6 +111,7 @@ class CountingSink(Sink):
         self.status = status
 
 
+@pytest.mark.slow
 def test_a_raising_sink_stops_neither_training_nor_other_sinks(tmp_path, caplog):
     counting = CountingSink()
     mon = BridgeMonitor({"output_dir": str(tmp_path / "run"), "flush_steps": 3}, sinks=[ExplodingSink(), counting],
@@ -118,6 +124,7 @@ def test_a_raising_sink_stops_neither_training_nor_other_sinks(tmp_path, caplog)
     assert len(errors) == 1, "a failing sink is logged once, with its name"
 
 
+@pytest.mark.slow
 def test_exception_in_training_closes_sinks_failed(tmp_path):
     counting = CountingSink()
     mon = BridgeMonitor({"output_dir": str(tmp_path / "run"), "flush_steps": 100}, sinks=[counting], progress=False)
@@ -145,6 +152,7 @@ class PairOutputCell(nn.TrainOneStepCell):
         return loss, loss * 2
 
 
+@pytest.mark.slow
 def test_tuple_output_records_first_scalar_and_says_which_once(tmp_path, caplog):
     mon, ref = monitor(tmp_path), OutputRecorder()
     with caplog.at_level(logging.WARNING, logger="msbridge"):
@@ -182,12 +190,14 @@ def test_unwritable_output_dir_fails_before_training(tmp_path):
     assert str(blocker / "runs") in str(err.value) and "output_dir" in str(err.value)
 
 
+@pytest.mark.slow
 def test_monitor_off_records_nothing(tmp_path):
     mon = monitor(tmp_path, monitor_on=False)
     train_regression([mon], steps=4)
     assert mon.run_dir is None and not (tmp_path / "t").exists()
 
 
+@pytest.mark.slow
 def test_run_readme_and_run_json_written_and_completed(tmp_path):
     mon, ref = monitor(tmp_path, sinks={"jsonl": {}}, tags={"api_token": "s3cr3t-value"}), OutputRecorder()
     train_regression([mon, ref], steps=10)
@@ -202,6 +212,7 @@ def test_run_readme_and_run_json_written_and_completed(tmp_path):
     assert "s3cr3t-value" not in readme + json.dumps(meta), "secrets are masked in README and run.json"
 
 
+@pytest.mark.slow
 def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
     first = monitor(tmp_path, sinks=["jsonl", "tensorboard"])
     train_regression([first], steps=12, epochs=2)  # steps 1..24
@@ -215,6 +226,7 @@ def test_resume_in_the_same_run_dir_appends_and_never_repeats_a_step(tmp_path):
     assert [(e.kind, e.step, e.detail["last_recorded_step"]) for e in log.events] == [("resume", 24, 24)]
 
 
+@pytest.mark.slow
 def test_a_sink_that_fails_to_open_is_not_an_output_and_the_run_says_so(tmp_path, capsys):
     """A real open() failure: a file where the MindInsight sink makes its run's directory."""
     from msbridge.cli.main import main

@@ -55,6 +55,7 @@ class Seen(Callback):
         self.results.append(dict(run_context.original_args().eval_results))
 
 
+@pytest.mark.slow
 def test_model_fit_with_a_validation_set_records_every_step_and_every_evaluation(tmp_path):
     monitor = BridgeMonitor(_config(tmp_path, "fit"), progress=False)
     seen = Seen()
@@ -74,6 +75,7 @@ def test_model_fit_with_a_validation_set_records_every_step_and_every_evaluation
     assert outcome["objective"]["metric"] == "eval/loss"
 
 
+@pytest.mark.slow
 def test_model_eval_beside_model_train_is_recorded_at_the_epochs_end(tmp_path):
     cfg = _config(tmp_path, "beside", sinks=["jsonl"])
     monitor = BridgeMonitor(cfg, progress=False)

@@ -42,6 +42,7 @@ def mindinsight_losses(summary_root: Path) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_the_quick_start_loop_records_every_printed_loss_in_all_four_sinks(tmp_path):
     script = (EXAMPLE / "quickstart.py").read_text()
     assert len([line for line in script.splitlines() if line.endswith("# msbridge")]) == 3

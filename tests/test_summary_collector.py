@@ -16,6 +16,8 @@ from msbridge import BridgeMonitor
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS = 12
 # MindSpore's "Collecting Summary Record" tutorial (the AlexNet sample): its specified collector
 SAMPLE = {"collect_metric": True, "histogram_regular": "^conv1.*|^conv2.*", "collect_graph": True,

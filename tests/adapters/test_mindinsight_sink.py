@@ -184,6 +184,7 @@ def test_records_events_and_lineage_parse_back_with_mindspore_classes(tmp_path):
     assert info["msbridge.status"] == FAILED  # the last user-defined event wins
 
 
+@pytest.mark.slow
 def test_batches_reach_the_file_flush_fsyncs_resume_adds_a_file_and_an_open_sink_is_idle(tmp_path, monkeypatch):
     def threads_and_children():
         tasks = os.listdir("/proc/self/task")  # native threads too, not only Python's
@@ -249,6 +250,7 @@ def served(tmp_path_factory):
         os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_mindinsight_lists_every_run_and_rank(served):
     client, written = served
     jobs = client.train_jobs()
@@ -290,6 +292,7 @@ def test_mindinsight_lists_the_loss_first(served):
         assert lead[0] == "1_train/loss/scalar" and len(lead) >= 2, (train_id, tags)
 
 
+@pytest.mark.slow
 def test_mindinsight_lineage_shows_the_hyperparameters(served):
     client, written = served
     deadline, rows = time.monotonic() + 60, {}

@@ -37,6 +37,7 @@ def gone(pid: int, within: float) -> float:
     return float("inf")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_kill_9_of_the_training_process_takes_the_child_down_quietly(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, f"sqlite:///{tmp_path}/mlflow.db"],

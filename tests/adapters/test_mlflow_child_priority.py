@@ -105,6 +105,7 @@ def child_classes(tmp_path, kind: str):
     return tuple(int(x) for x in out.stdout.split())
 
 
+@pytest.mark.slow
 @needs_idle_class
 def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_first_metrics(tmp_path):
     at_connect, before, after, nice, restarted = child_classes(tmp_path, "training")
@@ -114,12 +115,14 @@ def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_firs
     assert restarted == NICE, "a child started again after a death is niced too"
 
 
+@pytest.mark.slow
 @needs_idle_class
 def test_away_from_training_the_child_keeps_its_parents_priority(tmp_path):
     """``msbridge replay`` is waited on: a niced child behind busy processes made it several times slower."""
     assert child_classes(tmp_path, "replay") == (0, os.SCHED_OTHER, os.SCHED_OTHER, 0, 0)
 
 
+@pytest.mark.slow
 @needs_idle_class
 @pytest.mark.parametrize("when", ["starved", "not starved", "in create_run"])
 def test_after_training_a_starved_child_is_replaced_at_its_parents_priority_and_loses_no_call(tmp_path, when):

@@ -20,6 +20,8 @@ from msbridge.cli.main import main
 from msbridge.names import LOSS
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS, EVERY = 20, 5
 
 

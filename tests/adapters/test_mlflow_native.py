@@ -71,6 +71,7 @@ def test_template_is_keyed_by_mlflow_version_and_its_alembic_head_read_without_i
     assert os.path.basename(template_path()) == f"{mlflow.__version__}-{alembic_head()}.db"
 
 
+@pytest.mark.slow
 def test_copied_store_and_native_rows_equal_what_mlflow_makes_and_upgrade_is_a_no_op(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ours").mkdir()
@@ -116,6 +117,7 @@ def test_changed_param_and_unknown_filter_are_left_to_mlflow(tmp_path):
     assert [r.info.run_id for r in store.call("search_runs", ([exp], "tags.`mlflow.runName` = 'r'"), {})] == [run_id]
 
 
+@pytest.mark.slow
 def test_concurrent_first_runs_make_one_template(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     roots = [tmp_path / f"exp{i}" for i in range(3)]
@@ -130,6 +132,7 @@ def test_concurrent_first_runs_make_one_template(tmp_path, monkeypatch):
             assert db.execute("SELECT version_num FROM alembic_version").fetchone()[0] == alembic_head()
 
 
+@pytest.mark.slow
 def test_a_sink_run_without_mlflow_reads_back_in_mlflows_client_and_server(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run = make_run(tmp_path, readme="# notes", config={"objective": {"metric": "train/loss"}})

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 PROBE = """
 import sys
 from msbridge.adapters import _mlflow_process as mp

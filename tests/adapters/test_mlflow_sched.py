@@ -37,6 +37,7 @@ def judged(pid: int, seconds: float) -> tuple:
     return starved(then, now, elapsed, running=pid), starved(then, now, elapsed)
 
 
+@pytest.mark.slow
 def test_an_idle_class_process_beside_a_busy_cpu_is_starved_before_linux_counts_its_wait():
     busy = subprocess.Popen([sys.executable, "-c", SPIN + LOOP])
     child = subprocess.Popen([sys.executable, "-c", SPIN + IDLE + LOOP])

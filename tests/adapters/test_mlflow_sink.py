@@ -51,7 +51,7 @@ def server(tmp_path_factory, shared_sqlite):
         yield srv
 
 
-@pytest.fixture(params=["sqlite", "server"])
+@pytest.fixture(params=["sqlite", pytest.param("server", marks=pytest.mark.slow)])
 def uri(request, shared_sqlite):
     return shared_sqlite if request.param == "sqlite" else request.getfixturevalue("server").uri
 
@@ -129,6 +129,7 @@ def assert_backs_off(started, initial, maximum):
     assert all(gap >= delay for gap, delay in zip(gaps, backoff(initial, maximum))), (gaps, initial)
 
 
+@pytest.mark.slow
 def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     params = {"optimizer": {"learning_rate": 3e-4, "betas": [0.9, 0.95], "api_key": SECRET},
               "model": {f"layer_{i}": {"hidden": 64 + i} for i in range(150)}, "data": {"prompt": LONG}}
@@ -224,6 +225,7 @@ def test_final_status(uri, tmp_path, status):
     assert_same_series(client, mlrun.info.run_id, run.run_dir)
 
 
+@pytest.mark.slow
 def test_resume_reattaches_and_never_logs_a_step_twice(uri, tmp_path, caplog):
     run = mlflow_run(tmp_path, flush_steps=50)
     jsonl, sink = open_pair(run, tracking_uri=uri)
@@ -250,6 +252,7 @@ def test_resume_reattaches_and_never_logs_a_step_twice(uri, tmp_path, caplog):
     assert [json.loads(e)["step"] for e in events] == [30, 90]
 
 
+@pytest.mark.slow
 def test_resume_catches_up_from_the_jsonl_log(uri, tmp_path):
     """MLflow lagged when the job died (its backlog was in memory): resuming fills the gap from jsonl."""
     run = mlflow_run(tmp_path)
@@ -269,6 +272,7 @@ def test_resume_catches_up_from_the_jsonl_log(uri, tmp_path):
     assert mlrun.data.tags["msbridge.event.anomaly.last"].startswith("step 50: ")
 
 
+@pytest.mark.slow
 def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeypatch):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every request is refused, for real
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's own setting
@@ -296,6 +300,7 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
                                 "(unreachable until close_timeout ran out)")  # the run's outcome lists it
 
 
+@pytest.mark.slow
 def test_server_killed_mid_run_and_down_at_start(server, tmp_path, caplog, monkeypatch):
     """Job A logs, the server is SIGKILLed, job B starts during the outage; both keep writing,
     the server comes back on the same port, and both runs end complete, each step once.
@@ -364,6 +369,7 @@ def test_names_mlflow_rejects_are_cleaned_with_one_warning(shared_sqlite, tmp_pa
     assert len(param_warnings) == 1 and "'lr@warmup' ->" in param_warnings[0].getMessage()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text(min_size=0, max_size=400))
 def test_clean_key_is_always_valid(key):
@@ -448,6 +454,7 @@ def test_configuration_problems_are_named_not_waited_out(tmp_path, monkeypatch):
         MlflowSink()
 
 
+@pytest.mark.slow
 def test_bridge_monitor_training_matches_jsonl(tmp_path):
     from helpers.training import train_regression
 

@@ -6,6 +6,7 @@ import math
 import uuid
 
 from mlflow.tracking import MlflowClient
+import pytest
 
 # Metric rows a sqlite store gets from sqlite itself (_mlflow_sqlite), with MLflow's own store as the oracle.
 EDGE_BATCHES = [
@@ -25,6 +26,7 @@ def _history(client, run_id):
     return rows, {k: "nan" if math.isnan(v) else v for k, v in run.data.metrics.items()}
 
 
+@pytest.mark.slow
 def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
     from mlflow.entities import Metric, RunTag
 

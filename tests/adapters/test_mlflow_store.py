@@ -68,6 +68,7 @@ def _next_run_works(root, name):
     _assert_whole_run(root, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [3, pytest.param(8, marks=pytest.mark.slow)])
 def test_concurrent_first_runs_make_the_store_once(tmp_path, processes):
     go = tmp_path / "go"
@@ -85,6 +86,7 @@ def test_concurrent_first_runs_make_the_store_once(tmp_path, processes):
     assert len(MlflowClient(_uri(tmp_path)).search_experiments()) == 2  # Default and exp, each made once
 
 
+@pytest.mark.slow
 def test_a_half_made_store_that_holds_runs_is_repaired_and_keeps_them(tmp_path):
     _next_run_works(tmp_path, "before")
     with sqlite3.connect(tmp_path / "exp" / "mlflow.db") as db:  # what a kill inside MLflow's table copy leaves

@@ -10,6 +10,7 @@ from helpers.mlflow_reads import steps
 from helpers.runs import make_records, make_run
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
+import pytest
 
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, SWEEP_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import MlflowSink
@@ -26,6 +27,7 @@ def runs_of(client, experiment, view=ViewType.ACTIVE_ONLY):
     return client.search_runs([exp.experiment_id], run_view_type=view)
 
 
+@pytest.mark.slow
 def test_a_sweeps_runs_are_children_of_one_parent(shared_sqlite, tmp_path):
     """Two trials of sweep s1 overlap, one of s2 and one outside any sweep run after: s1 gets one parent,
     RUNNING while a trial runs, FINISHED when the last one ends; `msbridge compare` lists the trials only."""

@@ -359,6 +359,7 @@ def test_tensorboardx_is_imported_only_by_the_sink(monkeypatch):
         TensorBoardSink()
 
 
+@pytest.mark.slow
 def test_real_training_loss_curve_equals_jsonl(tmp_path):
     from helpers.training import train_regression
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from helpers.webhook_server import GENERIC_KEYS, WebhookServer, refused_url
+import pytest
 
 from msbridge.alerts.delivery import deliver
 from msbridge.alerts.message import alert_for
@@ -66,6 +66,7 @@ def test_a_wrong_secret_is_refused_by_the_bot_and_reported_as_not_delivered(kind
     assert error is not None and "answered error" in error
 
 
+@pytest.mark.slow
 def test_refused_500_and_timeout_are_errors_after_bounded_retries():
     alert = _alert()
     start = time.monotonic()

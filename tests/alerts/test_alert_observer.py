@@ -7,6 +7,7 @@ import time
 
 from helpers.runs import make_records, make_run
 from helpers.webhook_server import WebhookServer
+import pytest
 
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.alerts.sink import AlertSink
@@ -14,6 +15,8 @@ from msbridge.alerts.spec import AlertSpec
 from msbridge.options import Option
 from msbridge.sinks.base import Sink
 from msbridge.sinks.dispatch import Dispatcher
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 
 class SlowToGiveUp(Sink):

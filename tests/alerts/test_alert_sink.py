@@ -6,6 +6,7 @@ import os
 import time
 
 from helpers.webhook_server import WebhookServer
+import pytest
 
 from msbridge.alerts.message import alert_for
 from msbridge.alerts.outbox import Outbox
@@ -61,6 +62,7 @@ def test_a_finished_run_sends_nothing_unless_end_is_asked_for(tmp_path):
     assert [r.body["category"] for r in server.received] == ["end"]
 
 
+@pytest.mark.slow
 def test_the_close_waits_a_bounded_time_and_the_next_start_sends_what_was_kept(tmp_path):
     nan = Event("anomaly", 20, 0, time.time(), {"check": "nonfinite", "nonfinite": ["train/loss"]})
     with WebhookServer(mode="hang", hang_s=30) as server:

@@ -21,6 +21,8 @@ from msbridge import BridgeMonitor
 from msbridge.cli.main import main
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 
 class StepClock(Callback):
     """Records when each step's end was seen (after the monitor's, which comes first in the list)."""

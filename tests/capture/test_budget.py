@@ -65,6 +65,7 @@ def _monitor(tmp_path, **overrides):
     return monitor(tmp_path, **{"flush_steps": 2, "flush_seconds": 1000.0, **overrides})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ring", [False, True])
 def test_monitor_widens_its_flush_window_over_budget_and_still_records_every_step(tmp_path, caplog, monkeypatch, ring):
     from msbridge.capture.host_buffer import StepBuffer

@@ -91,6 +91,7 @@ def ring_cell(holder):
     return build
 
 
+@pytest.mark.slow
 def test_histograms_every_interval_in_jsonl_tensorboard_not_mlflow_nor_console(tmp_path, caplog):
     import mlflow
 
@@ -144,6 +145,7 @@ def test_histograms_every_interval_in_jsonl_tensorboard_not_mlflow_nor_console(t
     assert printed and "histogram" not in printed
 
 
+@pytest.mark.slow
 def test_every_flush_without_interval_and_a_regex_matching_nothing_warns_once(tmp_path, caplog):
     mon = monitor(tmp_path, ["jsonl"], histogram_interval=None, histograms="^2\\.")
     train_regression([mon], steps=STEPS, net=mlp())
@@ -192,6 +194,7 @@ def wait_for_histograms(client, train_id, tag, count, timeout=90.0):
     raise AssertionError(f"MindInsight served {len(got)} of {count} histograms of {tag} in {train_id}")
 
 
+@pytest.mark.slow
 def test_mindinsight_histograms_in_the_summary_and_over_its_rest_api(tmp_path):
     from helpers.mindinsight_server import serve
 
@@ -231,6 +234,7 @@ def test_mindinsight_histograms_in_the_summary_and_over_its_rest_api(tmp_path):
             assert [h["step"] for h in served] == [10, 20, 30]
 
 
+@pytest.mark.slow
 def test_replay_carries_the_histograms_into_tensorboard_once(tmp_path):
     from msbridge.offline.replay import replay
 
@@ -248,6 +252,7 @@ def test_replay_carries_the_histograms_into_tensorboard_once(tmp_path):
     assert list(series[-1].histogram_value.bucket) == counts.tolist() and series[-1].histogram_value.num == values.size
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 def test_trainstep_gradient_histograms_are_the_steps_gradients(tmp_path):
     net, holder, before = mlp(), {}, WeightsBefore(STEPS - 1)
@@ -284,6 +289,7 @@ def test_trainstep_gradient_histograms_are_the_steps_gradients(tmp_path):
         np.testing.assert_allclose([h.min, h.max, h.sum_squares], [grad.min(), grad.max(), grad @ grad], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_no_histograms_no_copies_and_a_step_compiled_without_them_says_so(tmp_path, caplog):
     net, holder = mlp(), {}
     off = monitor(tmp_path / "off", ["jsonl"], histograms=None, histogram_interval=None)
@@ -302,6 +308,7 @@ def test_no_histograms_no_copies_and_a_step_compiled_without_them_says_so(tmp_pa
     assert tags == {f"weights/{p.name}" for p in net.trainable_params()}
 
 
+@pytest.mark.slow
 def test_a_second_train_call_with_the_same_copies_keeps_recording_them(tmp_path):
     net, holder = mlp(), {}
     train_regression([monitor(tmp_path / "1", ["jsonl"])], steps=10, net=net, train_cell=ring_cell(holder))

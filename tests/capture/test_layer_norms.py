@@ -55,6 +55,7 @@ def by_step(mon):
     return {r.step: r.values for r in read_run(mon.run_dir).ranks[0].records}
 
 
+@pytest.mark.slow
 def test_grad_norms_make_up_the_global_norm_and_weight_norms_match_the_tensors(tmp_path):
     net = mlp()
     mon = monitor(tmp_path, sinks=("jsonl", "tensorboard"))
@@ -87,6 +88,7 @@ def test_grad_norms_make_up_the_global_norm_and_weight_norms_match_the_tensors(t
         assert sorted(weights) == flushed
 
 
+@pytest.mark.slow
 def test_layer_groups_are_the_norm_of_their_parameters(tmp_path):
     net = mlp()  # parameters 0.weight 0.bias 2.weight 2.bias 4.weight 4.bias
     mon = monitor(tmp_path, layer_norms=r"^[02]\.", layer_norms_group=r"^(\d+)\.")
@@ -102,6 +104,7 @@ def test_layer_groups_are_the_norm_of_their_parameters(tmp_path):
     assert all(rows[s]["grad_norm/0"] < rows[s]["train/grad_norm"] for s in rows)  # layer 4 is left out
 
 
+@pytest.mark.slow
 def test_plain_model_records_weight_norms_and_says_once_why_no_grad_norms(tmp_path, caplog):
     net = mlp()
     mon = monitor(tmp_path)
@@ -129,6 +132,7 @@ class Block(nn.Cell):
         return self.feed_forward(self.attention(x))
 
 
+@pytest.mark.slow
 def test_a_regex_that_matches_nothing_warns_once_with_the_closest_names(tmp_path, caplog):
     mon = monitor(tmp_path, layer_norms=r"atention\.weight")
     with caplog.at_level(logging.WARNING, logger="msbridge"):
@@ -149,6 +153,7 @@ def test_compiled_and_host_norms_agree():
     np.testing.assert_allclose(host, [np.linalg.norm(p.asnumpy()) for p in params], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["graph", "pynative"])
 def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypatch, mode):
     """Every way a tensor reaches the host, counted while msbridge's step hook runs (layer norms, memory, and

@@ -25,7 +25,7 @@ from msbridge.capture.ring_reader import RingReader
 from msbridge.capture.train_step import TrainStep
 from msbridge.sinks.runlog import read_run
 
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 HUGE = 2.0 ** 127  # float32's largest power of two: a gradient above 2 times this scale overflows
 STEPS = 24
 WINDOW = 2  # the scale doubles after 2 finite steps, so overflows recur all run long

@@ -7,6 +7,7 @@ import numpy as np
 import psutil
 from helpers.training import train_regression
 from mindspore.train import Callback
+import pytest
 
 from msbridge import BridgeMonitor
 from msbridge.capture.memory import MemoryReader, host_rss_mb
@@ -25,6 +26,7 @@ def test_device_memory_comes_from_mindspore_runtime_off_cpu():
     assert read["memory/host_rss_mb"] > 10
 
 
+@pytest.mark.slow
 def test_memory_per_flush_and_cpu_said_once(tmp_path, caplog):
     mon = BridgeMonitor({"experiment": "t", "run_name": "r",
                          "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
@@ -56,6 +58,7 @@ class Allocates(Callback):
             self.held = None
 
 
+@pytest.mark.slow
 def test_the_host_peak_is_each_windows_own(tmp_path):
     """200 MB held for a moment in step 10 shows in the peak of window 9-16 only, never in the RSS."""
     mon = BridgeMonitor({"experiment": "t", "run_name": "r",

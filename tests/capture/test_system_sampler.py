@@ -120,6 +120,7 @@ def _thread_cpu_ticks(native_id):
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+@pytest.mark.slow
 def test_sampler_uses_no_cpu_between_samples(fake_npu_smi):
     sampler = NpuSampler.start(interval_s=60.0, device_id=0)
     try:
@@ -144,6 +145,7 @@ class Slow(Callback):
         time.sleep(0.04)
 
 
+@pytest.mark.slow
 def test_system_metrics_reach_the_jsonl_and_tensorboard(fake_npu_smi, tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "5")
     mon = BridgeMonitor({"experiment": "t", "run_name": "r",

@@ -54,12 +54,14 @@ class WeightRecorder(Callback):
         self.weights.append([p.asnumpy().copy() for p in net.trainable_params()])
 
 
+@pytest.mark.slow
 def test_cpu_sink_mode_runs_step_by_step(tmp_path):
     ref = OutputRecorder()
     train_regression([ref], steps=12, sink_mode=True, train_cell=ring_step())
     assert ref.steps == list(range(1, 13)), "MindSpore on CPU calls step_end after every step in sink mode"
 
 
+@pytest.mark.slow
 def test_sink_mode_records_every_step_with_the_non_sink_losses(tmp_path):
     runs = {}
     for sink_mode in (False, True):
@@ -85,6 +87,7 @@ def test_pynative_mode_records_every_step_from_the_ring(tmp_path):
     np.testing.assert_allclose(series(mon, "train/lr"), 0.01 * 0.9 ** np.arange(9), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_same_losses_and_weights_as_train_one_step_cell_when_scale_1_and_clip_inf():
     results = {}
     for name, cell in (("ref", nn.TrainOneStepCell),
@@ -97,6 +100,7 @@ def test_same_losses_and_weights_as_train_one_step_cell_when_scale_1_and_clip_in
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.slow
 def test_ring_drains_correctly_across_many_wraps(tmp_path):
     mon, ref = monitor(tmp_path, flush_steps=5), OutputRecorder()
     train_regression([mon, ref], steps=20, epochs=2, train_cell=ring_step(ring_size=6),
@@ -140,6 +144,7 @@ def _cell_and_losses(calls, ring_size):
     return cell, [float(cell(x, y).asnumpy()) for _ in range(calls)]
 
 
+@pytest.mark.slow
 def test_reader_expands_one_call_into_a_sink_of_steps():
     cell, losses = _cell_and_losses(0, ring_size=32)
     reader = RingReader(cell, steps_per_call=20)
@@ -169,6 +174,7 @@ def test_a_late_flush_warns_with_the_lost_steps_and_keeps_the_rest(caplog):
     np.testing.assert_allclose(window.scalars["train/loss"], losses[4:], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_step_numbers_on_the_ring_path(tmp_path, caplog):
     """``initial_epoch``: MindSpore counts steps from 1 again; a jump in step numbers is one step, not a sink."""
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -183,6 +189,7 @@ def test_a_resumed_run_continues_the_step_numbers_on_the_ring_path(tmp_path, cap
     assert "device counter" not in caplog.text, "host steps and device rows agree, no re-alignment needed"
 
 
+@pytest.mark.slow
 def test_step_interval_on_the_ring_path(tmp_path):
     mon, ref = monitor(tmp_path, step_interval=3), OutputRecorder()
     train_regression([mon, ref], steps=20, train_cell=ring_step())
@@ -198,6 +205,7 @@ class DoubledLoss(nn.TrainOneStepCell):
         return super().construct(*inputs) * 2
 
 
+@pytest.mark.slow
 def test_fallback_to_the_step_buffer_with_any_train_one_step_cell(tmp_path):
     for i, cell in enumerate((nn.TrainOneStepCell, DoubledLoss, lambda n, o: nn.TrainOneStepCell(n, o, sens=2.0))):
         mon, ref = monitor(tmp_path / str(i)), OutputRecorder()
@@ -207,6 +215,7 @@ def test_fallback_to_the_step_buffer_with_any_train_one_step_cell(tmp_path):
         np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_device_path_stacks_each_column_to_the_same_values(tmp_path, monkeypatch):
     """On a device the step buffer stacks each column and copies it once; on CPU it reads each tensor
     in place. The stacked path, forced here on CPU, gives the same series."""
@@ -223,6 +232,7 @@ def test_the_device_path_stacks_each_column_to_the_same_values(tmp_path, monkeyp
     np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_non_scalar_loss_is_warned_once_and_recorded_as_its_mean(tmp_path, caplog):
     class MeanRecorder(OutputRecorder):
         def on_train_step_end(self, run_context):
@@ -238,6 +248,7 @@ def test_non_scalar_loss_is_warned_once_and_recorded_as_its_mean(tmp_path, caplo
     assert len(said) == 1 and "(8, 1)" in said[0].getMessage()
 
 
+@pytest.mark.slow
 def test_skip_nonfinite_keeps_weights_bit_identical(tmp_path):
     mon, weights = monitor(tmp_path), WeightRecorder()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -253,6 +264,7 @@ def test_skip_nonfinite_keeps_weights_bit_identical(tmp_path):
     assert series(mon, "train/overflow").tolist() == [0, 0, 1, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_dynamic_loss_scale_halves_on_overflow_and_skips_the_update(tmp_path):
     mon, weights = monitor(tmp_path), WeightRecorder()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -266,6 +278,7 @@ def test_dynamic_loss_scale_halves_on_overflow_and_skips_the_update(tmp_path):
     np.testing.assert_array_equal(weights.weights[1][0], weights.weights[2][0])
 
 
+@pytest.mark.slow
 def test_clipping_bounds_the_update_and_records_the_norm_before_clipping():
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = nn.Dense(16, 1)
@@ -306,6 +319,7 @@ class Recorder5(Callback):
         self.rows.append([float(out[i].asnumpy()) for i in (0, 4, 3, 2, 1)])
 
 
+@pytest.mark.slow
 def test_attach_ring_records_what_a_train_cells_output_carries(tmp_path):
     mon, ref = monitor(tmp_path), Recorder5()
     train_regression([mon, ref], steps=12, train_cell=lambda n, o: attach_ring(MFLikeStep(n, o), ring_size=8),
@@ -316,6 +330,7 @@ def test_attach_ring_records_what_a_train_cells_output_carries(tmp_path):
     np.testing.assert_allclose(got, ref.rows, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_attach_ring_to_a_plain_cell_reads_lr_on_the_host(tmp_path):
     mon, ref = monitor(tmp_path), OutputRecorder()
     train_regression([mon, ref], steps=9, train_cell=lambda n, o: attach_ring(nn.TrainOneStepCell(n, o), 8),
@@ -326,6 +341,7 @@ def test_attach_ring_to_a_plain_cell_reads_lr_on_the_host(tmp_path):
     np.testing.assert_allclose(series(mon, "train/lr"), 0.01 * 0.9 ** np.arange(9), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_attach_ring_to_mindformers_train_cell(tmp_path):
     wrapper = pytest.importorskip("mindformers.wrapper")
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 from helpers.webhook_server import WebhookServer, refused_url
 
 
+@pytest.mark.slow
 def test_alert_test_says_which_target_answered_and_fails_when_one_did_not(tmp_path):
     with WebhookServer(secrets={"lark": "SECx"}) as server:
         targets = [{"type": "lark", "url": server.url("lark/open-apis/bot/v2/hook/TOKENabc"), "secret": "SECx"},

@@ -19,6 +19,8 @@ from helpers.view_process import FRESH_ENV, ROOT, ViewProcess, base, get
 
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 MSBRIDGE = str(Path(sys.executable).parent / "msbridge")
 STEPS = 20
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import mindspore as ms
 import numpy as np
+import pytest
 
 import msbridge
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 MSBRIDGE = str(Path(sys.executable).parent / "msbridge")
 PLUGIN = '''
 import json

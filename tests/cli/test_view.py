@@ -122,6 +122,7 @@ def test_demo_then_view_serves_every_step_of_the_loss_in_every_viewer(tmp_path):
         assert not alive(view.processes), [open(f"/proc/{p}/cmdline").read() for p in alive(view.processes)]
 
 
+@pytest.mark.slow
 def test_view_of_an_experiment_dir_shows_every_run_and_stops_on_sigterm(tmp_path):
     for name in ("r1", "r2"):
         monitor = BridgeMonitor({"experiment": "v", "run_name": name, "experiment_dir": str(tmp_path / "exp"),
@@ -135,6 +136,7 @@ def test_view_of_an_experiment_dir_shows_every_run_and_stops_on_sigterm(tmp_path
         assert view.interrupt(sig=signal.SIGTERM) == 0 and not alive(view.processes), view.lines
 
 
+@pytest.mark.slow
 def test_view_finds_stores_a_config_gave_relative_to_where_training_ran(tmp_path, monkeypatch):
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
@@ -172,6 +174,7 @@ def jsonl_and_mindinsight_run(tmp_path):
     return monitor.run_dir
 
 
+@pytest.mark.slow
 def test_view_without_mindinsight_says_the_one_command_that_builds_it(tmp_path, capsys, monkeypatch):
     run_dir = jsonl_and_mindinsight_run(tmp_path)
     monkeypatch.setattr(viewers, "MINDINSIGHT_VENV", tmp_path / "no-venv")
@@ -216,6 +219,7 @@ def test_view_of_what_has_nothing_to_show_says_so(tmp_path, capsys):
     assert "is neither a run dir (no run.json) nor an experiment dir" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_sweeps_first_mlflow_screen_ranks_its_runs_on_the_objective(tmp_path):
     """Three learning rates of one sweep, then `msbridge view` on the experiment dir: the page it prints first is
     a saved view, read back through MLflow's REST API: every run flat (the sweep's parent left out), best first

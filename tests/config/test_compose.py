@@ -233,6 +233,7 @@ SPELLINGS = {"flush_steps": ["flush_steps", "interval", "collect_freq"], "print_
              "step_interval": ["step_interval"]}
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(sorted(SPELLINGS)), st.data(), st.integers(1, 10**6), st.integers(1, 10**6))
 def test_set_beats_any_spelling_in_the_file(setting, data, in_file, on_cli):

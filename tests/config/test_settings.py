@@ -102,6 +102,7 @@ def _copy_with_one_more_setting(tmp_path):
     return dict(os.environ, PYTHONPATH=str(tmp_path / "pkg"), GLOG_v="3")
 
 
+@pytest.mark.slow
 def test_adding_a_setting_is_one_line_of_settings_py(tmp_path):
     env = _copy_with_one_more_setting(tmp_path)
 

@@ -83,6 +83,7 @@ def run_in(work: Path, env: Dict[str, str], command: List[str], shell: bool = Fa
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_the_plugin_tests_and_doctests_pass(installed):
     """The guide's two tests, and the examples in its classes' docstrings, against the installed package."""
     work, site, env = installed
@@ -100,6 +101,7 @@ def run_info(run_dir: str) -> RunInfo:
                    is_global=True, run_dir=run_dir)
 
 
+@pytest.mark.slow
 def test_the_demo_writes_the_csv_sink_and_it_reads_back_what_jsonl_holds(installed, monkeypatch):
     work, site, env = installed
     run_dir = demo_run_dir(run_in(work, env, guide_commands()[0], shell=True))
@@ -118,6 +120,7 @@ def test_the_demo_writes_the_csv_sink_and_it_reads_back_what_jsonl_holds(install
     assert events == wal.event_series(), "every event read back as events/<kind>, at its step"
 
 
+@pytest.mark.slow
 def test_the_demo_runs_the_plugin_check_and_acts_on_it(installed):
     work, _, env = installed
     run_dir = demo_run_dir(run_in(work, env, guide_commands()[1], shell=True))

@@ -20,6 +20,8 @@ from msbridge.options import Option
 from msbridge.sinks.base import Sink
 from msbridge.sinks.runlog import read_rank_file
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS = 30
 RELEASE = threading.Event()  # lets the blocked sinks' threads go once a test is done
 

@@ -29,6 +29,8 @@ from msbridge import BridgeMonitor
 from msbridge.run import metadata
 from msbridge.sinks.base import FINISHED
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 DISK_MB = 3
 
 

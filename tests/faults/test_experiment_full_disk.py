@@ -31,6 +31,8 @@ from msbridge.adapters import _diskwait
 from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS, FULL_AT, FREE_AT = 600, 60, 200
 SINKS = ("jsonl", "mlflow", "tensorboard", "mindinsight")
 #: The sinks' config: MLflow retries a store on a full disk for 5 s at the close (30 s by default)

@@ -26,6 +26,8 @@ from msbridge.adapters.tensorboard_sink import TensorBoardSink
 from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_OK, EXIT_UNDELIVERED
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "load_job.py")
 STEPS = 60
 TRACKERS = ("tensorboard", "mlflow", "mindinsight")

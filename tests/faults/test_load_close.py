@@ -12,10 +12,13 @@ from pathlib import Path
 from helpers.disk import assert_covered, parse_lines
 from helpers.training import train_regression
 from mindspore.train import Callback
+import pytest
 
 from msbridge import BridgeMonitor
 from msbridge.run.outcome import EXIT_UNDELIVERED
 from msbridge.sinks.base import CLOSE_GRACE
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 STEPS = 10
 

@@ -27,6 +27,7 @@ def run_json(monitor):
 
 @pytest.mark.parametrize("first,second", [("run-ü", "run-é"), ("run-é", "run-e\u0301"), ("run-e", "run-е"),
                                           ("Run", "run"), ("a/b", "a_b"), ("a b", "a_b")])
+@pytest.mark.slow
 def test_two_names_are_two_runs_and_neither_resumes_the_other(tmp_path, first, second):
     one = train_named(tmp_path, "exp", first, steps=12)
     two = train_named(tmp_path, "exp", second, steps=8)
@@ -50,6 +51,7 @@ def test_a_hostile_name_stays_inside_the_output_dir(tmp_path, experiment, run_na
     assert run_json(monitor)["run_name"] == run_name
 
 
+@pytest.mark.slow
 def test_a_dir_holding_a_run_of_another_name_is_refused_before_training(tmp_path):
     """``output_dir`` without ``{run_name}``: both names map to one dir. The second is refused in the
     constructor (one line naming the dir and both names); the same name again resumes (from step 1: with

@@ -68,6 +68,7 @@ def replay_twice(run_dir: str):
     return after_first
 
 
+@pytest.mark.slow
 def test_replaying_a_finished_run_twice_adds_no_point_and_no_file(tmp_path):
     cfg = demo_config(str(tmp_path), {"experiment": "idem", "run_name": "done", "sinks": SINKS, "flush_steps": 10})
     monitor = BridgeMonitor(cfg, progress=False)
@@ -80,6 +81,7 @@ def test_replaying_a_finished_run_twice_adds_no_point_and_no_file(tmp_path):
     assert mi_points(monitor.run_dir) == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
 def test_replay_into_an_empty_tracker_then_again(tmp_path):
     """Trained with jsonl only (the trackers elsewhere): the first replay writes everything, the second nothing."""
     cfg = demo_config(str(tmp_path), {"experiment": "idem", "run_name": "offline", "sinks": ["jsonl"]})
@@ -91,6 +93,7 @@ def test_replay_into_an_empty_tracker_then_again(tmp_path):
     assert mi_points(monitor.run_dir) == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_gets_its_outcome_from_replay(tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "msbridge.cli.main", "demo", "--steps", "20000", "--out", str(out),

@@ -53,6 +53,7 @@ def salvage_warnings(caplog):
     return [r.getMessage() for r in caplog.records if "bad line(s)" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_replay_skips_bad_lines_with_one_warning_and_reports_them(trained, tmp_path, caplog, capsys):
     run_dir = damaged(trained, tmp_path)
     caplog.set_level(logging.WARNING, logger="msbridge")

@@ -25,6 +25,8 @@ from msbridge import BridgeMonitor
 from msbridge.sinks.base import FINISHED
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS = 1000
 FULL_AT = 116  # the step after which the tracker's disk is full
 

@@ -19,6 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from msbridge import BridgeMonitor
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS, FULL_AT, FREE_AT = 60, 15, 45
 
 

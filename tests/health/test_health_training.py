@@ -105,6 +105,7 @@ DRILL_LR = [0.05] * 60 + [0.5] * 30 + [0.05] * 30  # the seed's drill: lr x10 fo
 
 
 # -- checks ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_nan_batch_fires_at_exactly_that_step_and_is_counted_in_every_sink(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -137,6 +138,7 @@ def test_nan_batch_fires_at_exactly_that_step_and_is_counted_in_every_sink(tmp_p
     assert [(e.step, e.value) for e in tb.Scalars("health/nan_steps")][5:7] == [(6, 0.0), (7, 1.0)]
 
 
+@pytest.mark.slow
 def test_lr_drill_fires_the_grad_norm_check_and_warmup_silences_it(tmp_path):
     health = {"warmup_steps": 20, "grad_norm_spike": {"window": 20}}
     mon = monitor(tmp_path / "drill", health)
@@ -154,6 +156,7 @@ def test_lr_drill_fires_the_grad_norm_check_and_warmup_silences_it(tmp_path):
     assert [e.step for e in events(quiet, "anomaly", "grad_norm_spike") if e.step <= 100] == []
 
 
+@pytest.mark.slow
 def test_a_bad_batch_is_a_loss_spike_with_its_recovery_step(tmp_path):
     mon = monitor(tmp_path, {"warmup_steps": 20, "loss_spike": {"window": 20}})
     train([mon], data(80, scale={50: 2.0}))  # labels doubled for one batch
@@ -165,6 +168,7 @@ def test_a_bad_batch_is_a_loss_spike_with_its_recovery_step(tmp_path):
     assert loss[recovery.step] < loss[50] / 10 and loss[recovery.step - 1] > recovery.detail["median"]
 
 
+@pytest.mark.slow
 def test_plateau_early_stops_on_the_smoothed_loss_not_the_raw_one(tmp_path):
     opts = {"action": "stop", "patience": 15, "min_delta": 1e-3, "ema_decay": 0.9}
     mon, ref = monitor(tmp_path, {"warmup_steps": 10, "plateau": opts}), OutputRecorder()
@@ -180,6 +184,7 @@ def test_plateau_early_stops_on_the_smoothed_loss_not_the_raw_one(tmp_path):
     assert first_plateau(ref.losses, decay=None, warmup=10, patience=15) != stop.step
 
 
+@pytest.mark.slow
 def test_throughput_drop_against_the_post_warmup_baseline(tmp_path):
     class Slow(Callback):
         def on_train_step_end(self, run_context):
@@ -195,6 +200,7 @@ def test_throughput_drop_against_the_post_warmup_baseline(tmp_path):
 
 
 # -- actions -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_stop_ends_training_at_the_firing_step_and_closes_failed(tmp_path):
     mon, ref = monitor(tmp_path, {"profile": "debug"}, flush_steps=100), OutputRecorder()
     train([mon, ref], data(20, poison=[7]))
@@ -205,6 +211,7 @@ def test_stop_ends_training_at_the_firing_step_and_closes_failed(tmp_path):
     assert outcome(mon)["status"] == "FAILED" and "- status: FAILED" in open(mon.run_dir + "/README.md").read()
 
 
+@pytest.mark.slow
 def test_stop_leaves_the_weights_of_the_firing_step(tmp_path):
     mon = monitor(tmp_path, {"warmup_steps": 20, "grad_norm_spike": {"window": 20, "action": "stop"}}, flush_steps=50)
     stopped = train([mon], data(120), lr=DRILL_LR, cell="trainstep")
@@ -216,6 +223,7 @@ def test_stop_leaves_the_weights_of_the_firing_step(tmp_path):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
 
 
+@pytest.mark.slow
 def test_skip_leaves_the_weights_bit_identical_and_counts(tmp_path):
     mon, weights = monitor(tmp_path, {"nonfinite": {"action": "skip"}}), Weights()
     train([mon, weights], data(20, poison=[5, 9]), cell="skip")
@@ -253,6 +261,7 @@ def test_checkpoint_and_stop_saves_the_last_healthy_weights(tmp_path, cell, sour
     assert max(weights.after) == 9 and outcome(mon)["status"] == "FAILED"
 
 
+@pytest.mark.slow
 def test_dump_quota_holds_when_anomalies_repeat(tmp_path):
     poison = list(range(5, 55, 5))  # ten separate NaN episodes: TrainStep skips each bad update
     health = {"nonfinite": {"action": "dump"}, "dump_every_steps": 1, "dump_window": 5, "dump_quota_mb": 0.02}
@@ -269,6 +278,7 @@ def test_dump_quota_holds_when_anomalies_repeat(tmp_path):
 
 
 # -- ending badly ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_keyboard_interrupt_closes_killed_with_every_step_before_it(tmp_path):
     class CtrlC(Callback):
         def on_train_step_end(self, run_context):
@@ -301,6 +311,7 @@ print("training returned", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_flushes_everything_and_closes_killed(tmp_path):
     out = str(tmp_path / "run")
     script = tmp_path / "job.py"

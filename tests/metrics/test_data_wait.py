@@ -21,6 +21,7 @@ def windows(mon):
             for r in log.records if DATA_WAIT_PCT in r.values], log
 
 
+@pytest.mark.slow
 def test_a_slow_input_pipeline_is_named_as_the_cause(tmp_path):
     mon = monitor(tmp_path, flush_steps=10, health=HEALTH)
     train([Busy(0.01), mon], Samples(100, slow_from=SLOW_FROM, batch_s=0.15))
@@ -35,6 +36,7 @@ def test_a_slow_input_pipeline_is_named_as_the_cause(tmp_path):
     assert drop.detail["data_wait_pct"] > 50 > drop.detail["baseline_data_wait_pct"]
 
 
+@pytest.mark.slow
 def test_a_slower_step_is_named_as_the_cause(tmp_path):
     mon = monitor(tmp_path, flush_steps=10, health=HEALTH)
     train([Busy(0.01, slow_from=SLOW_FROM, slow_s=0.15), mon], Samples(90))

@@ -24,6 +24,7 @@ def dataset_counts(steps: int, epochs: int) -> tuple:
     return samples, values
 
 
+@pytest.mark.slow
 def test_samples_and_tokens_seen_are_the_datasets_own_counts(tmp_path):
     mon = monitor(tmp_path, seq_length=16)
     train_regression([mon], steps=6, epochs=2)
@@ -38,6 +39,7 @@ def test_samples_and_tokens_seen_are_the_datasets_own_counts(tmp_path):
     assert last[TFLOPS] == pytest.approx(6 * 16 * 16 * 8 / (last[STEP_TIME] / 1e3) / 1e12, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_count_from_the_checkpoints_step(tmp_path):
     first = monitor(tmp_path, seq_length=16)
     train_regression([first], steps=6, epochs=1)  # steps 1..6
@@ -60,6 +62,7 @@ def test_global_batch_over_the_data_parallel_ranks():
     assert global_batch(None, None, {}, None, world_size=4) is None
 
 
+@pytest.mark.slow
 def test_tflops_and_mfu_of_the_demo_model_on_cpu(tmp_path, caplog):
     """The demo's own config gives the FLOPs; a CPU has no peak, so MFU is off with one line, unless
     ``peak_tflops`` is set, and then MFU is exactly achieved over peak."""
@@ -80,6 +83,7 @@ def test_tflops_and_mfu_of_the_demo_model_on_cpu(tmp_path, caplog):
     assert rec[TOKENS_SEEN] == 6 * 16 * 32
 
 
+@pytest.mark.slow
 def test_without_a_model_config_n_is_counted_once_from_the_network(tmp_path, caplog):
     from msbridge import BridgeMonitor
     from msbridge.demo import demo_config, train

@@ -14,6 +14,8 @@ from msbridge.names import (DATA_WAIT_PCT, HOST_RSS_PEAK_MB, LOSS_SCALE, MFU, OV
                             TOKENS_SEEN)
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 STEPS = 30
 PER_STEP = (SAMPLES_SEEN, TOKENS_SEEN, TFLOPS, MFU, LOSS_SCALE, OVERFLOW, "health/skipped_steps")
 PER_WINDOW = (DATA_WAIT_PCT, HOST_RSS_PEAK_MB)

@@ -207,6 +207,7 @@ def test_header_only_run_says_there_is_nothing_yet(tmp_path):
 
 
 # -- real MindSpore runs -------------------------------------------------------------
+@pytest.mark.slow
 def test_real_healthy_run_is_well_formed_and_not_lr_too_high(tmp_path):
     report = diagnose(read_run(sr.train_real_run(str(tmp_path / "real"), steps=200)))
     assert report.steps == (1, 200) and report.notes == []
@@ -215,6 +216,7 @@ def test_real_healthy_run_is_well_formed_and_not_lr_too_high(tmp_path):
     assert json.loads(json.dumps(report.to_dict()))["run_name"] == "real-regression"
 
 
+@pytest.mark.slow
 def test_real_nan_batch_is_found_at_its_step(tmp_path):
     report = diagnose(read_run(sr.train_real_run(str(tmp_path / "real"), steps=80, poison_step=50)))
     f = next(f for f in report.findings if f.check == "nonfinite")

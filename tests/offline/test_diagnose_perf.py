@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 from helpers.runs import monitor
 from helpers.slow_training import SLOW_FROM, Busy, Samples, train
+import pytest
 
 from msbridge.cli.main import main
 from msbridge.names import DATA_WAIT_PCT, STEP_TIME
 from msbridge.offline.diagnose import diagnose
 from msbridge.sinks.runlog import read_run
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 STEPS = 120
 STEP_S = 0.02  # the step's own work (a sleep inside the step, as a model's compute would be)

@@ -109,6 +109,7 @@ def red_pixels(path):
     return int(np.sum(np.all(np.abs(image - np.array(to_rgb(RED))) < 0.12, axis=-1)))
 
 
+@pytest.mark.slow
 def test_a_nan_is_visible_in_the_png_even_without_an_event(tmp_path):
     scenario = sr.clean()
     clean = plot_run(read_run(sr.write_run(tmp_path / "a", scenario)), str(tmp_path / "a.png"))
@@ -169,6 +170,7 @@ def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert "nothing to plot, no metrics lines yet" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_real_run_plot(tmp_path, capsys):
     run_dir = sr.train_real_run(str(tmp_path / "real"), steps=120)
     assert main(["plot", run_dir]) == 0

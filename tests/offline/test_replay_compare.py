@@ -35,6 +35,7 @@ def histories(client, run_id, keys):
             for k in keys}
 
 
+@pytest.mark.slow
 def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
     down = f"http://127.0.0.1:{free_port()}"
     mon = demo_run(tmp_path / "runs", {"jsonl": {}, "mlflow": {"tracking_uri": down, "close_timeout": 1}}, "offline-run")
@@ -62,6 +63,7 @@ def test_offline_run_replayed_equals_its_log_and_is_idempotent(tmp_path):
     assert run.data.params["optimizer.learning_rate"] == "0.003"
 
 
+@pytest.mark.slow
 def test_replayed_run_matches_an_online_run(tmp_path):
     """Same seed, same data: the offline run replayed has what the online run logged (timings aside)."""
     online_store = f"sqlite:///{tmp_path / 'online.db'}"
@@ -88,6 +90,7 @@ def test_replayed_run_matches_an_online_run(tmp_path):
     assert online[4] == replayed[4]
 
 
+@pytest.mark.slow
 def test_sweep_compare_ranks_runs_on_the_validation_objective(tmp_path, capsys):
     """Four learning rates, 60 steps, validation at 50 and 60: compare ranks on eval/loss, the runs' objective,
     and every number in a row is that run's own jsonl's."""
@@ -134,6 +137,7 @@ def test_replay_of_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "run.json is missing" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compare_unknown_experiment_lists_the_known_ones(tmp_path, capsys):
     uri = run_sweep(str(tmp_path), steps=5, learning_rates=(0.003,))
     assert main(["compare", "nope", "--tracking-uri", uri]) == 2
@@ -148,6 +152,7 @@ def test_compare_without_a_store_names_the_missing_file(tmp_path, capsys):
     assert not (tmp_path / "nope").exists(), "looking must not create an empty store"
 
 
+@pytest.mark.slow
 def test_replay_of_a_run_that_never_ended_marks_it_killed(tmp_path):
     """A job SIGKILLed before train end (say by msrun, after another rank crashed) left no outcome."""
     mon = demo_run(tmp_path / "runs", ["jsonl"], "cut-short")

@@ -7,8 +7,11 @@ import time
 
 from helpers.training import train_regression
 from mindspore.train import Callback
+import pytest
 
 from msbridge import BridgeMonitor
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 #: A realistic 1 MB value: text with URLs and query strings in it, so masking has work to do.
 BIG = ("see https://user:hunter2@host/x?token=abc&n=1 and plain words " * 17_000)[:1_000_000]

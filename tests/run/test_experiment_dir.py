@@ -6,10 +6,13 @@ import textwrap
 
 from helpers.training import train_regression
 from mlflow.tracking import MlflowClient
+import pytest
 
 from msbridge import BridgeMonitor, load_config
 from msbridge.cli.main import main
 from msbridge.sinks.runlog import read_run
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
 
 SINKS = {"jsonl": {}, "tensorboard": {}, "mlflow": {}, "mindinsight": {}}
 STEPS = 12

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 SINKS = "sinks=[jsonl, tensorboard, mlflow, mindinsight]"
 
 

@@ -18,6 +18,8 @@ from msbridge import BridgeMonitor
 from msbridge.errors import ConfigError
 from msbridge.sinks.runlog import read_run
 
+pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
+
 PER_EPOCH = 20
 
 

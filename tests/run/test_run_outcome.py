@@ -8,6 +8,7 @@ import mindspore as ms
 from helpers.training import regression_data, train_regression
 from mindspore import nn
 from mindspore.train import Callback, Model
+import pytest
 
 from msbridge import BridgeMonitor, Sink
 from msbridge.run.outcome import EXIT_FAILED, EXIT_KILLED, EXIT_OK, EXIT_UNDELIVERED, RunOutcome
@@ -41,6 +42,7 @@ def run_json(monitor):
         return json.load(fh)["outcome"]
 
 
+@pytest.mark.slow
 def test_a_clean_run_is_finished_with_exit_code_0(tmp_path):
     monitor = BridgeMonitor(config(tmp_path), progress=False)
     assert monitor.outcome == RunOutcome(None, {})
@@ -49,6 +51,7 @@ def test_a_clean_run_is_finished_with_exit_code_0(tmp_path):
     assert run_json(monitor)["not delivered"] == "none"
 
 
+@pytest.mark.slow
 def test_a_sink_that_missed_records_is_named_with_how_to_fill_it(tmp_path):
     monitor = BridgeMonitor(config(tmp_path), sinks=[Broken()], progress=False)
     train_regression([monitor], steps=12)
@@ -73,6 +76,7 @@ class GivesUp(Sink):
         return f"3 records and status {self.status} not delivered"
 
 
+@pytest.mark.slow
 def test_what_a_sink_gave_up_on_at_close_is_undelivered_with_exit_code_3(tmp_path):
     monitor = BridgeMonitor(config(tmp_path), sinks=[GivesUp()], progress=False)
     train_regression([monitor], steps=12)
@@ -82,6 +86,7 @@ def test_what_a_sink_gave_up_on_at_close_is_undelivered_with_exit_code_3(tmp_pat
                                                               f"msbridge replay {monitor.run_dir} --to gives_up"}
 
 
+@pytest.mark.slow
 def test_a_health_stop_is_failed_with_exit_code_4(tmp_path):
     monitor = BridgeMonitor(config(tmp_path, health={"profile": "debug"}), progress=False)  # NaN loss: stop
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -98,6 +103,7 @@ class Raise(Callback):
             raise RuntimeError("lost http://u:s3cr3t@db/x")
 
 
+@pytest.mark.slow
 def test_an_exception_is_failed_and_its_message_is_masked(tmp_path):
     monitor = BridgeMonitor(config(tmp_path), progress=False)
     try:

@@ -6,6 +6,7 @@ import threading
 import time
 
 from msbridge.run.watchdog import AT_FLUSH, IN_COLLECTIVE, StallWatchdog
+import pytest
 
 
 class Recorder:
@@ -41,6 +42,7 @@ def test_the_threshold_is_given_or_10x_the_median_step_time_at_least_300_s():
     assert fast.threshold() == 300.0  # the floor
 
 
+@pytest.mark.slow
 def test_a_long_first_step_is_not_a_stall_then_a_hang_is_and_resumed_follows():
     got = Recorder()
     dog = StallWatchdog(got, rank=3, stall_seconds=0.4)
@@ -65,6 +67,7 @@ def test_a_long_first_step_is_not_a_stall_then_a_hang_is_and_resumed_follows():
     assert (resumed.kind, resumed.step) == ("resumed", 3) and resumed.detail["stalled_s"] >= 0.9
 
 
+@pytest.mark.slow
 def test_the_thread_sleeps_between_deadlines_instead_of_polling(monkeypatch):
     monkeypatch.setattr("msbridge.run.watchdog.threading.Event", CountingEvent)
     CountingEvent.waits = 0

@@ -70,6 +70,7 @@ def test_a_sink_that_keeps_the_contract_passes_every_check(tmp_path):
                                                           "resume", "replay_twice", "many_steps"]
 
 
+@pytest.mark.slow
 def test_a_flush_that_blocks_fails_within_the_timeout_naming_the_check(tmp_path):
     class BlocksInFlush(Lines):
         def flush(self):

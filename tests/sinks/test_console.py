@@ -65,6 +65,7 @@ def test_print_interval_is_declared_and_checked():
         ConsoleSink(print_interval=0)
 
 
+@pytest.mark.slow
 def test_progress_is_printed_before_a_slow_sink_finishes_the_batch(tmp_path):
     out, slow = io.StringIO(), SlowSink(delay=1.0)
     console = ConsoleSink(print_interval=10, stream=out)
@@ -80,6 +81,7 @@ def test_progress_is_printed_before_a_slow_sink_finishes_the_batch(tmp_path):
     assert slow.done == [10, 20, 30]
 
 
+@pytest.mark.slow
 def test_training_prints_each_line_within_one_flush_behind_a_slow_tracker(tmp_path, capsys):
     """Real training with a tracker that takes 0.5 s per batch: the line for step N is on stdout by the time
     the flush after the one holding N is done (MindSpore's step N + flush_steps ends)."""
@@ -105,6 +107,7 @@ def test_training_prints_each_line_within_one_flush_behind_a_slow_tracker(tmp_pa
     assert slow.done[-1] == 30  # and it got every batch by the end
 
 
+@pytest.mark.slow
 def test_cpu_sink_mode_counts_the_steps_it_really_runs(tmp_path, capsys):
     """On CPU, ``dataset_sink_mode=True`` with ``sink_size`` runs whole epochs step by step (MindSpore reports
     the mode as off and ``batch_num`` as the sink size): the progress line's total is those steps."""
@@ -133,6 +136,7 @@ def test_a_step_past_the_expected_total_shows_no_total(tmp_path):
     assert lines[1].startswith("[msbridge] step 10 | loss ") and "ETA" not in lines[1]
 
 
+@pytest.mark.slow
 def test_a_plain_model_train_says_once_that_it_records_no_grad_norm_and_how_to(tmp_path, capsys, caplog):
     import logging
 

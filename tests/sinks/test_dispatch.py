@@ -86,6 +86,7 @@ def test_a_stalled_tracker_delays_neither_jsonl_nor_another_tracker():
     assert steps_of(journal, "stalled") == list(range(1, 21)) and d.undelivered == {}
 
 
+@pytest.mark.slow
 def test_a_full_tracker_queue_never_blocks_submit_and_the_tracker_is_undelivered():
     journal, held = [], threading.Event()
     d = Dispatcher([Recording("jsonl", journal), Recording("slow", journal, gate=held)], RUN, tracker_batches=3)
@@ -104,6 +105,7 @@ def test_a_full_tracker_queue_never_blocks_submit_and_the_tracker_is_undelivered
                                      "and 0 events (its queue of 3 batches was full)"}
 
 
+@pytest.mark.slow
 def test_close_waits_at_most_the_sinks_close_timeout_then_lists_it_undelivered():
     journal, held = [], threading.Event()
 
@@ -125,6 +127,7 @@ def test_close_waits_at_most_the_sinks_close_timeout_then_lists_it_undelivered()
     assert set(d.undelivered) == {"hangs"}
 
 
+@pytest.mark.slow
 def test_a_tracker_still_closing_after_hurry_after_is_hurried_once_from_the_closing_thread():
     """Training has ended: a tracker whose close runs on is told to ``hurry`` (MLflow lifts its client's low
     priority then); one whose close returned at once is not."""
@@ -212,6 +215,7 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
     assert d.undelivered == {"flaky": "2 failed call(s): write(): ConnectionError: down; 2 records not delivered"}
 
 
+@pytest.mark.slow
 def test_idle_dispatcher_uses_no_cpu():
     existing = set(threading.enumerate())
     d = Dispatcher([Recording("jsonl", []), Recording("x", []), Recording("y", [])], RUN)
