@@ -71,6 +71,7 @@ class NativeStore:
         self._db = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=20.0, isolation_level=None)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._rows = MetricRows(path)
+        self._params: Dict[str, Dict[str, str]] = {}  # run id -> the params it holds (MLflow's never change)
 
     def matches_schema(self) -> bool:
         """Whether the store has exactly the columns written here, and metric rows' too."""
@@ -168,7 +169,10 @@ class NativeStore:
         self._active(run_id)
         if any(key == RUN_NAME_TAG for key, _ in tags):
             raise NotNative("MLflow renames the run for this tag")
-        logged = dict(self._db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)))
+        logged = self._params.get(run_id)
+        if logged is None:  # read once: a run's params are logged 100 a call (100,000: 1,000 calls)
+            logged = self._params[run_id] = dict(
+                self._db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)))
         if any(key in logged and logged[key] != str(value) for key, value in params):
             raise NotNative("a changed param: MLflow's own error")
         own = [(key, str(value)) for key, value in tags if key.startswith("mlflow.")]
@@ -185,6 +189,7 @@ class NativeStore:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             raise
+        logged.update((key, str(value)) for key, value in params if key not in logged)
 
     def _set_tag(self, run_id: str, key: str, value: Any) -> None:
         self._log_batch(run_id, tags=[(key, str(value))])
