@@ -28,17 +28,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import logging
 import os
 import shutil
 import sqlite3
 import time
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, List, Optional
 from urllib.parse import quote
 
-from msbridge.adapters._mlflow_template import alembic_head, copy_template
+from msbridge.adapters._mlflow_template import alembic_head, copy_template, store_lock
 
 log = logging.getLogger("msbridge")
 
@@ -50,18 +49,6 @@ def store_file(uri: str) -> Optional[str]:
     if not uri.startswith("sqlite:///") or "?" in uri or uri == "sqlite:///:memory:":
         return None
     return os.path.abspath(uri[len("sqlite:///"):])
-
-
-@contextlib.contextmanager
-def store_lock(path: str) -> Iterator[None]:
-    """Hold ``<path>.lock`` exclusively (``fcntl.flock``: released by the kernel if the holder dies)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing drops the lock
 
 
 def open_client(uri: str, client_cls: Callable[[str], Any]) -> Any:

@@ -67,14 +67,15 @@ def template_path() -> Optional[str]:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def store_lock(path: str) -> Iterator[None]:
+    """Hold ``<path>.lock`` exclusively (``fcntl.flock``: released by the kernel if the holder dies)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        os.close(fd)  # closing drops the lock
 
 
 def _make(path: str) -> None:
@@ -102,7 +103,7 @@ def copy_template(target: str) -> bool:
         return False
     try:
         if not os.path.exists(path):
-            with _locked(path):
+            with store_lock(path):
                 for stale in glob.glob(f"{path}.creating-*"):
                     os.remove(stale)  # a maker killed before its rename: we hold the lock
                 if not os.path.exists(path):
