@@ -158,9 +158,7 @@ def test_metrics_params_tags_artifacts(uri, tmp_path, monkeypatch):
     assert_same_series(client, run_id, run.run_dir)
     assert mlflow_series(client, run_id, "train/loss")[6] == (7, "nan")
     assert mlflow_series(client, run_id, "train/grad_norm")[7] == (8, "nan")
-    metric_calls = [n for n in calls if n]
-    assert sum(metric_calls) == 300 * len(recs[0].values) == 300 * 14
-    assert metric_calls == [100 * 14] * 3
+    assert [n for n in calls if n] == [100 * len(recs[0].values)] * 3 and len(recs[0].values) == 14
     # params: >100 of them (MLflow takes 100 a call), dot keys, msbridge's own settings, a hashed long value
     logged = mlrun.data.params
     assert logged["optimizer.learning_rate"] == "0.0003" and logged["optimizer.betas"] == "[0.9, 0.95]"
