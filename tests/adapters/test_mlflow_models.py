@@ -57,6 +57,7 @@ def test_every_modelcheckpoint_file_is_a_logged_model_with_its_steps_metrics(tmp
         assert model.tags["msbridge.checkpoint.source"] == "ModelCheckpoint"
         linked = {m.key: m for m in model.metrics}
         assert linked[LOSS].step == event.step and linked[LOSS].value == pytest.approx(losses[event.step])
+        assert client.list_logged_model_artifacts(model.model_id) == []  # link (the default): nothing uploaded
     best = best_checkpoint(client, [run.info.experiment_id], LOSS)
     assert int(best.tags["msbridge.step"]) == min((e.step for e in events), key=lambda s: losses[s])
     assert [m.step for m in client.get_metric_history(run.info.run_id, LOSS)] == list(range(1, STEPS + 1))
@@ -100,3 +101,25 @@ def test_the_last_healthy_weights_are_a_logged_model_tagged_with_the_health_at_t
     assert linked[LOSS].step == 8 and linked[LOSS].value == pytest.approx(dict(read_run(
         monitor.run_dir).ranks[0].series(LOSS))[8])
     assert run.info.status == "FAILED"
+
+
+@pytest.mark.parametrize("mode", ["upload", "off"])
+def test_log_checkpoints_uploads_the_file_or_makes_no_model(tmp_path, mode):
+    """`log_checkpoints: upload` puts each checkpoint file into its LoggedModel's artifacts (the default `link`
+    uploads nothing, above); `off` makes no LoggedModel, and the run's metrics are all there either way."""
+    monitor = _train(tmp_path, mode, {"jsonl": {}, "mlflow": {"log_checkpoints": mode}})
+    events = [e for e in read_run(monitor.run_dir).ranks[0].events if e.kind == "checkpoint"]
+    assert [e.step for e in events] == list(range(EVERY, STEPS + 1, EVERY))  # jsonl has them either way
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    run = only_run(client, "ck")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, LOSS)] == list(range(1, STEPS + 1))
+    models = _models(client, run.info.experiment_id)
+    if mode == "off":
+        assert models == []
+        return
+    assert len(models) == len(events)
+    for model in models:
+        files = [a.path for a in client.list_logged_model_artifacts(model.model_id)]
+        assert files == [os.path.basename(model.tags["msbridge.checkpoint.path"])]
+        assert all(a.file_size == os.path.getsize(model.tags["msbridge.checkpoint.path"])
+                   for a in client.list_logged_model_artifacts(model.model_id))

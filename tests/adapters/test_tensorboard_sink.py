@@ -169,7 +169,8 @@ def test_the_hparams_tab_compares_a_sweep(tmp_path):
         params = {"optimizer": {"lr": lr}, **({"extra": "b-only"} if i else {})}
         sink = TensorBoardSink()
         sink.open(tb_run(tmp_path, name=f"lr{lr}", params=params))
-        sink.write([Record(s, 0, time.time(), {"train/loss": lr * 10 / s}) for s in (1, 2, 3)], [])
+        sink.write([Record(s, 0, time.time(), {"train/loss": lr * 10 / s}) for s in (1, 2, 3)]
+                   + [Record(3, 0, time.time(), {"objective/best": lr * 5, "objective/best_step": 3.0})], [])
         sink.close(FINISHED)
 
     logdir = str(tmp_path / "exp" / "tensorboard")
@@ -186,12 +187,16 @@ def test_the_hparams_tab_compares_a_sweep(tmp_path):
                                                allowed_statuses=[api_pb2.STATUS_SUCCESS])
     request.col_params.add(hparam="optimizer.lr")
     request.col_params.add(metric=api_pb2.MetricName(tag="hparams/final_loss"))
+    request.col_params.add(metric=api_pb2.MetricName(tag="hparams/objective_best"), order=api_pb2.ORDER_ASC)
     groups = list_session_groups.Handler(request_ctx, ctx, "", request).run().session_groups
     final = {g.name: ({k: v.number_value for k, v in g.hparams.items() if k == "optimizer.lr"},
                       [m.value for m in g.metric_values if m.name.tag == "hparams/final_loss"])
              for g in groups}
     assert final == {"lr0.1": ({"optimizer.lr": 0.1}, [pytest.approx(1 / 3)]),
                      "lr0.01": ({"optimizer.lr": 0.01}, [pytest.approx(0.1 / 3)])}
+    # the sweep's objective per session, the HParams table sorted on it: the best run first
+    best = [(g.name, [m.value for m in g.metric_values if m.name.tag == "hparams/objective_best"]) for g in groups]
+    assert best == [("lr0.01", [pytest.approx(0.05)]), ("lr0.1", [pytest.approx(0.5)])]
 
 
 def test_nonfinite_values_are_stored_as_they_are(tmp_path):
