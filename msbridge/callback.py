@@ -150,7 +150,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
-        self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step)
+        self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step, cb)
         self._checkpoints = CheckpointWatch.from_callbacks(param(cb, "list_callback", None), self.run.rank)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
@@ -158,7 +158,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self._reducer = make_reducer(self.run, batch_size, cfg.flush_steps, cfg.reduce_ranks,
                                          cfg.collective_timeout_s, on_timeout=self._on_collective_timeout,
                                          straggler=cfg.straggler, loss_metrics=cfg.global_loss,
-                                         per_rank_curves=cfg.per_rank_curves)
+                                         per_rank_curves=cfg.per_rank_curves, work=self._stream.work)
             if self.health.every_step:  # ranks meet in one collective per flush, never per step
                 log.warning("msbridge: in a %d-rank run, health stop actions act at the flush (every %d steps), "
                             "not at the exact step", self.run.world_size, cfg.flush_steps)

@@ -2,6 +2,7 @@
 
     train/loss  train/loss_ema  train/grad_norm  train/lr  train/loss_scale
     train/overflow  train/epoch
+    mindformers' parts of the loss (per flush): train/lm_loss  train/aux_loss  train/mtp_loss  train/indexer_loss
     perf/step_time_ms  perf/samples_per_s  perf/tokens_per_s  perf/monitor_overhead
     perf/samples_seen  perf/tokens_seen  perf/tflops  perf/mfu  perf/data_wait_pct (+ perf/data_wait_ms)
     distributed, every rank (per flush): perf/own_step_time_ms  perf/data_wait_ms
@@ -36,6 +37,13 @@ LR = "train/lr"
 LOSS_SCALE = "train/loss_scale"
 OVERFLOW = "train/overflow"
 EPOCH = "train/epoch"
+#: mindformers' parts of the loss (``print_separate_loss``), per flush (``capture.separate_loss``): the language-model
+#: loss, the MoE load-balancing (aux) loss per MoE layer before its coefficient, the multi-token-prediction loss,
+#: and the sparse-attention indexer loss.
+LM_LOSS = "train/lm_loss"
+AUX_LOSS = "train/aux_loss"
+MTP_LOSS = "train/mtp_loss"
+INDEXER_LOSS = "train/indexer_loss"
 STEP_TIME = "perf/step_time_ms"
 SAMPLES_PER_S = "perf/samples_per_s"
 TOKENS_PER_S = "perf/tokens_per_s"

@@ -7,10 +7,13 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, Optional
 
 import mindspore as ms
+
+log = logging.getLogger("msbridge")
 
 
 def param(cb: Any, name: str, default: Any = None) -> Any:
@@ -43,13 +46,27 @@ def first_train_step(cb: Any) -> int:
     return initial_epoch * int(param(cb, "batch_num", 0) or 0) + 1
 
 
+def nearest_batch(dataset: Any) -> Any:
+    """The batch operation nearest the top of a MindSpore dataset pipeline (``repeat`` or ``map`` may follow it)."""
+    while dataset is not None and not hasattr(dataset, "drop_remainder"):
+        children = getattr(dataset, "children", None) or [None]
+        dataset = children[0]
+    return dataset
+
+
 def batch_size_of(cb: Any) -> Optional[int]:
-    """The training dataset's batch size (None when it has no fixed one)."""
+    """The training dataset's batch size (None when it has no fixed one). Said once at train begin: a batch
+    with ``drop_remainder=False``, whose short last batch the sample and token counts would count full."""
     dataset = param(cb, "train_dataset", None)
     try:
-        return int(dataset.get_batch_size()) if dataset is not None else None
+        size = int(dataset.get_batch_size()) if dataset is not None else None
     except Exception:  # a dataset without a fixed batch size
         return None
+    if size is not None and getattr(nearest_batch(dataset), "drop_remainder", True) is False:
+        log.warning("msbridge: the training dataset is batched with drop_remainder=False: an epoch's last batch "
+                    "may hold fewer than %d samples, and perf/samples_seen, perf/tokens_seen, perf/samples_per_s "
+                    "and perf/tflops count it as full; batch with drop_remainder=True for exact counts", size)
+    return size
 
 
 def steps_per_call(cb: Any) -> int:

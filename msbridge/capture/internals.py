@@ -9,6 +9,8 @@ every flushed ``Window``:
 - ``weight_norm/<param>`` and ``optimizer/adam_m_norm/<param>``,
   ``optimizer/adam_v_norm/<param>`` (Adam-family optimizers), read at each flush;
 - ``memory/*`` at each flush; ``system/npu_*`` from the background sampler;
+- mindformers' separate losses (``train/lm_loss``, ``train/aux_loss`` ...) at each flush, when its train
+  cell registered them (``separate_loss``);
 - histograms of the weights matching ``histograms``, and of their gradients with
   ``TrainStep``, at a flush at least ``histogram_interval`` steps after the last
   ones (``ParamHistograms``); the callback sends them as ``histogram`` events.
@@ -26,10 +28,12 @@ import logging
 from typing import Any, Dict, Optional, Sequence
 
 from ..names import grad_norm_name, optimizer_norm_name, weight_norm_name
+from .cb_params import param
 from .histograms import ParamHistograms
 from .memory import MemoryReader
 from .param_norms import StateNorms, optimizer_states
 from .param_select import ParamSelector, Selection
+from .separate_loss import SeparateLoss
 from .system_sampler import NpuSampler
 from .window import Window
 
@@ -65,9 +69,12 @@ class Internals:
         self.memory: Optional[MemoryReader] = None
         self.sampler: Optional[NpuSampler] = None
         self.histograms = ParamHistograms(histograms, histogram_interval) if histograms else None
+        self.parts: Optional[SeparateLoss] = None
 
-    def start(self, train_network: Any, optimizer: Any, ring_cell: Any, first_step: int = 0) -> "Internals":
-        """Select the parameters, say once what cannot be recorded, start the sampler."""
+    def start(self, train_network: Any, optimizer: Any, ring_cell: Any, first_step: int = 0,
+              cb: Any = None) -> "Internals":
+        """Select the parameters, say once what cannot be recorded, start the sampler (``cb``: MindSpore's
+        callback params, whose ``list_callback`` says who else reads mindformers' separate losses)."""
         import mindspore as ms
 
         if self.selector is not None:
@@ -78,6 +85,7 @@ class Internals:
             self.sampler = NpuSampler.start(self.system_interval_s, self.device_id)
         if self.histograms is not None:
             self.histograms.start(train_network, optimizer, ring_cell, first_step)
+        self.parts = SeparateLoss.find(param(cb, "list_callback", None), train_network, first_step)
         return self
 
     def _bind_norms(self, train_network: Any, optimizer: Any, ring_cell: Any) -> None:
@@ -125,6 +133,8 @@ class Internals:
             window.at_flush.update({k: float(v) for k, v in named.items()})
         if self.memory is not None:
             window.at_flush.update(self.memory.read())
+        if self.parts is not None:
+            window.at_flush.update(self.parts.read(step))
 
     def close(self) -> None:
         """Stop the sampler thread."""

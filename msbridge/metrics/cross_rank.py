@@ -53,6 +53,7 @@ from .payload import BATCH, FIRST, HEADER, LAST, TIMING, WINDOW_SLOTS, N, Slots,
 from .rank_health import Blame, agree_stop, first_anomaly, health_stop, ranks_stopping, stop_code, stop_event
 from .rank_timing import StepTimer, StragglerWatch, own_step_times
 from .spread import Curves, OutlierWatch, curve_ranks, spread_by_step
+from .work import Work
 
 log = logging.getLogger("msbridge")
 
@@ -157,6 +158,8 @@ class Reducer:
             ``"none"`` or a list of ranks: whose loss and step time the global rank also logs one by one.
         gather: ``gather(payload) -> table`` (one row per rank); None: the real AllGather over the world
             group (``capture.collective``). The scale simulation hands in a stand-in for thousands of ranks.
+        work: this rank's ``metrics.work.Work``; with it, every rank's ``perf/samples_seen``, ``tokens_seen``,
+            ``tflops`` and ``mfu`` take the global batch as the sum of the group's own batches (``_regroup``).
 
     Example:
         >>> reducer = Reducer(rank=0, world_size=2, is_global=True, batch_size=8, capacity=100)
@@ -169,7 +172,7 @@ class Reducer:
                  ranks: Optional[Sequence[int]] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  on_timeout: Optional[TimeoutHook] = None, straggler: Optional[Mapping[str, Any]] = None,
                  loss_metrics: bool = True, per_rank_curves: Curves = "auto",
-                 gather: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> None:
+                 gather: Optional[Callable[[np.ndarray], np.ndarray]] = None, work: Optional[Work] = None) -> None:
         group = sorted(set(range(world_size) if ranks is None else (int(r) for r in ranks)))
         bad = [r for r in group if not 0 <= r < world_size]
         if not group or bad:
@@ -179,6 +182,7 @@ class Reducer:
         self.capacity = max(int(capacity), 1)
         self.ranks: List[int] = group
         self.loss_metrics = loss_metrics
+        self.work = work
         self.watchdog = Watchdog(timeout_s, on_timeout)
         self.timer = StepTimer()
         self.curves = curve_ranks(per_rank_curves, group)
@@ -231,6 +235,7 @@ class Reducer:
                 parts.append(self._gather(slots, loss[start:start + self.capacity]))
         table = parts[0][0]
         self._own_timing(verdict.records, table)
+        self._regroup(window, verdict.records, table)
         events: List[Event] = []
         agreed = agree_stop(table)
         last = int(window.steps[-1])
@@ -250,6 +255,16 @@ class Reducer:
         wait = float(table[self.rank, TIMING + 2])
         if records:
             records[-1].values.update((k, v) for k, v in ((OWN_STEP_TIME, own), (DATA_WAIT, wait)) if np.isfinite(v))
+
+    def _regroup(self, window: Window, records: Sequence[Record], table: np.ndarray) -> None:
+        """Every rank: the work columns again with the global batch summed from the group's gathered batch
+        sizes (ranks may feed different batches; each assumed its own x the ranks' count)."""
+        work = self.work.regrouped(table[self.ranks, BATCH].astype(np.float64)) if self.work is not None else None
+        if work is None or work == self.work:
+            return
+        columns = work.columns(window.steps, window.step_time_s)
+        for i, rec in enumerate(records):
+            rec.values.update((name, float(values[i])) for name, values in columns.items() if name in rec.values)
 
     def _global(self, window: Window, records: Sequence[Record], table: np.ndarray, losses: np.ndarray) -> List[Event]:
         """The global rank's share: the cross-rank metrics onto ``records``; straggler, stall, outlier and

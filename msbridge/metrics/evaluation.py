@@ -32,6 +32,7 @@ from typing import Any, Dict, Mapping, Optional, Set
 
 import numpy as np
 
+from ..capture.cb_params import nearest_batch
 from ..capture.collective import Watchdog, all_gather, gather_op
 from ..names import EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, global_eval_name
 
@@ -117,7 +118,7 @@ class EvalRound:
         """Count a whole dataset at once, for an evaluation whose steps no callback sees (mindformers'
         ``do_eval``): batches × batch size when its batches are all full (``drop_remainder``), else unknown."""
         try:
-            full = _nearest_batch(dataset).drop_remainder is True
+            full = nearest_batch(dataset).drop_remainder is True
             self.samples = int(dataset.get_dataset_size()) * int(dataset.get_batch_size()) if full else None
         except Exception:  # noqa: BLE001  (a dataset that cannot say: the samples stay unknown)
             self.samples = None
@@ -135,14 +136,6 @@ class EvalRound:
         if self.samples:
             values[EVAL_SAMPLES] = float(self.samples)
         return values
-
-
-def _nearest_batch(dataset: Any) -> Any:
-    """The batch operation nearest the top of a MindSpore dataset pipeline (``repeat`` or ``map`` may follow it)."""
-    while dataset is not None and not hasattr(dataset, "drop_remainder"):
-        children = getattr(dataset, "children", None) or [None]
-        dataset = children[0]
-    return dataset
 
 
 def _checksum(names: Any) -> int:

@@ -7,7 +7,10 @@ All host arithmetic on a flushed window's step numbers and step times; nothing m
   the samples one step takes over every data-parallel rank: ``global_batch_size`` when set; else this rank's
   dataset batch x the data-parallel size (``params.parallel_config.data_parallel`` of a mindformers run YAML,
   else the ranks in ``reduce_ranks``, else the world size); under mindformers' ``parallel.full_batch: true``
-  every rank's dataset already holds the global batch.
+  every rank's dataset already holds the global batch. In the last case (the ranks' count) the ranks' own
+  batches may differ: each flush's collective carries them, and ``Work.regrouped`` makes the global batch
+  their sum on every rank (``metrics.cross_rank``). Exact with ``drop_remainder=True`` only (a short last
+  batch is counted full; ``capture.cb_params.batch_size_of`` warns).
 - ``perf/tflops`` = FLOPs per sample x global batch / devices / step time / 1e12: the model FLOPs each device
   achieved (``metrics.flops``; or ``flops_per_sample`` from the config).
 - ``perf/mfu`` = 100 x ``perf/tflops`` / the device's peak (``metrics.peaks``; ``peak_tflops`` overrides), in percent.
@@ -21,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
@@ -42,6 +45,8 @@ class Work:
         flops_per_sample: training FLOPs of one sample (forward and backward).
         devices: the devices the step's FLOPs are shared by (the world size).
         peak_tflops: the device's peak, for MFU.
+        summed: ``global_batch`` is this rank's batch x the data-parallel ranks' count, so the ranks' own
+            batches, once known, give the true one (``regrouped``).
     """
 
     global_batch: Optional[int]
@@ -49,6 +54,20 @@ class Work:
     flops_per_sample: Optional[float] = None
     devices: int = 1
     peak_tflops: Optional[float] = None
+    summed: bool = False
+
+    def regrouped(self, batches: np.ndarray) -> "Work":
+        """This work with the global batch the sum of the data-parallel ranks' own ``batches`` (each rank's
+        samples per step, as the flush's collective gathered them); unchanged unless ``summed`` and every
+        batch is known (> 0).
+
+        Example:
+            >>> Work(global_batch=16, summed=True).regrouped(np.array([8.0, 4.0])).global_batch
+            12
+        """
+        if not self.summed or not len(batches) or not (batches > 0).all():
+            return self
+        return replace(self, global_batch=int(round(float(batches.sum()))))
 
     def columns(self, steps: np.ndarray, step_s: np.ndarray) -> Dict[str, np.ndarray]:
         """The window's ``perf/samples_seen``, ``perf/tokens_seen``, ``perf/tflops``, ``perf/mfu`` (those known)."""
@@ -74,6 +93,18 @@ def _int_at(params: Mapping[str, Any], *path: str) -> Any:
     return node
 
 
+def _data_parallel(params: Mapping[str, Any]) -> Optional[int]:
+    """``parallel_config.data_parallel`` of a mindformers run YAML, when it is a positive int."""
+    dp = _int_at(params, "parallel_config", "data_parallel")
+    return dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else None
+
+
+def summed_over_ranks(configured: Optional[int], params: Mapping[str, Any]) -> bool:
+    """True when the global batch is this rank's batch x the ranks' count (no ``global_batch_size``, no
+    ``parallel.full_batch``, no ``parallel_config.data_parallel``): the ranks' own batches then sum to it."""
+    return not configured and _int_at(params, "parallel", "full_batch") is not True and _data_parallel(params) is None
+
+
 def global_batch(batch_size: Optional[int], configured: Optional[int], params: Mapping[str, Any],
                  reduce_ranks: Optional[Any], world_size: int) -> Optional[int]:
     """Samples per step over every data-parallel rank (see the module docstring for the order of the sources).
@@ -88,9 +119,7 @@ def global_batch(batch_size: Optional[int], configured: Optional[int], params: M
         return None
     if _int_at(params, "parallel", "full_batch") is True:
         return int(batch_size)
-    dp = _int_at(params, "parallel_config", "data_parallel")
-    if not (isinstance(dp, int) and not isinstance(dp, bool) and dp > 0):
-        dp = len(reduce_ranks) if reduce_ranks else world_size
+    dp = _data_parallel(params) or (len(reduce_ranks) if reduce_ranks else world_size)
     return int(batch_size) * int(dp)
 
 
@@ -135,4 +164,4 @@ def make_work(cfg: Any, world_size: int, batch_size: Optional[int], network: Any
         config, _ = model_config_in(params)
         peak_tflops = peak(cfg.peak_tflops, config)
     return Work(global_batch=batch, seq_length=cfg.seq_length, flops_per_sample=flops, devices=max(world_size, 1),
-                peak_tflops=peak_tflops)
+                peak_tflops=peak_tflops, summed=bool(batch) and summed_over_ranks(cfg.global_batch_size, params))

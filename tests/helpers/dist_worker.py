@@ -69,6 +69,22 @@ class Delay(Callback):
             time.sleep(delay)
 
 
+class CountSamples(Callback):
+    """Counts the samples this rank's steps consumed (each batch's leading dimension), written to ``path`` at the
+    end: the dataset's own count."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path, self.samples = path, 0
+
+    def on_train_step_end(self, run_context: Any) -> None:
+        self.samples += int(run_context.original_args().train_dataset_element[0].shape[0])
+
+    def on_train_end(self, run_context: Any) -> None:
+        with open(self.path, "w", encoding="utf-8") as fh:
+            fh.write(str(self.samples))
+
+
 class StatusSink(Sink):
     """Writes the status this rank's monitor closed its sinks with to ``path``."""
 
@@ -130,6 +146,9 @@ def parse_args(argv: Any = None) -> argparse.Namespace:
     p.add_argument("--status", action="store_true", help="write each rank's closing status to {out}/status_{rank}.txt")
     p.add_argument("--eval", action="store_true",
                    help="Model.fit over 2 epochs, evaluated after each on 4·(rank+1) validation samples of this rank")
+    p.add_argument("--seq-length", type=int, default=None, help="the monitor's seq_length (perf/tokens_seen)")
+    p.add_argument("--flops-per-sample", type=float, default=None, help="the flops_per_sample setting")
+    p.add_argument("--count", action="store_true", help="write the samples consumed to {out}/samples_{rank}.txt")
     p.add_argument("--check-ranks", action="store_true",
                    help="write what detect_ranks says to a contradicting RANK_ID to {out}/rank_check_{rank}.txt")
     return p.parse_args(argv)
@@ -154,7 +173,8 @@ def main(argv: Any = None) -> None:
     monitor = BridgeMonitor({"experiment": "dist", "run_name": "dist-{timestamp}",
                              "output_dir": os.path.join(args.out, "{experiment}", "{run_name}"),
                              "flush_steps": args.flush, "sinks": args.sinks.split(","),
-                             "collective_timeout_s": args.timeout,
+                             "collective_timeout_s": args.timeout, "seq_length": args.seq_length,
+                             "flops_per_sample": args.flops_per_sample,
                              "reduce_ranks": [int(r) for r in args.reduce_ranks.split(",")] if args.reduce_ranks else None,
                              "alerts": {"targets": [{"type": "webhook", "url": args.alert_url}] if args.alert_url else [],
                                         "stall_seconds": args.stall_seconds}},
@@ -164,6 +184,8 @@ def main(argv: Any = None) -> None:
     if rank in (args.slow_rank, args.stall_rank):  # before the monitor: its wait counts as this rank's data wait
         callbacks.insert(0, Delay(args.slow_pct if rank == args.slow_rank else 0.0, args.slow_from,
                                   args.stall_step if rank == args.stall_rank else 0, args.stall_s))
+    if args.count:
+        callbacks.append(CountSamples(os.path.join(args.out, f"samples_{rank}.txt")))
     if rank == args.exit_rank:
         callbacks.insert(0, ExitAt(args.exit_step, args.exit_code))  # before the monitor: it never flushes step k
 
