@@ -23,6 +23,21 @@ from .yaml_lines import Origin, Path, format_path
 SECTIONS = ("msbridge", "monitor_config")  # when both are present, ``msbridge:`` is msbridge's
 
 
+def dig(data: Any, *path: Any) -> Any:
+    """The value at ``path`` in nested mappings, None where a step is missing or not a mapping.
+
+    Example:
+        >>> dig({"parallel_config": {"data_parallel": 8}}, "parallel_config", "data_parallel")
+        8
+        >>> dig({"parallel_config": 8}, "parallel_config", "data_parallel") is None
+        True
+    """
+    node = data
+    for part in path:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
 #: Top-level sections that mark a file as a training YAML even without a monitor section.
 TRAINING_SECTIONS = frozenset({
     "model", "runner_config", "optimizer", "lr_schedule", "callbacks", "context", "parallel", "parallel_config",

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any, List, Mapping, Optional, Tuple
 
 from .compose import deep_merge
-from .keys import Note
+from .keys import Note, dig
 from .mindformers_check import check_run_yaml
 from .yaml_lines import Origin, Path, Tree
 
@@ -121,9 +121,7 @@ def find_seq_length(data: Mapping[str, Any]) -> Tuple[Optional[int], Optional[Pa
     """The run YAML's sequence length, the path it was found at, and where that is in words ('' for a
     YAML path; ``pretrained_model_dir``'s ``config.json`` otherwise). ``(None, None, "")``: none."""
     for path in SEQ_LENGTH_PATHS:
-        node: Any = data
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
+        node = dig(data, *path)
         if _positive_int(node):
             return node, path, ""
     model_dir = data.get("pretrained_model_dir")

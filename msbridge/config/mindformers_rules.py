@@ -30,6 +30,8 @@ import importlib.util
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from .keys import dig
+
 #: mindformers 1.9.0's ``MonitorConfig`` keys and ``*_format`` values, used when mindformers is not installed.
 MONITOR_KEYS_1_9 = ("monitor_on", "dump_path", "target", "invert", "step_interval", "local_loss_format",
                     "local_norm_format", "device_local_norm_format", "device_local_loss_format",
@@ -113,12 +115,6 @@ def cell_arguments(wrapper: str) -> Optional[Tuple[str, ...]]:
     return None
 
 
-def _get(data: Mapping[str, Any], *path: str) -> Any:
-    node: Any = data
-    for part in path:
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
 
 def _int(value: Any, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -130,14 +126,14 @@ def wrapper_reset(data: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
     "micro_batch_num": n}`` (the key that triggers it, and the micro batches the pipeline cell sums)."""
     if not isinstance(data.get("runner_wrapper"), Mapping):
         return None
-    mode = _get(data, "parallel", "parallel_mode")
+    mode = dig(data, "parallel", "parallel_mode")
     if mode not in _SEMI_AUTO or data.get("use_parallel") is False:
         return None  # data parallel or stand-alone: mindformers sets pipeline_stage to 1 and keeps the wrapper
-    stages = _int(_get(data, "parallel_config", "pipeline_stage"))
-    accumulate = _int(_get(data, "runner_config", "gradient_accumulation_steps"))
+    stages = _int(dig(data, "parallel_config", "pipeline_stage"))
+    accumulate = _int(dig(data, "runner_config", "gradient_accumulation_steps"))
     if stages > 1:
         return {"why": f"pipeline_stage: {stages}", "path": ("parallel_config", "pipeline_stage"),
-                "micro_batch_num": _int(_get(data, "parallel_config", "micro_batch_num")), "stages": stages}
+                "micro_batch_num": _int(dig(data, "parallel_config", "micro_batch_num")), "stages": stages}
     if accumulate > 1:
         return {"why": f"gradient_accumulation_steps: {accumulate} in semi-auto/auto parallel mode",
                 "path": ("runner_config", "gradient_accumulation_steps"), "micro_batch_num": accumulate,

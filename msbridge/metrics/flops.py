@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
+from ..config.keys import dig
+
 #: Each field and the config keys that may hold it, the first found wins.
 ALIASES = {
     "num_layers": ("num_layers", "num_hidden_layers", "n_layer", "n_layers"),
@@ -141,9 +143,7 @@ MODEL_CONFIG_PATHS: Tuple[Tuple[str, ...], ...] = (("model", "model_config"), ("
 def model_config_in(params: Mapping[str, Any]) -> Tuple[Optional[Mapping[str, Any]], str]:
     """The model config among a run's ``params`` and its dotted path (``params.model.model_config``), or None."""
     for path in MODEL_CONFIG_PATHS:
-        node: Any = params
-        for part in path:
-            node = node.get(part) if isinstance(node, Mapping) else None
+        node = dig(params, *path)
         if isinstance(node, Mapping) and TransformerShape.from_config(node) is not None:
             return node, "params." + ".".join(path)
     return None, ""

@@ -29,6 +29,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from ..config.keys import dig
 from ..names import MFU, SAMPLES_SEEN, TFLOPS, TOKENS_SEEN
 from .flops import TransformerShape, flops_per_token, model_config_in, network_matmul_params
 
@@ -86,23 +87,17 @@ class Work:
         return out
 
 
-def _int_at(params: Mapping[str, Any], *path: str) -> Any:
-    node: Any = params
-    for part in path:
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
 
 def _data_parallel(params: Mapping[str, Any]) -> Optional[int]:
     """``parallel_config.data_parallel`` of a mindformers run YAML, when it is a positive int."""
-    dp = _int_at(params, "parallel_config", "data_parallel")
+    dp = dig(params, "parallel_config", "data_parallel")
     return dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else None
 
 
 def summed_over_ranks(configured: Optional[int], params: Mapping[str, Any]) -> bool:
     """True when the global batch is this rank's batch x the ranks' count (no ``global_batch_size``, no
     ``parallel.full_batch``, no ``parallel_config.data_parallel``): the ranks' own batches then sum to it."""
-    return not configured and _int_at(params, "parallel", "full_batch") is not True and _data_parallel(params) is None
+    return not configured and dig(params, "parallel", "full_batch") is not True and _data_parallel(params) is None
 
 
 def global_batch(batch_size: Optional[int], configured: Optional[int], params: Mapping[str, Any],
@@ -117,7 +112,7 @@ def global_batch(batch_size: Optional[int], configured: Optional[int], params: M
         return int(configured)
     if not batch_size:
         return None
-    if _int_at(params, "parallel", "full_batch") is True:
+    if dig(params, "parallel", "full_batch") is True:
         return int(batch_size)
     dp = _data_parallel(params) or (len(reduce_ranks) if reduce_ranks else world_size)
     return int(batch_size) * int(dp)
