@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from msbridge.options import Option
-from msbridge.sinks.base import GAP, Event, Held, Raised, Record, RunInfo, Series, Sink
+from msbridge.sinks.base import GAP, Event, Held, GapEvents, Record, RunInfo, Series, Sink
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import (
     encode_event,
@@ -82,10 +82,10 @@ class JsonlSink(Sink):
         self._held: Deque[Tuple[str, int, bytes]] = deque()  # (kind, step, line) not in the file yet
         self._gap: Optional[Dict[str, Any]] = None  # what was dropped since the file last took a line
         self._gap_time = 0.0
-        self._lost: Dict[str, int] = {}  # every gap raised so far: records, events
+        self._lost: Dict[str, int] = {}  # every gap made final so far: records, events
         self._lost_ranges: List[str] = []  # each gap's "first-last" steps
         self._lost_text = ""  # ``undelivered()``: what the log lost in all
-        self._raised: List[Event] = []  # gaps made final by the current call: what it returns
+        self._final_gaps: List[Event] = []  # gaps made final by the current call: what it returns
         self._holds = 0
         self._failing = False  # in a failure episode (said once; "writable again" ends it)
         self._dropping = False
@@ -105,27 +105,27 @@ class JsonlSink(Sink):
     def held(self) -> Held:
         return Held(self._holds)
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         self._held.extend((_RECORD, rec.step, encode_record(rec).encode()) for rec in records)
         self._held.extend((_EVENT, ev.step, encode_event(ev).encode()) for ev in events)
         self._drain()
         self._bound()
-        return self._take_raised()
+        return self._take_final_gaps()
 
-    def flush(self) -> Raised:
+    def flush(self) -> GapEvents:
         """Write what is held (each flush retries) and fsync."""
         self._drain()
-        return self._take_raised()
+        return self._take_final_gaps()
 
     def undelivered(self) -> str:
         return self._lost_text
 
-    def close(self, status: str = "FINISHED") -> Raised:
+    def close(self, status: str = "FINISHED") -> GapEvents:
         self._drain()
         if any(kind in (_RECORD, _EVENT, _GAP) for kind, _, _ in self._held):
             self._drop(len(self._held))  # the file could not take them: other sinks and run.json hear of it
             gap = dict(self._gap or {})
-            self._raise_gap()
+            self._finalize_gap()
             log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
                       "close (%s): a gap event, handed to the other sinks and listed in the run's outcome", self.path,
                       gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
@@ -135,7 +135,7 @@ class JsonlSink(Sink):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        return self._take_raised()
+        return self._take_final_gaps()
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         return {"where": rank_file(run.run_dir, run.rank)}
@@ -144,9 +144,9 @@ class JsonlSink(Sink):
         wal = read_rank_file(rank_file(run.run_dir, run.rank))
         return {**{name: wal.series(name) for name in wal.metric_names()}, **wal.event_series()}
 
-    def _take_raised(self) -> List[Event]:
-        raised, self._raised = self._raised, []
-        return raised
+    def _take_final_gaps(self) -> List[Event]:
+        gaps, self._final_gaps = self._final_gaps, []
+        return gaps
 
     # -- the write path ----------------------------------------------------------
     def _drain(self) -> None:
@@ -213,13 +213,13 @@ class JsonlSink(Sink):
             self._cut = True  # retried before the next write; the lines stay held
 
     def _take(self, count: int) -> None:
-        """The first ``count`` held lines are in the file: forget them (a written gap line is raised)."""
+        """The first ``count`` held lines are in the file: forget them (a written gap line is made final)."""
         if self._cut:
             return
         for _ in range(count):
             kind, _, _ = self._held.popleft()
             if kind == _GAP:
-                self._raise_gap()
+                self._finalize_gap()
 
     def _failed(self, exc: OSError) -> None:
         """Say once per episode why the file cannot take lines: a full disk by name, with its free space."""
@@ -269,7 +269,7 @@ class JsonlSink(Sink):
         self._held.extendleft(reversed(kept))
 
     def _gap_event(self) -> Event:
-        """The gap so far, the same event each time until it changes (its line is measured, then raised)."""
+        """The gap so far, the same event each time until it changes (its line is measured, then made final)."""
         assert self._gap is not None and self.run is not None
         detail = dict(self._gap, sink=self.name, path=self.path, reason=self._reason or "write failed")
         return Event(GAP, self._gap["last_step"], self.run.rank, self._gap_time, detail)
@@ -277,11 +277,11 @@ class JsonlSink(Sink):
     def _gap_line(self) -> bytes:
         return encode_event(self._gap_event()).encode()
 
-    def _raise_gap(self) -> None:
+    def _finalize_gap(self) -> None:
         """The gap is final (in the file, or the file is closing without it): every other sink hears of it,
         and the run's outcome (``undelivered()``: what the log lost in all)."""
         if self._gap is not None:
-            self._raised.append(self._gap_event())
+            self._final_gaps.append(self._gap_event())
             lost, gap = self._lost, self._gap
             for key in ("records", "events"):
                 lost[key] = lost.get(key, 0) + gap[key]

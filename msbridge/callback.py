@@ -351,10 +351,10 @@ class BridgeMonitor(EvalHooks, Callback):
         """The closed ``dispatcher``'s outcome into run.json and README (never raising: this runs inside
         MindSpore's hooks). ``late``: a signal that arrived while the sinks were closing."""
         if self.plan is None:
-            self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
+            self.tally.ended(status, dispatcher.undelivered, dispatcher.gaps)
             return
         try:
-            self.tally.ended(status, dispatcher.undelivered, dispatcher.raised)
+            self.tally.ended(status, dispatcher.undelivered, dispatcher.gaps)
             objective = self._objective.summary() if self.run is not None and self.run.is_global else None
             self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late,
                                                 objective))

@@ -3,7 +3,7 @@
 - The registered name is the name users write in YAML: the ``register_sink``/``register_detector`` name, which
   for a plug-in must be its entry point's name too (an undecorated class takes the entry point's name).
 - A name that two classes claim (a plug-in beside a built-in, two plug-ins) is a ``PluginError`` naming both
-  packages.
+  packages; a plug-in claiming a built-in's name is never loaded, and naming that name in YAML is that error.
 - A plug-in that does not load (an import error, not a subclass, a clash) is said once, at the first look into
   its registry, and left out; naming it in YAML is an error with the same words.
 
@@ -50,6 +50,12 @@ def claim(table: Dict[str, Any], kind: str, name: str, cls: Any) -> None:
         raise PluginError(f"two {kind}s are named {name!r}: {_label(old)} and {_label(cls)}; "
                           "rename one (its register name and its entry point)")
     table[name] = cls
+
+
+def builtin(module: str) -> str:
+    """How a built-in whose name a plug-in claims is named: "the built-in msbridge.adapters.csv_sink (package
+    msbridge)"; ``load_points`` takes these as ``reserved``, for sinks and checks alike."""
+    return f"the built-in {module} (package msbridge)"
 
 
 def _point_package(point: EntryPoint) -> str:

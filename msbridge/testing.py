@@ -2,11 +2,11 @@
 
 A plug-in's author runs ``check_sink(MySink)`` (in a test of theirs, or once by hand); msbridge's own contract
 test runs it over every available sink. Each check opens the sink on a fresh run under ``directory`` and drives
-it through the same ``SinkHost`` as a training does (its own thread, typed calls, each waited for at most
-``timeout`` s: a raise, a wrong return type or a hang fails the check, named), then compares what ``read_back``
-gives back, step for step: every metric with exactly its steps (checked first), then its values (to float32's
-precision; a non-finite value stays non-finite), and every event as ``events/<kind>`` at its step. A replay
-into the same store, twice, must add nothing (``held()``).
+it through the same ``SinkHost`` as a training does (its own thread, typed calls, each waited for at most its
+production bound or ``timeout`` s: a raise, a wrong return type or a hang fails the check, named), then
+compares what ``read_back`` gives back, step for step: every metric with exactly its steps (checked first), then
+its values (to float32's precision; a non-finite value stays non-finite), and every event as ``events/<kind>``
+at its step. A replay into the same store, twice, must add nothing (``held()``).
 
 Example:
     >>> from msbridge.testing import check_sink
@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from .names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
 from .sinks.base import FAILED, FINISHED, KILLED, WAL_NAME, Event, Record, RunInfo, Series, Sink
-from .sinks.calls import Call, Describe, Flush, ReadBack
-from .sinks.host import SinkHost
+from .sinks.calls import Describe, ReadBack
+from .sinks.host import Driver, SinkHost
 
 #: float32 keeps 7 significant digits: a value read back is this close to the one handed over.
 REL_TOLERANCE = 1e-6
@@ -88,58 +88,35 @@ def _span(points: Sequence[Any]) -> str:
     return f"{len(steps)} steps {steps[0]}..{steps[-1]}" if steps else "no steps"
 
 
-class Driven:
-    """A sink driven as production drives it: on its ``SinkHost`` (its own thread, typed calls), each call
-    waited for at most ``timeout`` s. A raise, a wrong return type or a hang is a ``ContractError`` naming it.
+class Driven(Driver):
+    """A sink driven as production drives it: a ``Driver`` (its ``SinkHost``, typed calls), each call waited for
+    at most its production bound or ``timeout`` s, whichever is less (``describe`` 2 s, ``close`` its close bound).
+    A raise, a wrong return type or a hang is a ``ContractError`` naming it.
 
     Example:
         >>> sink = Driven(CsvSink, contract_run("/tmp/c", "records"), {}, timeout=60)
         >>> sink.write(contract_records(range(1, 4)), []); sink.close(FINISHED); sink.read_back()
     """
 
+    error = ContractError
+
     def __init__(self, cls: Type[Sink], run: RunInfo, options: Dict[str, Any], timeout: float) -> None:
         try:
-            self.sink = cls(**options)
+            sink = cls(**options)
         except Exception as exc:
             raise ContractError(f"{cls.__name__}(**{options!r}) raised {type(exc).__name__}: {exc}") from None
-        self.run, self.timeout = run, timeout
-        self.host = SinkHost(self.sink, max_batches=1_000_000, lossless=True)
+        super().__init__(sink, limit=timeout, max_batches=1_000_000)
+        self.run = run
         self.ask(Describe(run=run))
-        self.host.open(run)
-        self.flush()  # open and held() have returned
-
-    def ask(self, call: Call, host: Optional[SinkHost] = None) -> Any:
-        """``call`` on the sink's thread, waited for at most ``timeout``; its checked result."""
-        host = host or self.host
-        result = host.ask(call, wait=self.timeout)
-        self._no_failure(host)
-        return result
-
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        self.host.offer(records, events)
-
-    def flush(self) -> None:
-        self.ask(Flush())
-
-    def close(self, status: str) -> str:
-        """``close(status)`` and the final ``undelivered()``, each on the sink's thread; the latter's text."""
-        final = self.host.close(status)
-        if not self.host.closed.wait(self.timeout):
-            self.host.overran(final, self.timeout)
-        self._no_failure(self.host)
-        return final.result
+        self.open(run)
 
     def read_back(self) -> Series:
         """``read_back(run)`` after the close, on a thread of its own, bounded too."""
-        host = SinkHost(self.sink)
+        host = SinkHost(self.sink, quiet=True)
         try:
             return self.ask(ReadBack(run=self.run), host)
         finally:
             host.retire()
-
-    def _no_failure(self, host: SinkHost) -> None:
-        if host.failures:
-            raise ContractError(f"{host.failures[0]}")
 
 
 def check_records_and_events(cls: Type[Sink], directory: str, steps: int = 50, timeout: float = 60.0,
@@ -235,8 +212,9 @@ def check_sink(cls: Type[Sink], directory: Optional[str] = None, steps: int = 10
     """Run every check of the contract on ``cls(**options)``; returns the names of the checks passed.
 
     ``directory`` holds the runs (a temporary directory, removed after, when None); ``steps`` is the long
-    check's length; ``timeout`` bounds each call of the sink (a hang fails the check in that time). Raises
-    ``ContractError`` at the first check that fails, naming it.
+    check's length; ``timeout`` caps each call's production bound (``describe`` 2 s, ``close`` the sink's close
+    bound ...): a hang fails the check in that time, as it fails the run. Raises ``ContractError`` at the first
+    check that fails, naming it.
 
     Example:
         >>> from msbridge.adapters.jsonl_sink import JsonlSink

@@ -2,7 +2,7 @@
 
 ``msbridge.run.plan`` adds it (last, after every other sink) when ``alerts.targets`` is set; it is not
 named under ``sinks:``. Being a sink gives it, with no new plumbing: every health event, the stall
-watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink raises, the run's end
+watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink returns, the run's end
 status in ``close``, and, as an observer (``Sink.observer``), every other sink's final ``undelivered`` in
 ``observe``: the dispatcher hands it over once every other sink closed or hit its bound, before this close.
 ``emit`` runs on its own host thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in

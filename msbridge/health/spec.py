@@ -106,11 +106,15 @@ def resolve_health(section: Any) -> Tuple[Optional[HealthSpec], List[Problem]]:
         section = {}
     if not isinstance(section, Mapping):
         return None, [(("health",), expected("a mapping", section))]
-    top = {k: v for k, v in section.items() if k not in DETECTORS}
-    problems = _top_problems(top)
+    # a plug-in check that did not load, or that claims a built-in check's name: an error, as for a sink
+    problems: List[Problem] = [(("health", key), BROKEN[key]) for key in section if key in BROKEN]
+    top = {k: v for k, v in section.items() if k not in DETECTORS and k not in BROKEN}
+    problems += _top_problems(top)
     profile = top.get("profile", SETTINGS["profile"].default)
     checks: Dict[str, Dict[str, Any]] = {}
     for name in DETECTORS:
+        if name in BROKEN and name in section:
+            continue  # said above
         options, found = _resolve_check(name, section.get(name), profile)
         problems += found
         if options is not None:
@@ -127,8 +131,7 @@ def _top_problems(top: Mapping[str, Any]) -> List[Problem]:
     problems: List[Problem] = []
     for key, value in top.items():
         option = SETTINGS.get(key)
-        problem = (BROKEN[key] if key in BROKEN and option is None else  # a plug-in check that did not load
-                   f"unknown key{did_you_mean(key, list(SETTINGS) + list(DETECTORS))}" if option is None
+        problem = (f"unknown key{did_you_mean(key, list(SETTINGS) + list(DETECTORS))}" if option is None
                    else option.check(value))
         if problem:
             problems.append((("health", key), problem))

@@ -21,6 +21,10 @@ nothing: KILLED; an early stop: FINISHED), with what its log holds.
 
 Bad lines in the log are skipped with one warning per file (``strict`` refuses the run).
 
+The sink is driven on its own thread (``msbridge.sinks.host.Driver``: the host, typed calls and bounds of a
+training): a call that raises, returns a wrong type or overruns its bound ends the replay into it with one
+line naming the call (``msbridge replay`` exits 2), never a traceback or a hang.
+
 The log is streamed, never held whole: records go to the sink ``BATCH`` at a time as they are read. A run
 without a recorded outcome, or a ``strict`` replay, is scanned first (its header, events and what its outcome
 reads: steps, losses, first and last time), so the outcome is known, or a bad line refused, before a sink
@@ -37,8 +41,9 @@ import logging
 import math
 import os
 import sys
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Type
 
 from ..errors import MsbridgeError
 from ..health.detectors.base import STOP_ACTIONS
@@ -46,7 +51,8 @@ from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import HISTOGRAM, LOSS
 from ..paths import recorded_experiment_dir
 from ..run.metadata import README, RUN_JSON, write_outcome
-from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo
+from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo, Sink
+from ..sinks.host import Driver, SinkFailed
 from ..sinks.registry import resolve, with_store_defaults
 from ..sinks.runlog import RankLog, RunLog, RunLogError, finish_rank_log, iter_rank_lines, read_rank_file, read_run
 
@@ -198,16 +204,14 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
                       experiment=config.get("experiment", "default"), rank=rank, world_size=world_size,
                       is_global=rank == 0, run_dir=run_dir, config=config, metadata=meta, readme=readme,
                       start_time=float(rank_log.header.get("time") or 0.0))  # else the first record's time
-        sink = sink_cls(**sink_options)
-        sink.open(run)
         try:
-            streamed = _write_all(sink, rank_log, strict, progress)
-        except Exception:
-            sink.close(FAILED)
-            raise
-        sink.close(status)
-        if sink.undelivered():
-            raise MsbridgeError(f"{to}: {sink.undelivered()}; the jsonl log still holds everything: replay again "
+            streamed, undelivered = _into(Driver(_built(sink_cls, sink_options, to)), run, rank_log, status, strict,
+                                          progress)
+        except SinkFailed as exc:
+            raise MsbridgeError(f"{to}: {exc}; the jsonl log still holds everything: replay again once the sink is "
+                                "fixed") from None
+        if undelivered:
+            raise MsbridgeError(f"{to}: {undelivered}; the jsonl log still holds everything: replay again "
                                 "once it is reachable (or its disk has space)")
         counts["records"] += streamed.count
         counts["events"] += len(streamed.events)
@@ -236,7 +240,31 @@ def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
         write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
 
 
-def _write_all(sink: Any, head: ScannedLog, strict: bool, progress: bool) -> ScannedLog:
+def _built(cls: Type[Sink], options: Mapping[str, Any], to: str) -> Sink:
+    """``cls(**options)``; a plug-in's constructor that raises is one line, as any of its calls."""
+    try:
+        return cls(**options)
+    except MsbridgeError:
+        raise
+    except Exception as exc:
+        raise MsbridgeError(f"{to}: {cls.__name__}(...) raised {type(exc).__name__}: {exc}") from None
+
+
+def _into(sink: Driver, run: RunInfo, head: ScannedLog, status: str, strict: bool,
+          progress: bool) -> Tuple[ScannedLog, str]:
+    """Open ``sink`` with ``run``, write the rank's log, close it with ``status``: what was read, and the sink's
+    final ``undelivered()``. A failed call or a bad line closes it FAILED first; ``SinkFailed`` names the call."""
+    try:
+        sink.open(run)
+        streamed = _write_all(sink, head, strict, progress)
+    except Exception:
+        with suppress(SinkFailed):  # the first failure is what is said
+            sink.close(FAILED)
+        raise
+    return streamed, sink.close(status)
+
+
+def _write_all(sink: Driver, head: ScannedLog, strict: bool, progress: bool) -> ScannedLog:
     """The rank's records read as they go, ``BATCH`` at a time, then its events; returns what was read (its bad
     lines warned about here unless a scan did already)."""
     streamed, batch = ScannedLog(path=head.path, header={}), []

@@ -31,6 +31,7 @@ from ..paths import (
 from ..sinks.base import FAILED, RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
+from ..sinks.host import Driver, SinkFailed
 from ..sinks.registry import resolve, with_store_defaults
 from ..sinks.runlog import last_step, rank_file
 from .metadata import (collect_metadata, release_space, render_readme, reserve_space, run_id_for, stored_run_name,
@@ -78,12 +79,16 @@ class RunPlan:
 
     def discard(self) -> None:
         """Let go of the sinks of a run refused before it started: nothing is written, and MLflow's sink ends
-        the client process it started when it was built."""
-        for sink in self.sinks:
+        the client process it started when it was built. Each is closed on its own thread (``Driver``), all at
+        once, each waited for at most its close bound: a plug-in whose close hangs delays the refusal that long."""
+        start, drivers = time.monotonic(), [Driver(sink) for sink in self.sinks]
+        for driver in drivers:
+            driver.host.close(FAILED)  # queued on every sink's thread first: they close in parallel
+        for driver in drivers:
             try:
-                sink.close(FAILED)
-            except Exception as exc:  # the refusal is what the user must see
-                log.debug("msbridge: %s: close of a sink never opened: %s", sink.name, exc)
+                driver.close(FAILED, since=start)
+            except SinkFailed as exc:  # the refusal is what the user must see
+                log.debug("msbridge: %s: close of a sink never opened: %s", driver.sink.name, exc)
 
     def start(self, expected_steps: Optional[int] = None, batch_size: Optional[int] = None) -> "tuple[Dispatcher, RunInfo]":
         cfg = self.config

@@ -28,7 +28,7 @@ FINISHED = "FINISHED"
 FAILED = "FAILED"
 KILLED = "KILLED"
 STATUSES = (FINISHED, FAILED, KILLED)
-#: The event a sink raises for what it finally could not store: detail ``first_step``, ``last_step``,
+#: The event a sink returns for what it finally could not store: detail ``first_step``, ``last_step``,
 #: ``records``, ``events`` (counts), ``sink``, ``reason``. The dispatcher hands it to every other sink.
 GAP = "gap"
 #: Seconds a sink's close may take beyond its ``close_timeout`` (its last call, ending its client).
@@ -39,7 +39,7 @@ HURRY_AFTER = 0.3
 MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
 DEFAULT_CLOSE_TIMEOUT = 10.0
-#: The sink that is the write-ahead log: written first, on the dispatcher's own thread.
+#: The sink that is the write-ahead log: written first, on its own host; a tracker is handed a batch once it holds it.
 WAL_NAME = "jsonl"
 
 
@@ -180,16 +180,20 @@ class Held:
     events: FrozenSet[Tuple[str, int]] = frozenset()
 
 
-#: What ``emit``, ``flush`` and ``close`` may return: the ``gap`` events a sink raised itself (what it finally
-#: lost), which the dispatcher hands to every other sink. None (or empty) for nothing.
-Raised = Optional[Sequence[Event]]
+#: What ``emit``, ``flush`` and ``close`` may return: the ``gap`` events of what the sink finally lost, which the
+#: dispatcher hands to every other sink. None (or empty) for nothing.
+GapEvents = Optional[Sequence[Event]]
 
 
 class Sink:
     """Base class of every sink. Every call of it (``open``, ``describe``, ``held``, ``write``, ``flush``,
     ``close``, ``undelivered``, ``read_back``) is made on a thread of its own by its ``SinkHost``
-    (``msbridge.sinks.host``), each within a time limit; one that raises, returns a wrong type or overruns
-    makes the sink undelivered, and training goes on.
+    (``msbridge.sinks.host``), each within a time limit (``Call.bound``): its ``close_bound`` for ``open``,
+    ``write``, ``flush``, ``close`` and ``read_back``, 10 s for ``held`` and ``undelivered``, 2 s for
+    ``describe``. A call that raises, returns a wrong type, or is still running when its bound runs out while it
+    is waited for (``describe`` at train begin, ``close`` and ``undelivered`` at the end, every call in
+    ``msbridge replay`` and ``check_sink``) makes the sink undelivered, and training goes on; a call that returns
+    late with nobody waiting is a warning (its queue bound stops a sink that falls too far behind).
 
     What a sink implements: ``open(run)`` once, ``emit(records, events)`` per batch, ``flush()`` (everything
     handed over is durable when it returns), ``close(status)`` once (it flushes first), ``read_back(run)``
@@ -202,16 +206,17 @@ class Sink:
     only ``name``, ``close_bound``, ``on_training_thread`` and ``observer``):
 
     - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
-    - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events it raised (what it finally lost);
+    - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events of what it finally lost;
     - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
     - observer: ``observer = True`` and ``observe(undelivered)``: the others' final ``undelivered``;
-    - hurry: ``hurry()`` is called from another thread once training has ended and the sink's close has run
-      ``HURRY_AFTER`` seconds: a sink that kept its client at a low priority for training's sake lifts it;
+    - hurry: ``hurry()`` is called on a throwaway thread, never waited for, once training has ended and the
+      sink's close has run ``HURRY_AFTER`` seconds: a sink that kept its client at a low priority lifts it;
     - tracker times: ``start_time``/``end_time`` (read-only) are the training's start and the latest time
       handed over, so a replayed run gets the times of the live one.
 
-    ``on_training_thread``: a sink whose ``write`` costs microseconds (the console) is called in
-    ``Dispatcher.submit``, on the training thread. Every other sink leaves it False.
+    ``on_training_thread``: honoured for msbridge's own sinks only (the console's progress line, whose ``write``
+    costs microseconds), which ``Dispatcher.submit`` calls on the training thread. A plug-in's is ignored: its
+    sink is hosted like every other.
 
     Example:
         >>> from msbridge.sinks.registry import register_sink
@@ -235,7 +240,8 @@ class Sink:
     #: Where the sink's store is unless its options place it: ``(option, template)``, the template's
     #: ``{experiment_dir}`` filled in by ``store_default``; ``()`` for a sink without a shared store.
     default_store: Tuple[str, str] = ()
-    #: True only for a sink as cheap as a print (see above): ``submit`` calls it on the training thread.
+    #: True only for msbridge's own sinks as cheap as a print (see above): ``submit`` calls them on the training
+    #: thread. A plug-in's True is ignored.
     on_training_thread = False
     #: True for a sink that reports on the others (alerts): it is closed last, after ``observe``.
     observer = False
@@ -301,7 +307,7 @@ class Sink:
         (a resumed job trains again from its checkpoint). A sink that can read its store back says more."""
         return Held(self.run.resumed_from_step if self.run is not None else 0)
 
-    def write(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         """Hand ``emit`` the records of steps after ``last_step`` (never a metric twice at a step: a second record
         of the last step, an evaluation's, is handed on when it names other metrics, ``names.restated`` aside) and every event not held;
         the times follow the times handed over. Returns what ``emit`` returns."""
@@ -335,20 +341,20 @@ class Sink:
         """``held()``, asked once per open (the host asks it right after ``open``; ``write`` reuses it)."""
         return self._holding()
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> Raised:
+    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""
         raise NotImplementedError
 
-    def flush(self) -> Raised:
+    def flush(self) -> GapEvents:
         """Make everything written so far durable."""
 
-    def close(self, status: str = FINISHED) -> Raised:
+    def close(self, status: str = FINISHED) -> GapEvents:
         """Flush and let go of files or clients; ``status`` is FINISHED, FAILED or KILLED."""
         return self.flush()
 
     def hurry(self) -> None:
-        """Training has ended and this sink's close is still running (see the class docstring); called from
-        the dispatcher's closing thread, so it must be safe beside the sink's own. By default nothing."""
+        """Training has ended and this sink's close is still running (see the class docstring); called on a
+        throwaway thread, so it must be safe beside the sink's own. By default nothing."""
 
     def observe(self, undelivered: Mapping[str, str]) -> None:
         """An ``observer``'s final facts: every other sink's final ``undelivered`` (name -> what; only the ones

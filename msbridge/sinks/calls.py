@@ -193,6 +193,16 @@ class Observe(Call):
 
 
 @dataclass
+class Hurry(Call):
+    """``hurry()``: made on a throwaway thread beside the sink's own close, never waited for (``Dispatcher``)."""
+
+    method = "hurry"
+
+    def invoke(self, sink: Sink) -> Any:
+        return sink.hurry()
+
+
+@dataclass
 class ReadBack(Call):
     run: Optional[RunInfo] = None
     method = "read_back"

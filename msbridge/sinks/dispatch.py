@@ -7,15 +7,17 @@ jsonl's host offers it to each tracker's host, which never waits. A slow, stalle
 itself. ``open`` is queued too: the training thread never waits for a sink to open.
 
 What a sink returns of its own accord (``Gaps``: the ``gap`` events of what it finally lost) is handed to every
-other sink and kept in ``raised``. What went wrong with a call (``Failure``: a raise, a wrong type, an overrun)
+other sink and kept in ``gaps``. What went wrong with a call (``Failure``: a raise, a wrong type, an overrun)
 is kept per sink; the run's outcome lists the sink as undelivered, with the replay that fills it.
 
-A sink marked ``on_training_thread`` (the console's progress line) is called in ``submit`` itself, through the
-same typed calls: a progress line is printed at the flush of the step it reports, never behind a sink.
+msbridge's own sinks marked ``on_training_thread`` (the console's progress line) are called in ``submit`` itself,
+through the same typed calls: a progress line is printed at the flush of the step it reports, never behind a
+sink. A plug-in's ``on_training_thread`` is ignored: its sink is hosted like any other.
 
 ``close(status)`` drains and closes jsonl, then closes the trackers in parallel, each within its ``close_bound``
-from the start of the close (one still closing ``HURRY_AFTER`` s in is told to ``hurry``), then hands the
-observers (``Sink.observer``: alerts) each other sink's final ``undelivered`` and closes them.
+from the start of the close (one still closing ``HURRY_AFTER`` s in is told to ``hurry``, on a throwaway thread
+nobody waits for), then hands the observers (``Sink.observer``: alerts) each other sink's final ``undelivered``
+and closes them.
 
 Example:
     >>> d = Dispatcher([JsonlSink(), MlflowSink()], run_info)
@@ -32,7 +34,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .base import FINISHED, HURRY_AFTER, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
-from .calls import DESCRIBE_BOUND, Call, Close, Describe, Failure, Flush, Gaps, Observe, Open, Write
+from .calls import DESCRIBE_BOUND, Call, Close, Describe, Failure, Flush, Gaps, Hurry, Observe, Open, Write
 from .host import SinkHost
 
 log = logging.getLogger("msbridge")
@@ -55,23 +57,22 @@ class Dispatcher:
 
     def __init__(self, sinks: Sequence[Sink], run: Optional[RunInfo] = None, max_batches: int = 64,
                  tracker_batches: int = 256) -> None:
-        #: Every event the sinks raised themselves (a ``gap``), in order: the run's outcome lists them.
-        self.raised: List[Event] = []
+        #: Every ``gap`` event the sinks returned themselves (what they finally lost), in order: the outcome lists them.
+        self.gaps: List[Event] = []
         self.run = run
         self.submitted = 0  # records handed to ``submit``
-        self.wal_written = 0  # records jsonl's write took
         self._inline_failures: Dict[str, Failure] = {}
         self._late: Dict[str, str] = {}  # sink name -> what it was not seen to finish at close
         self._final: Dict[str, str] = {}  # sink name -> its final ``undelivered()``
         self._lock = threading.RLock()
         self._closed = False
         self._close_done = threading.Event()
-        self.inline: List[Sink] = [s for s in sinks if s.on_training_thread]
-        hosted = [s for s in sinks if not s.on_training_thread]
+        self.inline: List[Sink] = [s for s in sinks if _runs_inline(s)]
+        hosted = [s for s in sinks if not _runs_inline(s)]
         wal = next((s for s in hosted if s.name == WAL_NAME), None)
-        self._wal = (SinkHost(wal, max_batches, lossless=True, on_gaps=self._gaps, after_write=self._written)
+        self._wal = (SinkHost(wal, max_batches, lossless=True, on_gaps=self._relay, after_write=self._written)
                      if wal is not None else None)
-        self._trackers = [SinkHost(s, tracker_batches, on_gaps=self._gaps) for s in hosted if s is not wal]
+        self._trackers = [SinkHost(s, tracker_batches, on_gaps=self._relay) for s in hosted if s is not wal]
         self.sinks: List[Sink] = hosted
         self.wal: Optional[Sink] = wal
         self.close_bound = max([s.close_bound for s in hosted] or [0.0])
@@ -230,18 +231,17 @@ class Dispatcher:
 
     # -- the sinks' threads ----------------------------------------------------------
     def _written(self, call: Write) -> None:
-        """jsonl's thread, once jsonl wrote a batch: count it and offer it to every tracker (never waits)."""
-        self.wal_written += len(call.records)
+        """jsonl's thread, once jsonl wrote a batch: offer it to every tracker (never waits)."""
         if not call.relayed:
             for host in self._trackers:
                 host.offer(call.records, call.events)
 
-    def _gaps(self, sink: Sink, gaps: Gaps) -> None:
-        """A sink's own ``gap`` events: into ``raised``, jsonl, and every other tracker."""
+    def _relay(self, sink: Sink, gaps: Gaps) -> None:
+        """A sink's own ``gap`` events: into ``gaps``, jsonl, and every other tracker."""
         with self._lock:
-            self.raised.extend(gaps.events)
+            self.gaps.extend(gaps.events)
         if self._wal is not None and sink is not self._wal.sink:
-            self._wal.offer([], gaps.events, relayed=True)  # after jsonl's close: in ``raised`` only
+            self._wal.offer([], gaps.events, relayed=True)  # after jsonl's close: in ``gaps`` only
         for host in self._trackers:
             if host.sink is not sink:
                 host.offer([], gaps.events, relayed=True)
@@ -258,12 +258,22 @@ class Dispatcher:
             return None
 
 
+def _runs_inline(sink: Sink) -> bool:
+    """``on_training_thread`` is honoured for msbridge's own sinks only (the console): a plug-in's is ignored."""
+    return bool(sink.on_training_thread) and type(sink).__module__.split(".")[0] == "msbridge"
+
+
 def _hurry(sink: Sink) -> None:
-    """``sink.hurry()`` from the closing thread (it interrupts the sink's own); a raise is logged."""
-    try:
-        sink.hurry()
-    except Exception as exc:
-        log.warning("msbridge: sink %r: hurry() raised %s: %s", sink.name, type(exc).__name__, exc)
+    """``hurry()`` on a throwaway daemon thread of its own (it interrupts the sink's close, on the sink's thread),
+    never waited for: one that blocks holds only that thread. A raise or a wrong type is logged."""
+    def run() -> None:
+        call = Hurry()
+        try:
+            call.check(call.invoke(sink))
+        except Exception as exc:
+            log.warning("msbridge: sink %r: hurry() failed: %s: %s", sink.name, type(exc).__name__, exc)
+
+    threading.Thread(target=run, name=f"msbridge-{sink.name}-hurry", daemon=True).start()
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:

@@ -14,6 +14,9 @@ returned of its own accord (``Gaps``) goes to ``on_gaps``. A call that returns a
 waiting (an ``open`` or a ``write`` starved of CPU) is said once as a warning: it kept no one waiting, and its
 queue bound is what stops a sink that falls too far behind. The thread sleeps on a condition while idle.
 
+``Driver`` drives one sink call by call on a host, waiting for each (``msbridge replay``, a refused run's
+discard, ``check_sink``): the same thread, calls and bounds, its first failure raised as one line.
+
 Example:
     >>> host = SinkHost(sink, max_batches=256)
     >>> host.open(run)                       # queued: returns at once
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
-from typing import Any, Callable, Deque, List, Optional, Sequence, Set
+from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Type
 
+from ..errors import MsbridgeError
 from .base import Event, Record, RunInfo, Sink
 from .calls import AskHeld, Call, Close, Failure, Flush, Gaps, Open, Undelivered, Write
 
@@ -42,6 +47,7 @@ class SinkHost:
         done_records / done_step: records, and the highest step, of the writes that returned.
         missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full).
         closed: set once its close and its final ``undelivered()`` returned (or failed).
+        hung: a call it waited for overran: its thread is still held by it.
 
     Example:
         >>> host = SinkHost(TensorBoardSink(), on_gaps=lambda sink, gaps: None)
@@ -51,14 +57,14 @@ class SinkHost:
 
     def __init__(self, sink: Sink, max_batches: int = 256, lossless: bool = False,
                  on_gaps: Optional[Callable[[Sink, Gaps], None]] = None,
-                 after_write: Optional[Callable[[Write], None]] = None) -> None:
-        self.sink, self.max_batches, self.lossless = sink, max_batches, lossless
+                 after_write: Optional[Callable[[Write], None]] = None, quiet: bool = False) -> None:
+        self.sink, self.max_batches, self.lossless, self.quiet = sink, max_batches, lossless, quiet
         self.failures: List[Failure] = []
         self.done_records = self.done_step = 0
         self.missed_records = self.missed_steps = self.missed_events = 0
         self.behind_from: Optional[int] = None
         self.closed = threading.Event()
-        self.opened = False
+        self.opened = self.hung = False
         self._on_gaps, self._after_write = on_gaps, after_write
         self._items: Deque[Call] = collections.deque()
         self._writes = 0  # Write calls in ``_items``: what the bound counts
@@ -101,7 +107,7 @@ class SinkHost:
         once). ``relayed``: another sink's gaps, which ``after_write`` does not pass on again."""
         call = Write(records=list(records), events=list(events), relayed=relayed)
         with self._ready:
-            if self._closing is not None:  # closed: what comes after its close is in ``raised`` only
+            if self._closing is not None:  # closed: what comes after its close is in ``gaps`` only
                 return False
             if self.lossless and not self._dead and self.behind_from is None:
                 self._ready.wait_for(lambda: self._writes < self.max_batches or self._dead, self.sink.close_bound)
@@ -149,7 +155,7 @@ class SinkHost:
         what = running.method if running is not None else call.method
         self._fail(Failure(what, f"did not return within {waited:g} s ({call.method} waited for it)"))
         with self._ready:
-            self._dead = True
+            self._dead = self.hung = True
             self._ready.notify_all()
 
     @property
@@ -231,7 +237,7 @@ class SinkHost:
         with self._ready:
             self.failures.append(failure)
             first = len(self.failures) == 1
-        if first:
+        if first and not self.quiet:  # quiet: its driver says it
             log.error("msbridge: sink %r failed in %s; other sinks and training carry on", self.sink.name, failure)
 
 
@@ -242,3 +248,67 @@ class _Retire(Call):
 
     def invoke(self, sink: Sink) -> None:
         return None
+
+
+class SinkFailed(MsbridgeError):
+    """A call that a ``Driver`` waited for failed: the message is its ``Failure``, "write(): OSError: ..."."""
+
+
+class Driver:
+    """One sink driven call by call on its ``SinkHost`` (quiet: the driver says its failures), as ``msbridge
+    replay``, a refused run's discard and ``check_sink`` drive it: each call is waited for at most its bound
+    (``Call.bound``: ``describe`` 2 s, ``close`` its close bound ...) or ``limit`` s, whichever is less, and the
+    first failure (a raise, a wrong type, an overrun) raises ``error`` with its text.
+
+    Example:
+        >>> sink = Driver(TensorBoardSink(logdir="/tmp/tb"))
+        >>> sink.open(run); sink.write(records, []); sink.close("FINISHED")   # its final undelivered()
+        ''
+    """
+
+    error: Type[Exception] = SinkFailed
+
+    def __init__(self, sink: Sink, limit: float = math.inf, max_batches: int = 4) -> None:
+        self.sink, self.limit = sink, limit
+        self.host = SinkHost(sink, max_batches, lossless=True, quiet=True)
+
+    def wait(self, call: Call) -> float:
+        """Seconds ``call`` is waited for: its bound, at most ``limit``."""
+        return min(self.limit, call.bound(self.sink))
+
+    def ask(self, call: Call, host: Optional[SinkHost] = None) -> Any:
+        """``call`` on the host's thread (``host``, default the sink's), waited for; its checked result."""
+        host = host or self.host
+        result = host.ask(call, wait=self.wait(call))
+        self.check(host)
+        return result
+
+    def open(self, run: RunInfo) -> None:
+        """``open(run)``, ``held()`` and the first ``flush``, queued as production queues them, then waited for."""
+        self.host.open(run)
+        self.ask(Flush())
+
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+        """Queue a batch; while the queue is full, wait at most the sink's bound (then its call overran). A call
+        that failed since raises here."""
+        if not self.host.offer(records, events) and not self.host.failures:
+            self.host.overran(Write(), self.sink.close_bound)
+        self.check(self.host)
+
+    def flush(self) -> None:
+        self.ask(Flush())
+
+    def close(self, status: str, since: Optional[float] = None) -> str:
+        """``close(status)`` and the final ``undelivered()``, waited for the close's bound from ``since`` (default:
+        now); returns the latter's text. A host whose call hung is not waited for again."""
+        final = self.host.close(status)
+        waited, start = self.wait(Close()), time.monotonic() if since is None else since
+        if not self.host.hung and not self.host.closed.wait(max(0.0, start + waited - time.monotonic())):
+            self.host.overran(Close(), waited)
+        self.check(self.host)
+        return final.result or ""
+
+    def check(self, host: SinkHost) -> None:
+        """Raise ``error`` with ``host``'s first failure, if it has one."""
+        if host.failures:
+            raise self.error(str(host.failures[0]))

@@ -27,7 +27,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
 from ..errors import MissingDependencyError
-from ..plugins import claim, load_points, unavailable
+from ..plugins import builtin, claim, load_points, unavailable
 from .base import WAL_NAME, Sink
 
 ENTRY_POINT_GROUP = "msbridge.sinks"
@@ -69,8 +69,7 @@ def builtin_names() -> Tuple[str, ...]:
 def unloadable() -> Dict[str, str]:
     """Load the ``msbridge.sinks`` entry points not loaded yet (``plugins.load_points``); ``{name: why}`` of
     the broken ones (each said once)."""
-    reserved = {name: f"the built-in {BUILTIN_PACKAGE}.{name}{_SUFFIX} (package msbridge)"
-                for name in builtin_names()}
+    reserved = {name: builtin(f"{BUILTIN_PACKAGE}.{name}{_SUFFIX}") for name in builtin_names()}
     return load_points(ENTRY_POINT_GROUP, "sink", Sink, _REGISTERED, reserved)
 
 

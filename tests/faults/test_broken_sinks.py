@@ -1,4 +1,4 @@
-"""Eleven broken sinks beside real trainings (MindSpore ``Model.train`` on CPU and an ``msbridge.track`` loop): each
+"""Eighteen broken sinks beside real trainings (MindSpore ``Model.train`` on CPU and an ``msbridge.track`` loop): each
 a different failure (a raise, a wrong return type, a call that blocks, a call that is slow) in a different call.
 Training goes on to its last step, jsonl holds every step, the exit code is 3, and run.json's outcome names each
 broken sink with its reason and the replay that fills it."""
@@ -120,6 +120,62 @@ class UndeliveredWrongType(Broken):
         return ["10 records"]
 
 
+class DescribeRaises(Broken):
+    name, reason = "describe_raises", "describe(): ValueError: no store configured"
+
+    def describe(self, run):
+        raise ValueError("no store configured")
+
+
+class HeldRaises(Broken):
+    name, reason = "held_raises", "held(): KeyError: 'last_step'"
+
+    def held(self):
+        raise KeyError("last_step")
+
+
+class HeldBlocks(Broken):
+    """Nobody waits for ``held()`` (it is queued after ``open``): its writes queue behind it, and the close,
+    queued behind them too, is not seen to finish within its bound."""
+
+    name, reason = "held_blocks", "held() running for"
+
+    def held(self):
+        _block()
+
+
+class EmitBlocks(Broken):
+    name, reason = "emit_blocks", "write() running for"
+
+    def emit(self, records, events):
+        _block()
+
+
+class FlushRaises(Broken):
+    """Fails at the host's first flush, right after ``open``, and at every flush after."""
+
+    name, reason = "flush_raises", "flush(): OSError: disk gone"
+
+    def flush(self):
+        raise OSError("disk gone")
+
+
+class UndeliveredRaises(Broken):
+    name, reason = "undelivered_raises", "undelivered(): RuntimeError: lost count"
+
+    def undelivered(self):
+        raise RuntimeError("lost count")
+
+
+class UndeliveredBlocks(Broken):
+    """Its close returns; its final ``undelivered()`` never does: the close is not seen to finish."""
+
+    name, reason = "undelivered_blocks", "undelivered() running for"
+
+    def undelivered(self):
+        _block()
+
+
 class OpenSlow(Broken):
     """Not broken: its open takes 3 s (a tracker slow to connect) and returns; its writes queue behind it, so it
     gets every record and is not listed."""
@@ -135,8 +191,9 @@ class OpenSlow(Broken):
         self.got += len(records)
 
 
-BROKEN = (DescribeWrongType, DescribeBlocks, OpenRaises, OpenBlocks, HeldWrongType, EmitRaises, EmitWrongType, CloseSlow,
-          CloseRaises, CloseBlocks, UndeliveredWrongType)
+BROKEN = (DescribeWrongType, DescribeBlocks, DescribeRaises, OpenRaises, OpenBlocks, HeldWrongType, HeldRaises,
+          HeldBlocks, EmitRaises, EmitWrongType, EmitBlocks, FlushRaises, CloseSlow, CloseRaises, CloseBlocks,
+          UndeliveredWrongType, UndeliveredRaises, UndeliveredBlocks)
 
 
 @pytest.fixture(autouse=True)
@@ -165,7 +222,7 @@ def check_outcome(run_dir: str, exit_code: int, broken) -> None:
         assert f"msbridge replay {run_dir} --to {cls.name}" in said[cls.name]
 
 
-def test_eleven_broken_sinks_beside_model_train_leave_training_and_jsonl_whole(tmp_path):
+def test_eighteen_broken_sinks_beside_model_train_leave_training_and_jsonl_whole(tmp_path):
     slow = OpenSlow()
     monitor = BridgeMonitor(config(tmp_path, "model-train"), sinks=[cls() for cls in BROKEN] + [slow],
                             progress=False)
@@ -175,7 +232,7 @@ def test_eleven_broken_sinks_beside_model_train_leave_training_and_jsonl_whole(t
     assert monitor.steps_recorded == STEPS
     check_outcome(monitor.run_dir, monitor.outcome.exit_code, BROKEN)  # open_slow is not among them
     assert slow.got == STEPS
-    # the close waited each bound in parallel (5.5 s), not one after another (55 s)
+    # the close waited each bound in parallel (5.5 s), not one after another (99 s)
     assert took < 40, took
 
 
@@ -193,3 +250,16 @@ def test_broken_sinks_beside_an_msbridge_track_loop(tmp_path):
             opt(grads)
             run.step(loss=loss)
     check_outcome(run.run_dir, run.outcome.exit_code, broken)
+
+
+def test_a_refused_run_is_refused_within_the_close_bound_of_a_sink_whose_close_hangs(tmp_path):
+    """A run refused at train begin (its run dir holds steps, training starts at step 1) closes its sinks, never
+    opened, each on its own thread within its close bound (5.5 s): a plug-in whose close hangs, or raises, delays
+    the refusal that long, and the refusal is what is raised."""
+    train_regression([BridgeMonitor(config(tmp_path, "refused"), progress=False)], steps=4)
+    second = BridgeMonitor(config(tmp_path, "refused"), sinks=[CloseBlocks(), CloseRaises()], progress=False)
+    started = time.monotonic()
+    with pytest.raises(msbridge.ConfigError, match="already holds the run 'refused' up to step 4"):
+        train_regression([second], steps=4)
+    took = time.monotonic() - started
+    assert CloseBlocks().close_bound <= took < CloseBlocks().close_bound + 15, took

@@ -129,7 +129,7 @@ def test_past_the_bound_the_oldest_lines_become_one_gap_event_in_every_sink(tmp_
     assert gap["sink"] == "jsonl" and gap["path"] == path and gap["reason"].startswith("the disk is full")
     kinds = [(line["type"], line.get("step")) for line in lines]
     assert kinds.index(("event", 29)) == kinds.index(("metrics", 10)) + 1, "the gap sits where its lines were"
-    assert [e.kind for e in dispatcher.raised] == ["gap"]
+    assert [e.kind for e in dispatcher.gaps] == ["gap"]
     assert sum("dropping the oldest" in w for w in warnings_of(caplog)) == 1, "said once, not per batch"
     lost = dispatcher.undelivered["jsonl"]  # the run's outcome: exit 3, the loss counted
     assert lost.startswith(f"19 record(s) and 0 event(s) of steps 11-29 lost from {path} (the disk is full"), lost
@@ -161,7 +161,7 @@ def test_lines_still_held_at_close_are_a_gap_for_the_other_sinks(tmp_path, shim,
     assert steps_and_gaps(parse_lines(os.path.join(run.run_dir, "metrics", "rank_0.jsonl")))[0] == [1, 2, 3, 4, 5]
     (gap,) = steps_and_gaps(parse_lines(other.path))[1]
     assert (gap["first_step"], gap["last_step"], gap["records"]) == (6, 10, 5)
-    assert [e.kind for e in dispatcher.raised] == ["gap"]
+    assert [e.kind for e in dispatcher.gaps] == ["gap"]
     assert any("could not take 5 record(s) and 0 event(s) of steps 6-10" in w for w in warnings_of(caplog))
     assert dispatcher.undelivered["jsonl"].startswith("5 record(s) and 0 event(s) of steps 6-10 lost from")
     assert RunOutcome(FINISHED, dispatcher.undelivered).exit_code == 3  # though nothing reached the file

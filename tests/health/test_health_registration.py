@@ -83,3 +83,37 @@ def test_a_broken_plug_in_is_said_and_left_out(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-3000:]
     assert "msbridge: health check 'broken' (entry point my_check:Missing) did not load" in out.stderr
 
+
+
+def test_a_plug_in_check_named_like_a_built_in_is_an_error_naming_both_packages(tmp_path):
+    """The sinks' rule (tests/test_plugins.py): the plug-in is not loaded, and naming the name in YAML is an error
+    naming both packages, never the built-in used silently."""
+    env = _install(tmp_path, "nonfinite = my_check:NotFinite", """
+        from msbridge.health.detectors.base import LOG, Detector
+
+        class NotFinite(Detector):
+            default_action = {"debug": LOG, "production": LOG}
+
+            def observe(self, view):
+                return None
+    """)
+    code = textwrap.dedent("""
+        import json
+        from msbridge.config.load import load_config
+        from msbridge.errors import MsbridgeError
+        from msbridge.health.detectors import DETECTORS
+        try:
+            load_config({'health': {'nonfinite': {'action': 'log'}}})
+            said = None
+        except MsbridgeError as exc:
+            said = str(exc)
+        print(json.dumps([said, DETECTORS['nonfinite'].__module__]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said, module = json.loads(out.stdout)
+    words = ("two health checks are named 'nonfinite': the built-in msbridge.health.detectors.nonfinite (package "
+             "msbridge) and the entry point my_check:NotFinite (package my-check); rename the plug-in's")
+    assert said is not None and words in said, said
+    assert module == "msbridge.health.detectors.nonfinite"
+    assert out.stderr.count(f"msbridge: {words}") == 1, out.stderr[-3000:]

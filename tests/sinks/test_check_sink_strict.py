@@ -117,3 +117,19 @@ def test_a_sink_without_held_fails_replay_twice_with_what_it_added(tmp_path):
     with pytest.raises(ContractError, match=r"NoHeld \(lines\) fails replay_twice: after the first replay: "
                                             r"'train/loss': steps 40 steps 1\.\.20 read back, 20 steps 1\.\.20"):
         check_sink(NoHeld, str(tmp_path), steps=100)
+
+
+@pytest.mark.slow
+def test_a_describe_over_its_production_bound_fails_though_the_timeout_is_longer(tmp_path):
+    """Production waits 2 s for ``describe`` (``DESCRIBE_BOUND``): a 5 s one fails check_sink in 2 s, as it fails
+    a training, though ``timeout`` allows 60 s."""
+    class SlowDescribe(Lines):
+        def describe(self, run):
+            time.sleep(5.0)
+            return {"where": run.run_dir}
+
+    started = time.monotonic()
+    with pytest.raises(ContractError, match=r"SlowDescribe \(lines\) fails records_and_events: describe\(\): did not "
+                                            r"return within 2 s"):
+        check_sink(SlowDescribe, str(tmp_path), steps=100, timeout=60.0)
+    assert time.monotonic() - started < 5.0

@@ -1,4 +1,5 @@
-"""The dispatcher: jsonl first on its thread, each tracker on its own, isolation, bounded close, no polling."""
+"""The dispatcher: jsonl first on its thread, each tracker on its own, isolation, bounded close, no polling; a
+plug-in's ``hurry`` or ``on_training_thread`` never holds the training thread."""
 from __future__ import annotations
 
 import threading
@@ -62,7 +63,7 @@ def test_jsonl_first_then_each_tracker_on_its_own_thread_and_drain_on_close():
     assert steps_of(journal, "jsonl") == steps_of(journal, "tb") == list(range(1, 11))
     assert wal.threads == {"msbridge-jsonl"} and tb.threads == {"msbridge-tb"}
     assert wal.status == tb.status == "KILLED"
-    assert d.undelivered == {} and d.submitted == d.wal_written == 10
+    assert d.undelivered == {} and d.submitted == d.hosts[0].done_records == 10
 
 
 def test_a_stalled_tracker_delays_neither_jsonl_nor_another_tracker():
@@ -128,9 +129,9 @@ def test_close_waits_at_most_the_sinks_close_timeout_then_lists_it_undelivered()
 
 
 @pytest.mark.slow
-def test_a_tracker_still_closing_after_hurry_after_is_hurried_once_from_the_closing_thread():
+def test_a_tracker_still_closing_after_hurry_after_is_hurried_once_on_a_thread_of_its_own():
     """Training has ended: a tracker whose close runs on is told to ``hurry`` (MLflow lifts its client's low
-    priority then); one whose close returned at once is not."""
+    priority then), on a throwaway thread; one whose close returned at once is not."""
     journal, release, hurried = [], threading.Event(), []
 
     class Slow(Timed):
@@ -150,7 +151,7 @@ def test_a_tracker_still_closing_after_hurry_after_is_hurried_once_from_the_clos
     d.submit(make_records([1, 2]))
     started = time.monotonic()
     d.close("FINISHED")
-    assert [(name, thread) for name, thread, _ in hurried] == [("slow", threading.current_thread().name)]
+    assert [(name, thread) for name, thread, _ in hurried] == [("slow", "msbridge-slow-hurry")]
     assert HURRY_AFTER <= hurried[0][2] < HURRY_AFTER + 10
     assert d.undelivered == {}, "hurried in time, it closed within its bound"
 
@@ -276,4 +277,49 @@ def test_the_events_a_sink_returns_are_handed_to_every_other_sink():
     d.submit(make_records([1, 2, 3]))
     assert d.flush(timeout=30)  # lossy's write has returned: its gap is queued for jsonl and offered to tb
     d.close()
-    assert d.raised == [gap] and sorted(seen) == [("jsonl", GAP), ("tb", GAP)]
+    assert d.gaps == [gap] and sorted(seen) == [("jsonl", GAP), ("tb", GAP)]
+
+
+@pytest.mark.slow
+def test_a_hurry_that_blocks_forever_holds_no_close_past_its_bound():
+    """``hurry`` runs on a throwaway thread nobody waits for: one that never returns, beside a close that does
+    (after 1 s), leaves the dispatcher's close to end with the sink's, nothing listed."""
+    journal, never = [], threading.Event()
+
+    class BlocksInHurry(Timed):
+        def close(self, status="FINISHED"):
+            time.sleep(1.0)
+
+        def hurry(self):
+            never.wait()  # released only at the end of the test
+
+    sink = BlocksInHurry("stuck", journal, close_timeout=2)
+    d = Dispatcher([Recording("jsonl", journal), sink], RUN)
+    d.submit(make_records([1]))
+    started = time.monotonic()
+    d.close("FINISHED")
+    took = time.monotonic() - started
+    never.set()
+    assert 1.0 <= took < sink.close_bound, took
+    assert d.undelivered == {} and steps_of(journal, "stuck") == [1]
+
+
+class PluginInline(Recording):
+    """A plug-in's sink (not msbridge's own class) that sets ``on_training_thread``; its ``write`` blocks on its
+    gate."""
+
+    on_training_thread = True
+
+
+def test_a_plug_ins_on_training_thread_is_ignored_its_sink_hosted_like_any_other():
+    journal, gate = [], threading.Event()
+    plugin = PluginInline("inline", journal, gate=gate)
+    d = Dispatcher([Recording("jsonl", journal), plugin], RUN)
+    assert d.inline == [] and plugin in d.sinks
+    started = time.monotonic()
+    for step in range(1, 4):
+        d.submit(make_records([step]))
+    assert time.monotonic() - started < 0.5, "submit never waits for a plug-in, whatever its flag says"
+    gate.set()
+    d.close()
+    assert plugin.threads == {"msbridge-inline"} and steps_of(journal, "inline") == [1, 2, 3]
