@@ -3,7 +3,8 @@
 MLflow has no event log, so the events (anomalies, actions, checkpoints, stalls, ends ...) go into the run's
 artifact ``events.jsonl`` (the jsonl log's own line format, each line once: a replay adds nothing) and each
 kind's latest into the tag ``msbridge.event.<kind>.last`` (``step N: {detail}``, 500 characters).
-Histograms are not events MLflow can show: they are left out, said once.
+Histograms are not events MLflow can show: they are left out, said once. ``Backlog`` holds the records that wait
+for MLflow and counts what MLflow may lack: what it dropped past its bound, and a failed call's batch.
 
 Example:
     >>> log = EventLog()
@@ -15,17 +16,20 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable, Dict, Sequence
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 from msbridge.masking import mask_secrets
 from msbridge.names import HISTOGRAM
-from msbridge.sinks.base import Event, json_safe
+from msbridge.sinks.base import Event, Record, json_safe
 from msbridge.sinks.runlog import encode_event
 
 log = logging.getLogger("msbridge")
 
 EVENTS_ARTIFACT = "events.jsonl"
 MAX_EVENT_LINES = 10_000
+#: How an error reads when MLflow's request never left (urllib3's ``NewConnectionError``): nothing of it was stored.
+NOT_SENT = "Failed to establish a new connection"
 
 
 class EventLog:
@@ -70,3 +74,69 @@ class EventLog:
         """The artifact's content; the log is clean after it."""
         self.dirty = False
         return "\n".join(self.lines) + "\n"
+
+
+class Backlog:
+    """The records that wait for MLflow, oldest first, at most ``limit`` (the oldest are dropped past it).
+
+    Each drop is counted, as spans of the stream ``[first, last, records, sent]``; ``tried`` of the first records
+    went in a call that failed, so the store may hold them: ``text`` says exactly what it lacks, given the last
+    step it holds (read back), else calls those "not confirmed".
+
+    Example:
+        >>> backlog = Backlog(3)
+        >>> for step in range(1, 6): _ = backlog.add(Record(step, 0, 0.0, {}))
+        >>> backlog.text()
+        'steps 1-2 (2 records, dropped past max_pending=3), steps 3-5 (3 records)'
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.records: Deque[Record] = deque()
+        self.limit = limit
+        self.tried = 0
+        self._dropped: List[List[int]] = []
+        self._joined = False  # the next drop continues the last span (nothing was stored since)
+
+    def add(self, record: Record) -> bool:
+        """Queue ``record``; True if the oldest was dropped for it."""
+        self.records.append(record)
+        if len(self.records) <= self.limit:
+            return False
+        old, sent = self.records.popleft(), int(self.tried > 0)
+        self.tried -= sent
+        last = self._dropped[-1] if self._dropped and self._joined else None
+        if last is not None and last[3] == sent:
+            last[1], last[2] = old.step, last[2] + 1
+        else:
+            self._dropped.append([old.step, old.step, 1, sent])
+        self._joined = True
+        return True
+
+    def failed(self, count: int, error: BaseException) -> None:
+        """The first ``count`` records went in a call that raised ``error``: unless it never left, maybe stored."""
+        if NOT_SENT not in str(error):
+            self.tried = max(self.tried, count)
+
+    def stored(self, count: int) -> None:
+        """MLflow took the first ``count`` records."""
+        for _ in range(count):
+            self.records.popleft()
+        self.tried, self._joined = 0, False
+
+    def text(self, held: Optional[int] = None) -> str:
+        """"steps 1-2 (2 records, dropped past max_pending=3), steps 3-5 (3 records)": what the store lacks, oldest
+        first; a sent batch is "not confirmed" unless ``held`` (its last step, read back) says whether it is there."""
+        dropped = f"dropped past max_pending={self.limit}"
+        spans = [(first, last, n, [dropped], sent) for first, last, n, sent in self._dropped]
+        records = list(self.records)
+        for part, sent in ((records[:self.tried], True), (records[self.tried:], False)):
+            if part:
+                spans.append((part[0].step, part[-1].step, len(part), [], sent))
+        out = []
+        for first, last, n, notes, sent in spans:
+            if sent and held is not None and last <= held:
+                continue  # the store holds them (a batch is stored whole, with its last-step tag)
+            if sent and held is None:
+                notes.append("sent, but not confirmed: MLflow's reply never came")
+            out.append(f"steps {first}-{last} ({n} records{''.join(', ' + note for note in notes)})")
+        return ", ".join(out) or "0 records"

@@ -1,4 +1,4 @@
-"""What an MLflow run holds besides metrics: names MLflow accepts, params, tags, the description.
+"""What an MLflow run holds besides metrics: names MLflow accepts, params, tags, the description, times.
 
 MLflow's limits (``mlflow/utils/validation.py``): a key of at most 250 characters of
 ``[/\\w.\\- :]``, a param value of 6000 characters, a tag value of 8000. A name MLflow would
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from msbridge.masking import mask_secrets, mask_text
 from msbridge.sinks.base import RunInfo, flatten, json_safe
@@ -43,6 +43,11 @@ def as_params(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, str]:
     """Dot keys with string values, as MLflow stores params; a list or empty mapping stays one JSON value."""
     return {k: json.dumps(json_safe(v), default=str) if isinstance(v, (Mapping, list, tuple)) else str(v)
             for k, v in flatten(tree, prefix).items()}
+
+
+def epoch_ms(seconds: float) -> Optional[int]:
+    """Epoch seconds as MLflow's milliseconds; None (MLflow takes now) when unknown."""
+    return int(round(seconds * 1000)) if seconds > 0 else None
 
 
 def fit(value: str, limit: int) -> str:

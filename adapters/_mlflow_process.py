@@ -20,7 +20,11 @@ CPU-s and ~120 MB of its RSS on this project's VM). A child that died is started
 dies with the process that started it, ``kill -9`` included: Linux's ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, set by the
 child (the signal comes when the thread that started it ends: the sink's builder, or the sink's own thread for a
 restarted child); elsewhere it ends at the end of its input. A reply to a parent that is gone ends it without a word
-(no ``BrokenPipeError``), and it ends with ``os._exit``: MLflow's modules are not torn down.
+(no ``BrokenPipeError``), and it ends with ``os._exit``: MLflow's modules are not torn down. Its stderr is a pipe of
+its own, copied to this process's stderr by a thread (``_relay``): a child that outlives the close (a call still in
+flight when the close bound passed), or is slow to die (idle-class beside busy processes: 15 s and more), never
+holds the caller's stderr open, which a reader waiting for its end (``subprocess.run(capture_output=True)``, a CI
+log) would wait for.
 
 Example:
     >>> client = ClientProcess()                      # MLflow is imported in the child meanwhile
@@ -109,7 +113,9 @@ class ClientProcess:
             # not ``-m``: as ``__main__`` the child's TrackerError would not unpickle here
             command = f"{_LEAN}; from {__name__} import main; main({os.getpid()})"
             self._proc = subprocess.Popen([sys.executable, "-c", command],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            threading.Thread(target=_relay, args=(self._proc.stderr,), name="msbridge-mlflow-stderr",
+                             daemon=True).start()
             self._connected, self._slowed = False, self._beside_training
             if self._beside_training:
                 nice_beside_training(self._proc)
@@ -194,6 +200,15 @@ class ClientProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _relay(stream: BinaryIO) -> None:
+    """Copy the child's stderr, line by line, to this process's ``sys.stderr`` until the child has ended."""
+    with stream:
+        for line in iter(stream.readline, b""):
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # no stderr (left, or closed at exit)
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
 
 
 class _Skip:

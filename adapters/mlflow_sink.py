@@ -31,14 +31,14 @@ import os
 import shlex
 import tempfile
 import time
-from collections import deque
-from typing import Any, Deque, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
 from msbridge.adapters._mlflow_fields import (EXPERIMENT_TAGS, MAX_PARAM_LENGTH, MAX_TAG_LENGTH, NOTE_TAG,
-                                              RUN_ID_TAG, clean_key, clean_keys, fit, run_note, run_params, run_tags)
-from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, EventLog
+                                              RUN_ID_TAG, clean_key, clean_keys, epoch_ms, fit, run_note, run_params,
+                                              run_tags)
+from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, Backlog, EventLog
 from msbridge.adapters._mlflow_models import CheckpointModels
 from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
@@ -66,11 +66,6 @@ _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOUR
 # MLflow reads its HTTP limits from the environment on every request: option -> (variable, default).
 _HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
              "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
-
-
-def _ms(seconds: float) -> Optional[int]:
-    """Epoch seconds as MLflow's milliseconds; None (MLflow takes now) when unknown."""
-    return int(round(seconds * 1000)) if seconds > 0 else None
 
 
 @register_sink("mlflow")
@@ -123,7 +118,7 @@ class MlflowSink(Sink):
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
         self._logged_step = 0  # the highest step MLflow holds (its last-step tag, once reached)
         self._store_step = 0  # the last step the store held when this sink reattached to its run: not resent
-        self._pending: Deque[Record] = deque(maxlen=self.settings["max_pending"])
+        self._pending = Backlog(self.settings["max_pending"])  # and what MLflow may lack of what it dropped
         self._tags: Dict[str, str] = {}
         self._events = EventLog(self._key)  # events.jsonl and each kind's .last tag
         self._caught_up = False
@@ -153,11 +148,10 @@ class MlflowSink(Sink):
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         for rec in records:
-            if len(self._pending) == self._pending.maxlen and not self._warned_full:
+            if self._pending.add(rec) and not self._warned_full:
                 self._warned_full = True
                 log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
-                            "(jsonl holds every record)", self._pending.maxlen)
-            self._pending.append(rec)
+                            "(jsonl holds every record)", self._pending.limit)
         self._tags.update(self._events.add(events))
         if self._models is not None:
             self._models.see(records, events)
@@ -174,11 +168,13 @@ class MlflowSink(Sink):
         deadline = time.monotonic() + self.settings["close_timeout"]
         while self.run is not None and not self._deliver(status):
             if time.monotonic() >= deadline:
-                log.warning("msbridge: gave up on MLflow at %s: %s and status %s not delivered; once it is back: "
-                            "msbridge replay %s --to mlflow", mask_text(self.uri), self._pending_text(), status,
-                            shlex.quote(self.run.run_dir))
-                self._gave_up = (f"{self._pending_text()} and status {status} not delivered to MLflow at "
-                                 f"{mask_text(self.uri)} ({self._why_down} until close_timeout ran out)")
+                held = self._held_step() if self._pending.tried else None
+                lost = f"{self._pending.text(held)} and status {status} not delivered"
+                log.warning("msbridge: gave up on MLflow at %s: %s; once it is back: msbridge replay %s --to mlflow",
+                            mask_text(self.uri), lost, shlex.quote(self.run.run_dir))
+                read = "" if held is None else f"; read back, the store holds steps up to {held}"
+                self._gave_up = (f"{lost} to MLflow at {mask_text(self.uri)} ({self._why_down} until close_timeout "
+                                 f"ran out{read})")
                 break
             time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
         if self._client is not None:
@@ -194,11 +190,15 @@ class MlflowSink(Sink):
     def undelivered(self) -> str:
         return self._gave_up
 
-    def _pending_text(self) -> str:
-        """"steps 211-600 (390 records)": what waits, oldest first (a backlog past ``max_pending`` lost its oldest)."""
-        if not self._pending:
-            return "0 records"
-        return f"steps {self._pending[0].step}-{self._pending[-1].step} ({len(self._pending)} records)"
+    def _held_step(self) -> Optional[int]:
+        """The last step the store holds of the run (its last-step tag, stored with the rows), read back from it;
+        None if it does not answer."""
+        try:
+            found = self._client.search_runs([self._experiment], f"tags.`{RUN_ID_TAG}` = '{self.run.run_id}'",
+                                             run_view_type=ALL_RUNS, max_results=1)
+        except Exception:
+            return None
+        return int(found[0].data.tags.get(LAST_STEP_TAG, 0)) if found else 0
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
         uri = mask_text(self.store(run, "tracking_uri"))
@@ -246,11 +246,11 @@ class MlflowSink(Sink):
             if not self._down and store:
                 log.warning("msbridge: MLflow's store at %s is on a full disk (%s free); training goes on, %d records "
                             "are held in memory and retried with backoff (jsonl holds every record)",
-                            store, free_space(os.path.dirname(os.path.abspath(store))), len(self._pending))
+                            store, free_space(os.path.dirname(os.path.abspath(store))), len(self._pending.records))
             elif not self._down:
                 log.warning("msbridge: MLflow at %s is unreachable (%s); training goes on, %d records wait "
                             "in memory and are retried with backoff (jsonl holds every record)",
-                            mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending))
+                            mask_text(self.uri), mask_text(exception_text(exc)), len(self._pending.records))
             self._down, self._why_down = True, "its store's disk full" if store else "unreachable"
             return False
         if self._down:
@@ -264,17 +264,17 @@ class MlflowSink(Sink):
         metric = objective_metric(objective.get("metric"), set(self._keys))
         if metric is not None:
             self._client.set_tag(self.run_id, OBJECTIVE_TAG, f"{metric} ({objective.get('mode', 'min')})")
-        self._client.set_terminated(self.run_id, status, end_time=_ms(self.end_time))
+        self._client.set_terminated(self.run_id, status, end_time=epoch_ms(self.end_time))
         sweep_id = self.run.config.get("sweep_id")
         if self._parent is not None:
             settle(self._client, self._experiment, str(sweep_id), self._parent, self.run_id)
         mark_best(self._client, self._experiment, sweep_id, objective.get("mode", "min"))
 
     def _send_metrics(self) -> None:
-        while self._pending:
+        while self._pending.records:
             chunk: List[Record] = []
             size = 0
-            for rec in self._pending:  # whole records, oldest first; a huge record goes alone
+            for rec in self._pending.records:  # whole records, oldest first; a huge record goes alone
                 n = len(rec.values) if rec.step > self._store_step else 0  # MLflow has it already: skipped
                 if chunk and size + n > METRICS_PER_CALL:
                     break
@@ -284,10 +284,13 @@ class MlflowSink(Sink):
                        for rec in chunk if rec.step > self._store_step for k, v in rec.values.items()]
             step = max(self._logged_step, max(rec.step for rec in chunk))
             # resending is harmless (same key, time, step, value); the tag lands with the last of the rows
-            self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
-                            tags=[(LAST_STEP_TAG, str(step))])
-            for _ in chunk:
-                self._pending.popleft()
+            try:
+                self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
+                                tags=[(LAST_STEP_TAG, str(step))])
+            except Exception as exc:
+                self._pending.failed(len(chunk), exc)
+                raise
+            self._pending.stored(len(chunk))
             self._logged_step = step
 
     def _send_tags(self) -> None:
@@ -334,7 +337,8 @@ class MlflowSink(Sink):
             log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
             parent = {PARENT_RUN_TAG: self._parent.run_id} if self._parent else {}
-            run_id = client.create_run(experiment_id, start_time=_ms(self.start_time), tags={RUN_ID_TAG: run.run_id, **parent},
+            run_id = client.create_run(experiment_id, start_time=epoch_ms(self.start_time),
+                                       tags={RUN_ID_TAG: run.run_id, **parent},
                                        run_name=self.settings["run_name"] or run.run_name).info.run_id
         if found or run.resumed_from_step:
             self._catch_up(run)
@@ -390,6 +394,6 @@ class MlflowSink(Sink):
         self._caught_up = True
         wal = read_rank_file(path)
         missed = [r for r in wal.records if self._logged_step < r.step <= run.resumed_from_step]
-        self._pending.extendleft(reversed(missed))
+        self._pending.records.extendleft(reversed(missed))
         self._events = EventLog(self._key)
         self._tags.update(self._events.add(wal.events))  # jsonl is written first: it holds the events so far

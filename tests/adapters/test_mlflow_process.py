@@ -56,3 +56,28 @@ def test_close_ends_a_child_that_gets_no_cpu_to_exit_once_every_call_is_answered
     assert time.monotonic() - start < EXIT_WAIT + 2.0
     assert proc.poll() is not None
     assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [1]
+
+
+
+def test_the_child_holds_none_of_the_callers_pipes_and_what_it_prints_reaches_the_callers_stderr(capfd):
+    """A child that outlives its caller's close (or is slow to die) never keeps the caller's stdout or stderr open,
+    which a reader waiting for their end (``subprocess.run(capture_output=True)``) would wait for (issue 39); what
+    it prints is copied to the caller's stderr."""
+    import os
+    import time
+
+    from msbridge.adapters._mlflow_process import ClientProcess
+
+    client = ClientProcess()
+    proc = client._proc
+    held = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+    assert not held & {os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)}
+    proc.stdin.write(b"not a pickled call\n")  # the child fails, prints its traceback and ends
+    proc.stdin.flush()
+    proc.wait(timeout=120)
+    deadline, err = time.monotonic() + 30, ""
+    while "UnpicklingError" not in err and time.monotonic() < deadline:  # the copying thread ends with the child
+        err += capfd.readouterr().err
+        time.sleep(0.1)
+    assert "UnpicklingError" in err
+    client.close()

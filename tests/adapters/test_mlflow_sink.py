@@ -291,10 +291,11 @@ def test_backlog_is_bounded_and_close_gives_up_in_time(tmp_path, caplog, monkeyp
     messages = [r.getMessage() for r in caplog.records]
     assert sum("unreachable" in m for m in messages) == 1
     assert sum("dropping the oldest" in m for m in messages) == 1
+    lost = "steps 1-70 (70 records, dropped past max_pending=30), steps 71-100 (30 records)"  # none sent: exact
     assert [m for m in messages if "gave up" in m] == [
-        f"msbridge: gave up on MLflow at {uri}: steps 71-100 (30 records) and status FINISHED not delivered; "
-        f"once it is back: msbridge replay {run.run_dir} --to mlflow"]  # the newest 30: the oldest were dropped
-    assert sink.undelivered() == (f"steps 71-100 (30 records) and status FINISHED not delivered to MLflow at {uri} "
+        f"msbridge: gave up on MLflow at {uri}: {lost} and status FINISHED not delivered; "
+        f"once it is back: msbridge replay {run.run_dir} --to mlflow"]
+    assert sink.undelivered() == (f"{lost} and status FINISHED not delivered to MLflow at {uri} "
                                 "(unreachable until close_timeout ran out)")  # the run's outcome lists it
 
 

@@ -53,6 +53,7 @@ def test_a_tracker_that_never_answers_holds_the_close_for_close_timeout_plus_gra
     assert outcome.status == "FINISHED" and outcome.exit_code == EXIT_UNDELIVERED
     assert set(outcome.undelivered) == {"mlflow"}
     assert outcome.undelivered["mlflow"].startswith(f"its close had not finished after {bound:g} s")
+    assert outcome.undelivered["mlflow"].endswith("and what it stored is not confirmed"), outcome.undelivered
     run_dir = Path(monitor.run_dir)
     assert assert_covered(parse_lines(run_dir / "metrics" / "rank_0.jsonl"), list(range(1, STEPS + 1))) == []
     missed = json.loads((run_dir / "run.json").read_text())["outcome"]["not delivered"]
