@@ -1,5 +1,5 @@
 """MLflow's first visible point and a run's CPU, beside busy processes: this checkout's MLflow child against an
-older msbridge's, interleaved in one run.
+older msbridge's, and against an ``mlflow server``, interleaved in one run.
 
 Each trial is MindSpore's quick-start loop (``examples/quickstart``) in a fresh directory (so a fresh sqlite
 store) with all four sinks, ``flush_steps`` 10, beside ``hogs`` CPU-bound processes this bench starts and
@@ -13,11 +13,15 @@ stops. It prints, per setup and hog count, the median over repeats of:
   came before the training process ended;
 - ``steps at exit``: the steps MLflow's store held when the trial ended (without a replay).
 
-The older msbridge is ``git archive`` of ``--old`` (default ``origin/main`` or ``main``), put first on
-``PYTHONPATH``.
+The setups (``--setups``): ``old``, an older msbridge, ``git archive`` of ``--old`` (default ``main``) put first on
+``PYTHONPATH``; ``new``, this checkout with the default sqlite store; ``server``, this checkout against an
+``mlflow server`` the bench starts once (``--server``: on a sqlite file, or on a PostgreSQL cluster of its own,
+``bash .ci/postgres.sh``), an experiment per trial, read through the server's REST API; ``none``, no monitoring.
+The server's own CPU is not counted: a team's server runs anyway.
 
 Example:
     $ python -m msbridge.bench.firstpoint --hogs 0,2,4 --repeats 1 --old 1e8640c
+    $ python -m msbridge.bench.firstpoint --hogs 0 --repeats 3 --setups server,new,none --server postgresql
 """
 from __future__ import annotations
 
@@ -33,8 +37,10 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from statistics import median
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(REPO, "examples", "quickstart", "quickstart.py")
@@ -120,6 +126,40 @@ def _store_steps(work: str) -> int:
         return 0
 
 
+def _rest(uri: str, path: str, body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{uri}/api/2.0/mlflow/{path}", data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _server_steps(uri: str, experiment: str) -> int:
+    """The steps of ``train/loss`` in ``experiment``'s run on the server at ``uri`` (0 before there is one)."""
+    try:
+        found = _rest(uri, "experiments/get-by-name?" + urllib.parse.urlencode({"experiment_name": experiment}))
+        runs = _rest(uri, "runs/search", {"experiment_ids": [found["experiment"]["experiment_id"]],
+                                          "max_results": 1}).get("runs", [])
+        if not runs:
+            return 0
+        query = {"run_id": runs[0]["info"]["run_id"], "metric_key": "train/loss", "max_results": 25000}
+        history = _rest(uri, "metrics/get-history?" + urllib.parse.urlencode(query))
+    except (OSError, ValueError, KeyError):  # no experiment yet (HTTP 404), or the server is slow beside the hogs
+        return 0
+    return len({metric["step"] for metric in history.get("metrics", [])})
+
+
+@contextlib.contextmanager
+def server(backend: str, root: str) -> Iterator[str]:
+    """An ``mlflow server``'s URI, the server on a sqlite file or on a PostgreSQL cluster of its own."""
+    from msbridge.bench.servers import MlflowServer, PostgresCluster
+
+    with contextlib.ExitStack() as stack:
+        database = None
+        if backend == "postgresql":
+            database = stack.enter_context(PostgresCluster()).create_database("firstpoint")
+        yield stack.enter_context(MlflowServer(os.path.join(root, "server"), backend_uri=database)).uri
+
+
 def _first_record(work: str) -> bool:
     for path in glob.glob(os.path.join(work, "msbridge_runs", "quickstart", "*", "metrics", "*.jsonl")):
         with open(path, encoding="utf-8") as handle:
@@ -128,18 +168,23 @@ def _first_record(work: str) -> bool:
     return False
 
 
-def trial(setup: str, work: str, script: str, pythonpath: str) -> Dict[str, Any]:
-    """One trial: its CPU, its first point's delay after the first flush, MLflow's steps at exit."""
+def trial(setup: str, work: str, script: str, pythonpath: str, uri: str = "") -> Dict[str, Any]:
+    """One trial: its CPU, its first point's delay after the first flush, MLflow's steps at exit; with ``uri``,
+    MLflow is the ``mlflow server`` there, in an experiment named after ``work``."""
     os.makedirs(work)
     with open(os.path.join(work, "quickstart.py"), "w", encoding="utf-8") as handle:
         handle.write(script)
+    experiment = os.path.basename(work)
     with open(os.path.join(work, "monitor.yaml"), "w", encoding="utf-8") as handle:
-        handle.write(MONITOR)
+        handle.write(MONITOR.replace("mlflow: {}", f"mlflow: {{tracking_uri: '{uri}', experiment: {experiment}}}")
+                     if uri else MONITOR)
+    steps: Callable[[], int] = (lambda: _server_steps(uri, experiment)) if uri else (lambda: _store_steps(work))
     group = _cgroup()
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=pythonpath) if pythonpath else dict(os.environ, GLOG_v="3")
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "quickstart.py", "--epochs", "1"], cwd=work, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=(lambda: _join(group)) if group else None)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=(lambda: _join(group)) if group else None)
     flushed = visible = None
     while True:
         ended, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -149,12 +194,12 @@ def trial(setup: str, work: str, script: str, pythonpath: str) -> Dict[str, Any]
         now = time.monotonic()
         if flushed is None and _first_record(work):
             flushed = now
-        if flushed is not None and visible is None and _store_steps(work):
-            visible = now
+        if flushed is not None and visible is None and steps():
+            visible = time.monotonic()  # once the read returned: a slow read beside the hogs counts against it
         time.sleep(0.1)
     cpu = _cgroup_cpu(group) if group else usage.ru_utime + usage.ru_stime
     return {"setup": setup, "rc": proc.returncode, "wall_s": time.monotonic() - start, "cpu_s": cpu,
-            "first_point_s": None if visible is None else visible - flushed, "steps_at_exit": _store_steps(work),
+            "first_point_s": None if visible is None else visible - flushed, "steps_at_exit": steps(),
             "cgroup": bool(group)}
 
 
@@ -230,22 +275,29 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--hogs", default="0,2,4", help="comma-separated numbers of busy processes")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--old", default="main", help="the older msbridge's git revision")
+    parser.add_argument("--setups", default="old,new,none", help="comma-separated, of old, new, server, none")
+    parser.add_argument("--server", default="sqlite", choices=("sqlite", "postgresql"),
+                        help="the backend store of the server setup's mlflow server")
     parser.add_argument("--out", default="./bench_firstpoint.json")
     args = parser.parse_args(list(argv) or None)
     with open(QUICKSTART, encoding="utf-8") as handle:
         source = handle.read()
     results: List[Dict[str, Any]] = []
     closes: List[Dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="msbridge-firstpoint-") as root:
-        setups = {"old": (source, old_tree(args.old, root)), "new": (source, ""), "none": (unmonitored(source), "")}
+    names = args.setups.split(",")
+    with tempfile.TemporaryDirectory(prefix="msbridge-firstpoint-") as root, contextlib.ExitStack() as stack:
+        uri = stack.enter_context(server(args.server, root)) if "server" in names else ""
+        made = {"old": lambda: (source, old_tree(args.old, root), ""), "new": lambda: (source, "", ""),
+                "server": lambda: (source, "", uri), "none": lambda: (unmonitored(source), "", "")}
+        setups = {name: made[name]() for name in names}
         for repeat in range(args.repeats):
             for count in (int(h) for h in args.hogs.split(",")):
-                for setup, (script, path) in setups.items():
+                for setup, (script, path, at) in setups.items():
                     with hogs(count):
-                        row = trial(setup, os.path.join(root, f"{setup}-{count}-{repeat}"), script, path)
+                        row = trial(setup, os.path.join(root, f"{setup}-{count}-{repeat}"), script, path, at)
                     results.append(dict(row, hogs=count, repeat=repeat))
                     print(json.dumps(results[-1]), flush=True)
-                for setup in ("old", "new"):
+                for setup in [name for name in ("old", "new") if name in setups]:
                     with hogs(count):
                         row = close_trial(setup, os.path.join(root, f"close-{setup}-{count}-{repeat}"),
                                           setups[setup][1])
