@@ -150,7 +150,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
-        self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step, cb)
+        self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step, cb, self)
         self._checkpoints = CheckpointWatch.from_callbacks(param(cb, "list_callback", None), self.run.rank)
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer

@@ -72,9 +72,10 @@ class Internals:
         self.parts: Optional[SeparateLoss] = None
 
     def start(self, train_network: Any, optimizer: Any, ring_cell: Any, first_step: int = 0,
-              cb: Any = None) -> "Internals":
+              cb: Any = None, monitor: Any = None) -> "Internals":
         """Select the parameters, say once what cannot be recorded, start the sampler (``cb``: MindSpore's
-        callback params, whose ``list_callback`` says who else reads mindformers' separate losses)."""
+        callback params, whose ``list_callback`` says who else reads mindformers' separate losses, and before or
+        after ``monitor``, the BridgeMonitor starting)."""
         import mindspore as ms
 
         if self.selector is not None:
@@ -85,7 +86,7 @@ class Internals:
             self.sampler = NpuSampler.start(self.system_interval_s, self.device_id)
         if self.histograms is not None:
             self.histograms.start(train_network, optimizer, ring_cell, first_step)
-        self.parts = SeparateLoss.find(param(cb, "list_callback", None), train_network, first_step)
+        self.parts = SeparateLoss.find(param(cb, "list_callback", None), train_network, first_step, monitor)
         return self
 
     def _bind_norms(self, train_network: Any, optimizer: Any, ring_cell: Any) -> None:

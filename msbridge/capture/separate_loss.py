@@ -72,7 +72,8 @@ class SeparateLoss:
         self.names = [name for name in PARTS if name in register.keys()]
 
     @classmethod
-    def find(cls, callbacks: Optional[Sequence[Any]], network: Any, first_step: int = 0) -> Optional["SeparateLoss"]:
+    def find(cls, callbacks: Optional[Sequence[Any]], network: Any, first_step: int = 0,
+             monitor: Any = None) -> Optional["SeparateLoss"]:
         """The reader of this training, None when no mindformers cell registered the parts (or they would be
         zeroed before msbridge reads them: said once)."""
         module = sys.modules.get(REGISTER_MODULE)  # only a mindformers train cell imports it
@@ -81,7 +82,7 @@ class SeparateLoss:
             return None
         callbacks = list(callbacks or ())
         reader = next((i for i, c in enumerate(callbacks) if _reads_parts(c)), None)
-        if reader is not None and reader < _own_index(callbacks):
+        if reader is not None and reader < _own_index(callbacks, monitor):
             log.warning("msbridge: MFLossMonitor reads and zeroes mindformers' separate losses (lm_loss, "
                         "aux_loss, mtp_loss) at every step end, before this monitor runs; list MSBridgeMonitor "
                         "before MFLossMonitor in callbacks: to record train/lm_loss, train/aux_loss, train/mtp_loss")
@@ -120,7 +121,6 @@ def _reads_parts(callback: Any) -> bool:
     return type(callback).__name__ == "MFLossMonitor" and bool(getattr(callback, "print_separate_loss", False))
 
 
-def _own_index(callbacks: Sequence[Any]) -> int:
-    from ..callback import BridgeMonitor
-
-    return next((i for i, c in enumerate(callbacks) if isinstance(c, BridgeMonitor)), len(callbacks))
+def _own_index(callbacks: Sequence[Any], monitor: Any) -> int:
+    """Where ``monitor`` (the BridgeMonitor asking) is among the callbacks; after them all when it is not."""
+    return next((i for i, c in enumerate(callbacks) if c is monitor), len(callbacks))
