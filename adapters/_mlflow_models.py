@@ -55,7 +55,7 @@ class CheckpointModels:
 
     def __init__(self, upload: bool = False) -> None:
         self.upload = upload
-        self._steps: "collections.OrderedDict[int, Dict[str, Point]]" = collections.OrderedDict()
+        self._steps: "collections.OrderedDict[int, List[Record]]" = collections.OrderedDict()  # kept as they came
         self._evals: Deque[Tuple[int, Dict[str, Point]]] = collections.deque(maxlen=64)  # (step, its eval/* values)
         self._anomalies: Deque[Tuple[int, str]] = collections.deque(maxlen=64)
         self._unlinked: List[Event] = []  # checkpoints until a later step is seen: an eval of their step may follow
@@ -66,8 +66,7 @@ class CheckpointModels:
         """Keep each record's values by step and queue each checkpoint event."""
         for rec in records:
             self._last_step = max(self._last_step, rec.step)
-            step = self._steps.setdefault(rec.step, {})
-            step.update((name, (value, rec.time, rec.step)) for name, value in rec.values.items())
+            self._steps.setdefault(rec.step, []).append(rec)
             evals = {n: (v, rec.time, rec.step) for n, v in rec.values.items() if n.startswith(EVAL_PREFIX)}
             if evals:
                 self._evals.append((rec.step, evals))
@@ -90,7 +89,8 @@ class CheckpointModels:
         while self._unlinked and (final or self._unlinked[0].step < self._last_step):
             event = self._unlinked.pop(0)
             step = int(event.detail.get("healthy_step", event.step))
-            at_step = dict(self._steps.get(step, {}))
+            at_step = {name: (value, rec.time, rec.step) for rec in self._steps.get(step, ())
+                       for name, value in rec.values.items()}
             latest = [values for at, values in self._evals if at <= step][-1:]
             self._waiting.append((event, {**(latest[0] if latest else {}), **at_step}, self._health(step, at_step)))
 

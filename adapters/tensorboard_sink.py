@@ -207,14 +207,17 @@ class TensorBoardSink(WaitsForSpace, Sink):
         """What this rank's event files (and the run dir's, on the global rank) already hold: each directory's
         steps (a replay writes exactly the others: the holes a failed write left, and the tail), the events,
         the last status."""
+        self._held = {}
         for folder in [self._local_dir(run)] + ([self.run_dir(run)] if run.is_global else []):
             paths = sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*")))
-            steps = self._held[folder] = set()
+            steps = set()
             for step, tag, scalar, text in held_values(paths):
                 if scalar and not tag.startswith("hparams/"):
                     steps.add(step)
                 else:
                     self._held_event(tag, step, text)
+            if steps:  # a new run holds none: its writes skip the per-record check (emit)
+                self._held[folder] = steps
 
     def held(self) -> Held:
         return Held(super().held().last_step, frozenset(self._held_events))
@@ -266,7 +269,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
             step_values: Dict[EventFile, Dict[str, float]] = {}  # one event per directory and step
             for name, value in rec.values.items():
                 tag, target = self._routes.get(name) or self._route(name, renamed)
-                if rec.step in self._held.get(target.path, ()):
+                if self._held and rec.step in self._held.get(target.path, ()):
                     continue
                 values = step_values.get(target)
                 if values is None:

@@ -40,7 +40,7 @@ import os
 import shutil
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -187,8 +187,8 @@ class Health:
                 healthy = False
             if view.overflow and self._skips_overflow:
                 self.skipped_steps += 1
-            rec = replace(rec, values={**rec.values, NAN_STEPS: float(self.nan_steps),
-                                       SKIPPED_STEPS: float(self.skipped_steps)})
+            rec = Record(rec.step, rec.rank, rec.time, {**rec.values, NAN_STEPS: float(self.nan_steps),
+                                                        SKIPPED_STEPS: float(self.skipped_steps)})
             out.append(rec)
             self._recent.append(rec)
             if self.stop is not None:

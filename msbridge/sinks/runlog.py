@@ -45,8 +45,11 @@ def rank_file(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, "metrics", f"rank_{rank}.jsonl")
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, default=str, separators=(",", ":"))  # one, not one a line
+
+
 def _line(obj: Dict[str, Any]) -> str:
-    return json.dumps(obj, allow_nan=False, default=str, separators=(",", ":")) + "\n"
+    return _ENCODER.encode(obj) + "\n"
 
 
 def encode_header(run: RunInfo) -> str:
@@ -60,9 +63,15 @@ def encode_header(run: RunInfo) -> str:
 
 def encode_record(rec: Record) -> str:
     """One metrics line: non-finite values as ``null``, their names under ``"nonfinite"``."""
-    line: Dict[str, Any] = {"type": "metrics", "step": rec.step, "rank": rec.rank, "time": rec.time,
-                            "values": {k: (float(v) if math.isfinite(v) else None) for k, v in rec.values.items()}}
-    bad = rec.nonfinite()
+    values: Dict[str, Optional[float]] = {}
+    bad = []
+    for name, value in rec.values.items():
+        if math.isfinite(value):
+            values[name] = float(value)
+        else:
+            values[name] = None
+            bad.append(name)
+    line: Dict[str, Any] = {"type": "metrics", "step": rec.step, "rank": rec.rank, "time": rec.time, "values": values}
     if bad:
         line["nonfinite"] = bad
     return _line(line)
