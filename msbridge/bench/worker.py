@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from mindspore.train import Callback
 
 from ..errors import exception_text
-from .probes import mlflow_child_rss_mb, process_cpu_s, rss_mb, thread_cpu_s
+from .probes import live_children_cpu_s, mlflow_child_rss_mb, process_cpu_s, rss_mb, threads_cpu_s
 from .suite import DEFAULT_HIDDEN, SETUPS
 
 MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
@@ -42,7 +42,7 @@ class _Timer(Callback):
         self.times: List[Tuple[int, float]] = []
         self.cpu_at = cpu_at  # steady state: from the end of warm-up to the last step
         self.cpu: List[float] = []
-        self.sink_thread_cpu: List[Any] = []
+        self.beside: List[Tuple[Any, float]] = []  # (msbridge's own threads, child processes): CPU s at cpu_at
         self.stall_at, self.stall_s, self.settle_s = stall_at, stall_s, settle_s
         self.idle_cpu_per_s = None
         self.children_rss_mb = None
@@ -59,7 +59,7 @@ class _Timer(Callback):
             self.cpu_first_step = process_cpu_s()
         if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
             self.cpu.append(process_cpu_s())
-            self.sink_thread_cpu.append(thread_cpu_s("msbridge-jsonl"))  # jsonl's host thread: it writes, then hands each batch on
+            self.beside.append((threads_cpu_s("msbridge-"), live_children_cpu_s()))  # sinks, watchdog; MLflow's child
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
         if step >= self.cpu_at[1]:
@@ -324,8 +324,9 @@ def _summarise(setup: str, timer: _Timer, callbacks: List[Any], wall: float, cpu
     warm = warmup_steps(len(marks))
     measured = marks[-1] - marks[warm - 1] - timer.stalled_s
     steady_cpu = timer.cpu[-1] - timer.cpu[0] if len(timer.cpu) == 2 else None
-    sink_cpu = timer.sink_thread_cpu
-    sink_cpu = sink_cpu[1] - sink_cpu[0] if len(sink_cpu) == 2 and None not in sink_cpu else None
+    steady = len(marks) - warm
+    beside = timer.beside if len(timer.beside) == 2 else [(None, 0.0), (None, 0.0)]
+    threads = None if None in (beside[0][0], beside[1][0]) else (beside[1][0] - beside[0][0]) / steady * 1e6
     out: Dict[str, Any] = {
         "setup": setup, "steps": int(timer.times[-1][0]) if timer.times else 0,
         "steps_per_s": (len(marks) - warm) / measured if measured > 0 else None,
@@ -334,7 +335,8 @@ def _summarise(setup: str, timer: _Timer, callbacks: List[Any], wall: float, cpu
         "late_steps_per_s": float((len(marks) - len(marks) // 2 - 3) / (marks[-1] - marks[len(marks) // 2 + 2])),
         "wall_s": wall, "cpu_s": cpu,
         "cpu_ms_per_step": None if steady_cpu is None else steady_cpu / (len(marks) - warm) * 1e3,
-        "sink_thread_ms_per_step": None if sink_cpu is None else sink_cpu / (len(marks) - warm) * 1e3,
+        # msbridge's CPU off the training thread, per steady-state step: its threads, and child processes
+        "threads_us_per_step": threads, "children_us_per_step": (beside[1][1] - beside[0][1]) / steady * 1e6,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "idle_cpu_per_s": timer.idle_cpu_per_s, "children_rss_mb": timer.children_rss_mb,
         "rss_samples": timer.rss,

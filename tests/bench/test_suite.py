@@ -26,23 +26,32 @@ def _result(repeat, steps_per_s, **extra):
 
 def test_bench_ratios_pair_each_repeat_with_the_baseline_of_the_same_repeat():
     runs = {"a": [_result(0, 100.0), _result(1, 50.0), _result(2, 60.0)],
-            "e": [_result(1, 49.5, monitor_us_median=12.0, monitor_us_mean=30.0),
-                  _result(0, 99.0, monitor_us_median=14.0, monitor_us_mean=35.0),
-                  _result(2, 50.0, monitor_us_median=13.0, monitor_us_mean=32.0)],
+            "e": [_result(1, 49.5, monitor_us_median=12.0, monitor_us_mean=30.0, threads_us_per_step=90.0,
+                          children_us_per_step=70.0),
+                  _result(0, 99.0, monitor_us_median=14.0, monitor_us_mean=35.0, threads_us_per_step=100.0,
+                          children_us_per_step=50.0),
+                  _result(2, 50.0, monitor_us_median=13.0, monitor_us_mean=32.0, threads_us_per_step=110.0,
+                          children_us_per_step=60.0)],
             "d": [{"setup": "d", "error": "ValueError: could not convert string to float: '[0.00015]'"}]}
     rows = {s: summarise(s, runs) for s in runs}
     assert rows["e"]["ratio"] == pytest.approx(0.99), "the median of per-repeat ratios (0.99, 0.99, 0.833)"
     assert rows["e"]["ratio_min"] == pytest.approx(50 / 60)
     assert rows["e"]["monitor_us_median"] == 13.0
+    # (32 + 100 + 60) us of CPU a step, of the median step (20 ms: 50 steps/s)
+    assert rows["e"]["cpu_share"] == pytest.approx(192e-6 / 20e-3)
     report = {"steps": 300, "repeats": 3, "seed": 7, "python": "3.11", "machine": "x86_64, 2 CPU",
               "load_avg_1min": [1.0, 2.0], "minutes": 3.0, "rows": list(rows.values())}
     report["targets"] = check_targets(report)
     assert report["targets"]["ratio_e"]["met"] is True
     assert report["targets"]["monitor_us_median"]["met"] is True
     assert report["targets"]["idle_cpu_above_a"]["met"] is True
+    assert report["targets"]["cpu_share_e"]["met"] is True
     table = markdown(report)
     assert "| (d) |" in table and "n/a: ValueError" in table
     assert "| (e) | msbridge, all sinks, every step | " in table and "0.990 (0.833-0.990)" in table
+    assert "| 100 + 60 | 0.96% |" in table
+    rows["e"]["cpu_share"] = 0.012
+    assert check_targets(report)["cpu_share_e"]["met"] is False
 
 
 @pytest.mark.slow
@@ -54,6 +63,9 @@ def test_bench_runs_setups_in_fresh_processes_and_writes_the_table(tmp_path):
     assert set(rows) == {"a", "f"} and all("error" not in r for r in rows.values())
     assert rows["f"]["steps_recorded"] == 40 and rows["f"]["ratio"] > 0
     assert rows["f"]["idle_cpu_per_s"] is not None and rows["f"]["monitor_us_median"] > 0
+    # msbridge's threads are found in (f) (40 steps: no flush between the marks, so they may be idle), not in (a)
+    assert rows["f"]["threads_us_per_step"] is not None and rows["a"]["threads_us_per_step"] is None
+    assert 0 < rows["f"]["cpu_share"] < 1
     assert "| (f) | msbridge, jsonl only |" in (tmp_path / "out" / "bench.md").read_text()
     assert not (tmp_path / "out" / "work" / "f-r0").exists(), "run outputs are removed unless --keep"
 
