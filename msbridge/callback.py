@@ -115,7 +115,7 @@ class BridgeMonitor(EvalHooks, Callback):
     def on_train_begin(self, run_context: Any) -> None:
         if self.plan is None:
             return
-        self._signals.install()  # from here a SIGTERM or SIGINT ends the run KILLED, with its outcome written
+        self._signals.install()  # from here a SIGTERM, SIGHUP or SIGINT ends the run KILLED, with its outcome written
         try:
             with self._signals.critical():  # one landing while the sinks open is raised once they are open
                 self._begin(run_context)
@@ -244,7 +244,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self._signals.redeliver(late.signum)
             raise
         if isinstance(exc, TrainingInterrupted):
-            self._signals.redeliver(exc.signum)  # SIGTERM's default: the process ends as killed by it
+            self._signals.redeliver(exc.signum)  # the default: the process ends as killed by it
 
     def _record_interrupted_step(self) -> None:
         """Training raised after a step ran but before this callback saw its end (an earlier callback,
@@ -316,7 +316,7 @@ class BridgeMonitor(EvalHooks, Callback):
 
     def close(self, status: str = FINISHED, event: Optional[Event] = None) -> None:
         """Final flush, then drain and close every sink with ``status``, then the outcome into run.json and
-        README. A SIGTERM or SIGINT arriving meanwhile is held until all of that is done, then raised."""
+        README. A SIGTERM, SIGHUP or SIGINT arriving meanwhile is held until all of that is done, then raised."""
         if self.dispatcher is None:
             self._signals.restore()
             return

@@ -10,7 +10,7 @@
     ``msbridge replay RUN_DIR --to SINK`` fills it from the jsonl log
 4   FAILED: a health action stopped training, training raised, or the
     ranks' collective timed out
-5   KILLED: SIGTERM or SIGINT (the process normally ends by the signal
+5   KILLED: SIGTERM, SIGHUP or SIGINT (the process normally ends by the signal
     itself; the code is for a script that catches it)
 ==  =====================================================================
 

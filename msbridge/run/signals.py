@@ -1,8 +1,9 @@
-"""Ending badly on purpose: SIGTERM or SIGINT during training becomes a clean KILLED close, then the default.
+"""Ending badly on purpose: SIGTERM, SIGHUP or SIGINT during training becomes a clean KILLED close, then the default.
 
 Schedulers (Slurm, Kubernetes, ModelArts) stop a job with SIGTERM and, after a
-grace period, SIGKILL; a person stops it with Ctrl-C (SIGINT). Python's default
-for SIGTERM kills the process at once, so without a handler the window not yet
+grace period, SIGKILL; a person stops it with Ctrl-C (SIGINT); a closed terminal
+or ssh session sends SIGHUP. Python's default for SIGTERM and SIGHUP kills the
+process at once, so without a handler the window not yet
 flushed, the README outcome and the sinks' final status would be lost.
 
 ``SignalGuard`` is installed at train begin (main thread only) and removed when
@@ -13,13 +14,14 @@ the monitor has closed, so it also covers the close itself:
   for SIGTERM, Python's own ``KeyboardInterrupt`` for SIGINT. It unwinds
   ``Model.train`` into ``BridgeMonitor.__exit__``: a final flush, every sink
   closed KILLED, README and run.json updated. ``redeliver`` then restores the
-  default and sends SIGTERM again, so the process ends the way its scheduler
-  expects (killed by SIGTERM, exit status -15 / 143); an uncaught
+  default and sends the signal again, so the process ends the way its scheduler
+  expects (killed by SIGTERM, exit status -15 / 143; by SIGHUP, -1 / 129); an uncaught
   ``KeyboardInterrupt`` ends it by SIGINT, as Python does (-2 / 130);
 - a Python handler before it (MindSpore's ``OnRequestExit``, the user's own): it
   is called and left in charge of ending training; the monitor only records
   that the run was interrupted and closes KILLED when training ends;
-- ``SIG_IGN`` before it: the user chose to ignore the signal; nothing is installed.
+- ``SIG_IGN`` before it: the user chose to ignore the signal (``nohup`` does, for SIGHUP);
+  nothing is installed.
 
 A signal that lands while the monitor is inside its own hook or its close
 (``critical``) is held until that work is consistent (the close: every sink
@@ -52,9 +54,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence
 
 log = logging.getLogger("msbridge")
 
+#: What ends a run KILLED: a scheduler's stop, a closed terminal or ssh session, Ctrl-C.
+GUARDED = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name))
+
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Raised in the main thread when SIGTERM arrives; ``signum`` says which signal.
+    """Raised in the main thread when SIGTERM or SIGHUP arrives; ``signum`` says which signal.
 
     Example:
         >>> TrainingInterrupted(signal.SIGTERM).signum == signal.SIGTERM
@@ -67,7 +72,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 class SignalGuard:
-    """Turns SIGTERM and SIGINT into ``TrainingInterrupted`` for the duration of training.
+    """Turns SIGTERM, SIGHUP and SIGINT into ``TrainingInterrupted`` for the duration of training.
 
     Args:
         signals: the signals to guard.
@@ -79,7 +84,7 @@ class SignalGuard:
         >>> guard.restore()
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    def __init__(self, signals: Sequence[int] = GUARDED) -> None:
         self.signals = tuple(signals)
         self.received: Optional[int] = None
         self._previous: Dict[int, Any] = {}
@@ -93,7 +98,7 @@ class SignalGuard:
         if self._installed:
             return True
         if threading.current_thread() is not threading.main_thread():
-            log.info("msbridge: training runs outside the main thread; SIGTERM and SIGINT keep their handlers")
+            log.info("msbridge: training runs outside the main thread; SIGTERM, SIGHUP and SIGINT keep their handlers")
             return False
         for sig in self.signals:
             previous = signal.getsignal(sig)

@@ -1,7 +1,8 @@
 """A real MindSpore training job for the fault tests, run as a script: it prints each step as it ends.
 
-Usage: ``python signal_job.py OUT_DIR STEPS [slow-close]``. ``slow-close`` adds a sink
-whose close prints ``closing`` and then takes 3 s: a window to signal the close itself.
+Usage: ``python signal_job.py OUT_DIR STEPS [slow-close] [mlflow]``. ``slow-close`` adds a sink
+whose close prints ``closing`` and then takes 3 s: a window to signal the close itself. ``mlflow``
+adds the MLflow sink, its sqlite store at ``OUT_DIR/mlflow.db``.
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ class SlowClose(Sink):
 
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
-    extra = [SlowClose()] if sys.argv[3:] == ["slow-close"] else []
-    monitor = BridgeMonitor({"output_dir": out, "flush_steps": 25, "sinks": ["jsonl"]}, sinks=extra, progress=False)
+    extra = [SlowClose()] if "slow-close" in sys.argv[3:] else []
+    sinks = {"jsonl": {}}
+    if "mlflow" in sys.argv[3:]:
+        sinks["mlflow"] = {"tracking_uri": "sqlite:///" + os.path.join(os.path.abspath(out), "mlflow.db")}
+    monitor = BridgeMonitor({"output_dir": out, "flush_steps": 25, "sinks": sinks}, sinks=extra, progress=False)
     train_regression([monitor, Tick()], steps=steps)
     print("training returned", flush=True)
 

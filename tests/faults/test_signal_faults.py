@@ -1,4 +1,4 @@
-"""Real SIGTERM and SIGINT sent to a real MindSpore training process, mid-training and during the close.
+"""Real SIGTERM, SIGHUP and SIGINT sent to a real MindSpore training process, mid-training and during the close.
 
 Every run must end with its outcome in run.json and README.md, every step recorded
 before the signal kept, and the signal named: mid-training as an ``interrupt`` event
@@ -24,7 +24,7 @@ import pytest
 from msbridge.sinks.runlog import read_run
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signal_job.py")
-EXIT_BY = {"SIGTERM": -signal.SIGTERM, "SIGINT": -signal.SIGINT}
+EXIT_BY = {"SIGTERM": -signal.SIGTERM, "SIGINT": -signal.SIGINT, "SIGHUP": -signal.SIGHUP}
 
 pytestmark = pytest.mark.slow
 
@@ -39,11 +39,12 @@ class Ended:
     after_signal_s: float
 
 
-def signalled_job(tmp_path, sig: int, at_step: int = 0, slow_close: bool = False, steps: int = 3000) -> Ended:
+def signalled_job(tmp_path, sig: int, at_step: int = 0, slow_close: bool = False, steps: int = 3000,
+                  mlflow: bool = False) -> Ended:
     """Run ``signal_job.py``; send ``sig`` once it printed ``at_step`` (or, with ``slow_close``, once its
     slow sink started closing); wait (bounded) for it to end."""
     out = str(tmp_path / "run")
-    args = [sys.executable, JOB, out, str(steps)] + (["slow-close"] if slow_close else [])
+    args = [sys.executable, JOB, out, str(steps)] + ["slow-close"] * slow_close + ["mlflow"] * mlflow
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env=dict(os.environ, GLOG_v="3", PYTHONUNBUFFERED="1"))
     seen, sent = 0, None
@@ -75,7 +76,8 @@ def assert_nothing_left_behind(out: str) -> None:
 
 
 @pytest.mark.parametrize("sig,at_step", [(signal.SIGTERM, 5), (signal.SIGTERM, 40), (signal.SIGTERM, 77),
-                                         (signal.SIGINT, 12), (signal.SIGINT, 63)])
+                                         (signal.SIGINT, 12), (signal.SIGINT, 63),
+                                         (signal.SIGHUP, 9), (signal.SIGHUP, 55)])
 def test_signal_mid_training_closes_killed_with_the_interrupt_event(tmp_path, sig, at_step):
     ended = signalled_job(tmp_path, sig, at_step)
     log = read_run(ended.out).ranks[0]
@@ -83,7 +85,8 @@ def test_signal_mid_training_closes_killed_with_the_interrupt_event(tmp_path, si
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] >= ended.seen, "every step before it is kept"
     [interrupt] = [e for e in log.events if e.kind == "interrupt"]
     name = interrupt.detail["signal"]
-    assert name in ("SIGTERM", "SIGINT") and (name == "SIGTERM" or sig == signal.SIGINT)
+    sent = signal.Signals(sig).name
+    assert name == sent or (name, sent) == ("SIGTERM", "SIGINT"), "MindSpore turns SIGINT into SIGTERM only"
     assert ended.code == EXIT_BY[name], "the process ends by the signal it was given"
     assert interrupt.step == steps[-1] and "training returned" not in ended.stdout
     result = outcome(ended.out)
@@ -94,7 +97,7 @@ def test_signal_mid_training_closes_killed_with_the_interrupt_event(tmp_path, si
     assert ended.after_signal_s < 60
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_during_the_close_is_held_until_the_outcome_is_written(tmp_path, sig):
     ended = signalled_job(tmp_path, sig, slow_close=True, steps=60)
     name = signal.Signals(sig).name
@@ -107,3 +110,19 @@ def test_signal_during_the_close_is_held_until_the_outcome_is_written(tmp_path, 
     assert "- status: FINISHED" in readme and f"- interrupted: {name} while the sinks" in readme
     assert ended.code == EXIT_BY[name] and ended.after_signal_s >= 2.0, "it waited for the slow sink, then ended"
     assert_nothing_left_behind(ended.out)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_closed_terminal_closes_the_mlflow_run_killed_with_every_step(tmp_path, sig):
+    """SIGHUP (an ssh session or terminal closed) as SIGTERM: the MLflow run is KILLED, not left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    ended = signalled_job(tmp_path, sig, at_step=30, mlflow=True)
+    steps = [r.step for r in read_run(ended.out).ranks[0].records]
+    assert ended.code == -sig and steps == list(range(1, len(steps) + 1)) and steps[-1] >= ended.seen >= 30
+    assert outcome(ended.out)["status"] == "KILLED"
+    client = MlflowClient("sqlite:///" + os.path.join(ended.out, "mlflow.db"))
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == steps, "MLflow holds every step the jsonl holds"
