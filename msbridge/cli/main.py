@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional
 
 from ..errors import MsbridgeError
+from ..names import DEFAULT_OBJECTIVES
 from ..sinks.base import WAL_NAME
 from ..sinks.registry import names as sink_names
 from .alert_cmd import add_alert_commands, cmd_replay_alerts
@@ -108,15 +109,44 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """``msbridge compare EXPERIMENT``: the experiment's runs side by side, best first on the objective."""
-    from ..offline.compare import compare, default_tracking_uri, format_table
+    """``msbridge compare EXPERIMENT``: the experiment's runs side by side, best first on the objective.
 
-    uri = args.tracking_uri or default_tracking_uri(args.experiment, args.root)
-    if not args.tracking_uri and not os.path.exists(uri[len("sqlite:///"):]):
+    ``EXPERIMENT`` is what ``msbridge view`` takes (an experiment dir or a run dir) or an experiment name.
+    """
+    from ..offline.compare import compare, format_table
+
+    experiment, uri = compare_source(args.experiment, args.root, args.tracking_uri)
+    print(format_table(compare(experiment, uri, args.objective, args.mode), args.format))
+    return 0
+
+
+def compare_source(given: str, root: str, tracking_uri: Optional[str] = None) -> "tuple[str, str]":
+    """``(experiment name, tracking URI)`` for ``msbridge compare GIVEN``.
+
+    A directory is read as ``msbridge view`` reads it: a run dir, or an experiment dir (its ``mlflow.db``,
+    else the store of its newest run). Any other ``GIVEN`` is an experiment name in the default store under
+    ``root``. ``tracking_uri``, when given, is the store in both cases.
+    """
+    from ..offline.compare import default_tracking_uri
+    from .view import find_target
+
+    if not os.path.isdir(given):
+        uri = tracking_uri or default_tracking_uri(given, root)
+        experiment = given
+    else:
+        target = find_target(given)
+        stores = dict(target.stores)
+        if target.run_id is None and target.run_dir:  # an experiment dir: its own store, else its newest run's
+            stores = {**find_target(target.run_dir).stores, **stores}
+        experiment = target.experiment or os.path.basename(target.path)
+        uri = tracking_uri or stores.get("mlflow")
+        if uri is None:
+            raise MsbridgeError(f"{target.path} has no MLflow store (no mlflow sink, no mlflow.db); "
+                                "pass --tracking-uri")
+    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
         raise MsbridgeError(f"no MLflow store at {uri[len('sqlite:///'):]}; "
                             "train with the mlflow sink first, or pass --tracking-uri")
-    print(format_table(compare(args.experiment, uri, args.objective, args.mode), args.format))
-    return 0
+    return experiment, uri
 
 
 def run_bench_program(argv: List[str]) -> int:
@@ -167,12 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_replay)
 
     cmp_ = sub.add_parser("compare", help="a sweep's runs side by side, from MLflow")
-    cmp_.add_argument("experiment", help="the experiment name the runs were logged under")
-    cmp_.add_argument("--tracking-uri", help="default: sqlite:///<root>/<experiment>/mlflow.db, the default store")
+    cmp_.add_argument("experiment", metavar="EXPERIMENT",
+                      help="an experiment dir or a run dir (what msbridge view takes), or the experiment name the "
+                           "runs were logged under")
+    cmp_.add_argument("--tracking-uri", help="default: a dir's own store (its mlflow.db, else its newest run's); "
+                                             "for a name, sqlite:///<root>/<name>/mlflow.db, the default store")
     cmp_.add_argument("--root", default=DEFAULT_OUT,
                       help=f"the directory holding the experiment dir of the default store (default {DEFAULT_OUT})")
     cmp_.add_argument("--objective", metavar="METRIC",
-                      help="rank on this metric (default: the runs' own objective, else eval/loss, else train/loss)")
+                      help="rank on this metric (default: the runs' own objective, else the first of "
+                           f"{', '.join(DEFAULT_OBJECTIVES)} every run recorded)")
     cmp_.add_argument("--mode", choices=["min", "max"], help="lower or higher is better (default: the runs' own, min)")
     cmp_.add_argument("--format", choices=["text", "csv", "json"], default="text",
                       help="text for people, csv or json for scripts")

@@ -27,7 +27,7 @@ from ..adapters._mlflow_sweep import PARENT_TAG
 from ..adapters._mlflow_view import OBJECTIVE_TAG, differing_params
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
-from ..names import MFU, SAMPLES_PER_S, TOKENS_PER_S, TOKENS_SEEN, objective_metric
+from ..names import DEFAULT_OBJECTIVES, MFU, SAMPLES_PER_S, TOKENS_PER_S, TOKENS_SEEN, objective_metric
 from ..paths import DEFAULT_EXPERIMENT_DIR, render_experiment_dir
 from ..sinks.registry import sink_class
 
@@ -81,7 +81,7 @@ def _objective(runs: Sequence[Any], metric: Optional[str], mode: Optional[str]) 
     tagged = next((r.data.tags[OBJECTIVE_TAG] for r in runs if OBJECTIVE_TAG in r.data.tags), "")
     tag_metric, _, tag_mode = tagged.partition(" (")
     common = set.intersection(*(set(r.data.metrics) for r in runs)) if runs else set()
-    chosen = metric or tag_metric or objective_metric(None, common) or "train/loss"
+    chosen = metric or tag_metric or objective_metric(None, common) or DEFAULT_OBJECTIVES[-1]
     return chosen, mode or tag_mode.rstrip(")") or "min"
 
 

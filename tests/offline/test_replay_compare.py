@@ -166,3 +166,28 @@ def test_replay_of_a_run_that_never_ended_marks_it_killed(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("offline").experiment_id])
     assert run.info.status == "KILLED"
     assert len(client.get_metric_history(run.info.run_id, "train/loss")) == STEPS
+
+
+@pytest.mark.slow
+def test_compare_takes_what_view_takes(tmp_path, capsys, monkeypatch):
+    """``compare NAME``, ``compare EXPERIMENT_DIR`` (what ``view`` takes) and ``compare RUN_DIR`` print one table."""
+    out = tmp_path / "runs"
+    run_sweep(str(out), steps=5, learning_rates=(0.003, 0.03))
+    tables = []
+    monkeypatch.chdir(tmp_path)
+    run_dir = next(p for p in (out / EXPERIMENT).iterdir() if (p / "run.json").is_file())
+    for given in ([EXPERIMENT, "--root", "runs"], ["runs/" + EXPERIMENT], [str(out / EXPERIMENT)], [str(run_dir)]):
+        assert main(["compare", *given]) == 0, given
+        tables.append(capsys.readouterr().out)
+    assert len(tables[0].splitlines()) == 4 and "optimizer.learning_rate" in tables[0]  # header, rule, two runs
+    assert tables[1:] == [tables[0]] * 3
+
+
+def test_compare_of_a_directory_without_a_store_says_so(tmp_path, capsys):
+    run = tmp_path / "exp" / "run-1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_name": "run-1", "run_id": "r1",
+                                              "config": {"experiment": "exp", "sinks": {"jsonl": {}}}}))
+    assert main(["compare", str(tmp_path / "exp")]) == 2
+    err = capsys.readouterr().err
+    assert "has no MLflow store" in err and "--tracking-uri" in err and "Traceback" not in err
