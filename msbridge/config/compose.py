@@ -31,6 +31,8 @@ from .settings import plain
 from .yaml_lines import Origin, Path, Tree, format_path, read_yaml, yaml_value
 
 BASE_KEYS = ("base_config", "base")
+#: Base files one chain may nest (mindformers' own go 2-3 deep); past it the chain is refused, named.
+MAX_BASE_DEPTH = 50
 
 
 def deep_merge(base: Mapping[Any, Any], over: Mapping[Any, Any]) -> Dict[Any, Any]:
@@ -116,7 +118,12 @@ class _Composer:
         shown = _display(path)
         if real in chain:
             names = [_display(p) for p in chain[chain.index(real):]] + [shown]
-            self.problems.append(f"{included_at or shown}: base files include each other: {' -> '.join(names)}")
+            self.problems.append(f"{included_at or shown}: base files include each other: {_chain_text(names)}")
+            return Tree()
+        if len(chain) >= MAX_BASE_DEPTH:
+            names = [_display(p) for p in chain] + [shown]
+            self.problems.append(f"{included_at or shown}: base files nest deeper than {MAX_BASE_DEPTH} levels: "
+                                 f"{_chain_text(names)}; refused")
             return Tree()
         docs, problems = read_yaml(path, shown)
         self.problems.extend(problems)
@@ -151,6 +158,18 @@ def _find_base(name: str, where_dir: str) -> Optional[str]:
         if parent == directory:
             return None
         directory = parent
+
+
+def _chain_text(names: List[str], ends: int = 4) -> str:
+    """``a -> b -> c``; a long chain as its first and last ``ends`` files around how many were left out.
+
+    Example:
+        >>> _chain_text([f"{i}.yaml" for i in range(10)], 2)
+        '0.yaml -> 1.yaml -> ... (6 more) -> 8.yaml -> 9.yaml'
+    """
+    if len(names) <= 2 * ends + 1:
+        return " -> ".join(names)
+    return " -> ".join(names[:ends] + [f"... ({len(names) - 2 * ends} more)"] + names[-ends:])
 
 
 def _display(path: str) -> str:

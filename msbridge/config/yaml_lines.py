@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from ..limits import MAX_INT_DIGITS, huge_int_problem, int_digits, is_huge_int
+from ..masking import is_secret_key
 
 Path = Tuple[Any, ...]
 
@@ -229,8 +230,10 @@ class _Walker:
             self.loader.recursive_objects.pop(node, None)
             reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             tag = node.tag.replace("tag:yaml.org,2002:", "!!")
-            self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: {node.value!r} is not a valid "
-                                 f"{tag}: {reason}")
+            said = f"{node.value!r} is not a valid {tag}: {reason}"
+            if any(is_secret_key(k) for k in path):  # a secret's value, and the reason quoting it, stay unprinted
+                said = f"the value (not shown) is not a valid {tag}"
+            self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: {said}")
             return _INVALID
 
     def key(self, node: yaml.Node, path: Path) -> Any:
@@ -328,6 +331,19 @@ def check_size(node: yaml.Node) -> None:
     measure(node, 0)
 
 
+def _shape(data: Any) -> str:
+    """What a value is, never what it holds: a refused file's content (a token file, /etc/passwd) stays unprinted.
+
+    Example:
+        >>> _shape("root:x:0:0"), _shape([1, 2])
+        ('a str of 10 characters', 'a list of 2 items')
+    """
+    if isinstance(data, (str, bytes, list, tuple)):
+        unit = "character" if isinstance(data, (str, bytes)) else "item"
+        return f"a {type(data).__name__} of {len(data)} {unit}{'' if len(data) == 1 else 's'}"
+    return f"a {type(data).__name__}"
+
+
 def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
     """Every ``---`` document of ``text`` as a Tree, plus the problems found.
 
@@ -349,7 +365,7 @@ def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
                 data = {}
             if not isinstance(data, dict):
                 problems.append(f"{walker.where(node)}: the top level must be a mapping of keys, "
-                                f"got {type(data).__name__} {data!r}")
+                                f"got {_shape(data)} (not shown: is this the right file?)")
                 continue
             docs.append(Tree(data, walker.origins))
     except yaml.MarkedYAMLError as exc:
