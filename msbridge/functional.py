@@ -20,8 +20,10 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -32,10 +34,12 @@ from .capture.window import Window
 from .config.load import Config
 from .errors import ConfigError
 from .health.detectors.base import CHECKPOINT_AND_STOP
+from .limits import int_digits
 from .names import EVAL_PREFIX, EVAL_SAMPLES, GRAD_NORM, LOSS, LOSS_SCALE, LR, OVERFLOW, STEP_SCALARS
 from .sinks.base import Sink
 
 log = logging.getLogger("msbridge")
+_FLOAT_MAX = sys.float_info.max
 
 # run.step's keywords for the metrics every sink already knows (the callback's output layouts)
 KNOWN = {"loss": LOSS, "grad_norm": GRAD_NORM, "lr": LR, "loss_scale": LOSS_SCALE, "overflow": OVERFLOW}
@@ -93,11 +97,38 @@ class NamedStepBuffer(StepBuffer):
         return out
 
 
-def _check_value(key: str, value: Any) -> None:
-    """A Tensor or a real number (checked on the step's path: a type test, no device read)."""
-    if not (hasattr(value, "asnumpy") or isinstance(value, (int, float, np.number))) or isinstance(value, bool):
-        raise TypeError(f"msbridge: run.step({key}=...) takes a MindSpore Tensor or a number, "
-                        f"not {type(value).__name__}")
+_REAL = (int, float, np.integer, np.floating)
+
+
+@functools.lru_cache(maxsize=1)
+def _complex_dtypes() -> frozenset:
+    from mindspore import dtype as mstype
+
+    return frozenset(getattr(mstype, name) for name in ("complex64", "complex128") if hasattr(mstype, name))
+
+
+def _check_value(key: str, value: Any, call: str = "run.step") -> None:
+    """A real Tensor or a real number a float holds (checked on the step's path: a type test, no device read).
+    Anything a float would change (a complex loses its imaginary part, an int past 1.8e308 overflows at the
+    flush) is refused here, naming its keyword.
+
+    Example:
+        >>> _check_value("loss", np.complex128(1 + 2j))
+        Traceback (most recent call last):
+        ...
+        TypeError: msbridge: run.step(loss=...) takes a MindSpore Tensor or a real number, not complex128: not recorded
+    """
+    if hasattr(value, "asnumpy"):
+        if getattr(value, "dtype", None) in _complex_dtypes():
+            raise TypeError(f"msbridge: {call}({key}=...) takes a real Tensor, not {value.dtype}; record its "
+                            "real part or abs() under names of their own")
+        return
+    if isinstance(value, bool) or not isinstance(value, _REAL) or isinstance(value, np.timedelta64):
+        raise TypeError(f"msbridge: {call}({key}=...) takes a MindSpore Tensor or a real number, not "
+                        f"{type(value).__name__}: not recorded")
+    if isinstance(value, int) and not -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        raise ValueError(f"msbridge: {call}({key}=...) is an integer of about {int_digits(value):_} digits, past "
+                         "the largest float (1.8e308): not recorded")
 
 
 class _Params(dict):
@@ -237,7 +268,7 @@ class TrackedRun:
         ``eval/accuracy`` (numbers, or Tensors read now: an evaluation is not on the step's path). ``samples``:
         how many samples it evaluated (the weight of this rank's values in data parallel)."""
         for key, value in metrics.items():
-            _check_value(key, value)
+            _check_value(key, value, "run.eval")
         values = {f"{EVAL_PREFIX}{k}": float(v.asnumpy()) if hasattr(v, "asnumpy") else float(v)
                   for k, v in metrics.items()}
         if samples:

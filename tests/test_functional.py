@@ -141,7 +141,8 @@ def test_checkpoint_and_stop_without_a_network_is_refused_before_the_run(tmp_pat
 def test_a_value_that_is_no_number_says_which_keyword(tmp_path):
     with msbridge.track(_config(tmp_path), progress=False) as run:
         run.step(loss=1.0)
-        with pytest.raises(TypeError, match=r"run.step\(loss=...\) takes a MindSpore Tensor or a number, not str"):
+        with pytest.raises(TypeError, match=r"run.step\(loss=...\) takes a MindSpore Tensor or a real number, "
+                                            r"not str"):
             run.step(loss="high")
         run.step(loss=2.0)
     assert [v for _, v in read_run(run.run_dir).ranks[0].series(LOSS)] == [1.0, 2.0]
