@@ -12,7 +12,8 @@ directories holds and gets exactly the others (the holes a failed write left, no
 only the tail).
 
 A replay that delivered everything takes the sink off the outcome's "not delivered" list (run.json and
-README.md); one that could not (the tracker still unreachable) is an error, and the list stays.
+README.md), and one into another place than the run's (``--tracking-uri``) names that place there too; one
+that could not (the tracker still unreachable) is an error, and the list stays.
 
 A run that never recorded its outcome (SIGKILL, a crashed rank's peers killed by
 msrun) gets one here, in run.json and README.md: the status the log's end says
@@ -50,7 +51,7 @@ from ..health.detectors.base import STOP_ACTIONS
 from ..health.runner import ACTION, EARLY_STOP, EXCEPTION, INTERRUPT, RESUME
 from ..names import HISTOGRAM, LOSS
 from ..paths import recorded_experiment_dir
-from ..run.metadata import README, RUN_JSON, write_outcome
+from ..run.metadata import README, REPLAYED_FROM, RUN_JSON, write_outcome
 from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo, Sink
 from ..sinks.host import Driver, SinkFailed
 from ..sinks.registry import resolve, with_store_defaults
@@ -197,6 +198,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
     readme = open(readme_path, encoding="utf-8").read() if os.path.exists(readme_path) else ""
     world_size = int(run_log.header.get("world_size", len(run_log.ranks)))
     counts = {"records": 0, "events": 0, "ranks": 0, "truncated": 0, "skipped": 0}
+    where = ""
     for rank, rank_log in run_log.ranks.items():
         if sink_cls.ranks == "global" and rank != 0:
             continue
@@ -204,9 +206,10 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
                       experiment=config.get("experiment", "default"), rank=rank, world_size=world_size,
                       is_global=rank == 0, run_dir=run_dir, config=config, metadata=meta, readme=readme,
                       start_time=float(rank_log.header.get("time") or 0.0))  # else the first record's time
+        sink = _built(sink_cls, sink_options, to)
+        where = where or _where(sink, run)
         try:
-            streamed, undelivered = _into(Driver(_built(sink_cls, sink_options, to)), run, rank_log, status, strict,
-                                          progress)
+            streamed, undelivered = _into(Driver(sink), run, rank_log, status, strict, progress)
         except SinkFailed as exc:
             raise MsbridgeError(f"{to}: {exc}; the jsonl log still holds everything: replay again once the sink is "
                                 "fixed") from None
@@ -220,7 +223,7 @@ def replay(run_dir: str, to: str, options: Optional[Mapping[str, Any]] = None,
         counts["ranks"] += 1
     if not counts["ranks"]:
         raise MsbridgeError(f"{run_dir}: no rank log to replay to {to!r}")
-    _delivered(run_dir, meta, to)
+    _delivered(run_dir, meta, to, where)
     return counts
 
 
@@ -231,13 +234,32 @@ def mark_delivered(run_dir: str, to: str) -> None:
         _delivered(run_dir, meta, to)
 
 
-def _delivered(run_dir: str, meta: Dict[str, Any], to: str) -> None:
-    """``to`` holds the whole log now: off the outcome's "not delivered" list in run.json and README.md."""
+def _where(sink: Sink, run: RunInfo) -> str:
+    """Where ``sink`` writes ``run`` (its ``describe``), "" when it does not say (or its ``describe`` raises)."""
+    try:
+        described = sink.describe(run)
+    except Exception:
+        return ""
+    where = described.get("where") if isinstance(described, Mapping) else None
+    return where if isinstance(where, str) else ""
+
+
+def _delivered(run_dir: str, meta: Dict[str, Any], to: str, where: str = "") -> None:
+    """``to`` holds the whole log now, at ``where``: off the outcome's "not delivered" list, and, when that is
+    not where the run wrote it, the sink's place in run.json and README.md (``run.metadata.REPLAYED_FROM``)."""
     outcome = meta["outcome"]
     missed = outcome.get("not delivered")
+    sinks = dict(meta.get("sinks") or {})
+    before = dict(sinks.get(to) or {})
+    moved = bool(where) and before.get("where") != where
+    if moved:
+        sinks[to] = {**before, "where": where, REPLAYED_FROM: before.get(REPLAYED_FROM, before.get("where", ""))}
     if isinstance(missed, Mapping) and to in missed:
         rest = {name: what for name, what in missed.items() if name != to}
-        write_outcome(run_dir, meta, dict(outcome, **{"not delivered": rest or "none"}))
+        outcome = dict(outcome, **{"not delivered": rest or "none"})
+    elif not moved:
+        return
+    write_outcome(run_dir, dict(meta, sinks=sinks), outcome)
 
 
 def _built(cls: Type[Sink], options: Mapping[str, Any], to: str) -> Sink:

@@ -35,6 +35,8 @@ log = logging.getLogger("msbridge")
 
 RUN_JSON = "run.json"
 README = "README.md"
+#: A sink's key in run.json's ``sinks`` once ``msbridge replay`` wrote it elsewhere: where the run wrote it ("" none).
+REPLAYED_FROM = "replayed from"
 #: Kept in the run dir from the start to the outcome (global rank), so that a full disk cannot keep the
 #: outcome out of run.json and README.md: released just before they are written (docs/sinks.md).
 RESERVE = ".outcome-reserve"
@@ -145,7 +147,7 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     if git:
         lines.append(f"- git: {git['commit']}{' (dirty)' if git.get('dirty') else ''}")
     lines += ["", "## Sinks", ""]
-    lines += [f"- **{name}**: {info.get('where', '')}" for name, info in sinks.items()]
+    lines += [f"- **{name}**: {info.get('where', '')}{_replayed(info)}" for name, info in sinks.items()]
     if failed:
         lines += ["", "## Sinks that failed", ""]
         lines += [f"- **{name}** failed in {why}" + ("" if name in sinks else "; it holds nothing of this run "
@@ -157,6 +159,14 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
         lines += [f"- {key}: {value}" for key, value in outcome.items()]
     lines += ["", "## Resolved config", "", "```json", _strict_json(meta.get("config", {})), "```", ""]
     return mask_text("\n".join(lines))
+
+
+def _replayed(info: Mapping[str, str]) -> str:
+    """After a sink's place in the README: that ``msbridge replay`` put it there, and where the run wrote it."""
+    if REPLAYED_FROM not in info:
+        return ""
+    first = info[REPLAYED_FROM]
+    return "; written there by `msbridge replay`" + (f" (the run wrote it to {first})" if first else "")
 
 
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")

@@ -191,3 +191,27 @@ def test_compare_of_a_directory_without_a_store_says_so(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "exp")]) == 2
     err = capsys.readouterr().err
     assert "has no MLflow store" in err and "--tracking-uri" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_after_a_replay_elsewhere_the_run_readme_names_where_the_records_are(tmp_path):
+    """A replay to another --tracking-uri: run.json and the README name that store beside "not delivered: none",
+    and the one the run was configured with; a replay to where the run wrote leaves both files as they were."""
+    down = f"http://127.0.0.1:{free_port()}"
+    mon = demo_run(tmp_path / "runs", {"jsonl": {}, "tensorboard": {}, "mlflow": {"tracking_uri": down,
+                                                                                     "close_timeout": 1}}, "moved")
+    readme, meta_path = Path(mon.run_dir) / "README.md", Path(mon.run_dir) / "run.json"
+    assert f"- **mlflow**: {down} (experiment 'offline')" in readme.read_text()
+    before = readme.read_text(), meta_path.read_text()
+    assert main(["replay", mon.run_dir, "--to", "tensorboard"]) == 0  # where the run wrote it: nothing to say
+    assert (readme.read_text(), meta_path.read_text()) == before
+
+    store = f"sqlite:///{tmp_path / 'central.db'}"
+    assert main(["replay", mon.run_dir, "--to", "mlflow", "--tracking-uri", store]) == 0
+    text = readme.read_text()
+    assert (f"- **mlflow**: {store} (experiment 'offline'); written there by `msbridge replay` (the run wrote it "
+            f"to {down} (experiment 'offline'))") in text
+    assert "- not delivered: none" in text
+    meta = json.loads(meta_path.read_text())
+    assert meta["sinks"]["mlflow"]["where"] == f"{store} (experiment 'offline')"
+    assert meta["outcome"]["not delivered"] == "none"
