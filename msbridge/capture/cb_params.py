@@ -56,17 +56,33 @@ def nearest_batch(dataset: Any) -> Any:
 
 def batch_size_of(cb: Any) -> Optional[int]:
     """The training dataset's batch size (None when it has no fixed one). Said once at train begin: a batch
-    with ``drop_remainder=False``, whose short last batch the sample and token counts would count full."""
+    with ``drop_remainder=False`` whose samples do not divide by it (or whose count is unknown): the short last
+    batch that the sample and token counts would count full."""
     dataset = param(cb, "train_dataset", None)
     try:
         size = int(dataset.get_batch_size()) if dataset is not None else None
     except Exception:  # a dataset without a fixed batch size
         return None
-    if size is not None and getattr(nearest_batch(dataset), "drop_remainder", True) is False:
+    short = short_last_batch(dataset, size) if size else 0
+    if short != 0:
+        holds = f"holds {short} samples, not {size}" if short else f"may hold fewer than {size} samples"
         log.warning("msbridge: the training dataset is batched with drop_remainder=False: an epoch's last batch "
-                    "may hold fewer than %d samples, and perf/samples_seen, perf/tokens_seen, perf/samples_per_s "
-                    "and perf/tflops count it as full; batch with drop_remainder=True for exact counts", size)
+                    "%s, and perf/samples_seen, perf/tokens_seen, perf/samples_per_s and perf/tflops count it as "
+                    "full; batch with drop_remainder=True for exact counts", holds)
     return size
+
+
+def short_last_batch(dataset: Any, size: int) -> Optional[int]:
+    """The samples in an epoch's short last batch of ``dataset`` batched by ``size``: 0 when there is none (its
+    samples divide evenly, or ``drop_remainder=True`` drops it), None when its sample count is unknown."""
+    batch = nearest_batch(dataset)
+    if getattr(batch, "drop_remainder", True) is not False:
+        return 0
+    try:
+        rows = int(batch.children[0].get_dataset_size())
+    except Exception:  # no child, or a source that cannot say its size
+        return None
+    return rows % size if rows > 0 else None
 
 
 def steps_per_call(cb: Any) -> int:

@@ -5,7 +5,8 @@ model-training view on the run's charts (loss first), TensorBoard on the run's o
 event files with the training curves pinned first, MindInsight on the run's dashboard.
 An experiment dir opens on every run in it. With no flag, every viewer the run
 has a sink for is started; ``--mlflow``/``--tensorboard``/``--mindinsight``
-pick some. A run tracked on an MLflow server (``http://...``) gets that
+pick some. One line each says what is starting; one line each, as it answers,
+its URL and how long it took. A run tracked on an MLflow server (``http://...``) gets that
 server's URL; nothing is started for it. On Ctrl-C (SIGINT), SIGTERM or SIGHUP
 every server is stopped with every process it started.
 
@@ -49,8 +50,13 @@ from .viewers import (
 )
 
 VIEWERS = VIEWED_SINKS
+#: What each viewer is, in the line that says it is starting.
+SERVERS = {"mlflow": "MLflow's server (mlflow server)", "tensorboard": "TensorBoard",
+           "mindinsight": "MindInsight (mindinsight start)"}
 TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, MFU, TOKENS_SEEN)
 STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
+#: After a viewer's URL, once it answers: the seconds since the viewers were started.
+ANSWERED = "(answered after {:.0f} s)"
 
 
 @dataclass
@@ -282,10 +288,18 @@ class _Stop:
         self.signum = signum
 
 
+def _start(viewer: Viewer, store: str) -> None:
+    """Start ``viewer``, saying first what it is, its address and what it reads: one line."""
+    _line(viewer.name, f"starting {SERVERS.get(viewer.name, viewer.name)} on {viewer.base_url} for "
+                       f"{mask_text(store)}; its page follows when it answers")
+    viewer.start()
+
+
 def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: float) -> List[Viewer]:
-    """Print each viewer's URL as it answers; the ones that did."""
+    """Print each viewer's URL as it answers, with how long it took; the ones that did."""
     pending, ready = list(viewers), []
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     while pending and stop.signum is None:
         for viewer in list(pending):
             state = viewer.poll_ready()
@@ -297,7 +311,7 @@ def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: flo
                 if viewer.name == "mlflow":
                     pages = mlflow_pages(viewer.base_url, target.experiment, target.run_id, charts=True)
                     viewer.page = pages.get("sweep", pages.get("charts", pages["run"]))
-                _line(viewer.name, viewer.url)
+                _line(viewer.name, f"{viewer.url} {ANSWERED.format(time.monotonic() - began)}")
                 for name in [n for n in ("charts", "run") if n in pages and pages[n] != viewer.page]:
                     _line(f"mlflow {name}", viewer.base_url + pages[name])
                 ready.append(viewer)
@@ -351,7 +365,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         made = [_viewer(name, target, scratch, args.build_mindinsight) for name in wanted]
         for viewer in made:
             if isinstance(viewer, Viewer):
-                viewer.start()
+                _start(viewer, target.stores[viewer.name])
                 started.append(viewer)
         ready = _wait_ready(started, target, stop, args.timeout) if started else []
         if stop.signum is not None:

@@ -1,6 +1,7 @@
 """Progress lines on the global rank, printed at the flush of the step they report.
 
-Every ``print_interval`` steps: step/total, loss, samples/s and the ETA; each evaluation, one line of its
+Every ``print_interval`` steps: step/total, loss, samples/s and the ETA (from the smoothed step time, the first
+step, which compiles the graph, left out); each evaluation, one line of its
 ``eval/*`` values. Events
 (anomalies, actions) are printed as they arrive, one readable line each. The sink
 is ``on_training_thread``: the dispatcher calls it in ``submit``, so a line is
@@ -82,6 +83,7 @@ class ConsoleSink(Sink):
         self.stream = stream
         self.total: Optional[int] = None
         self._step_ms: Optional[float] = None  # smoothed, for a steady ETA
+        self._compiled = False  # the first timed step (it compiles the graph) is left out of the ETA
         self._with_rank = False
         self._grad_norm_told = False
 
@@ -100,7 +102,9 @@ class ConsoleSink(Sink):
                 lines.append(self.eval_line(rec))
                 continue
             ms = rec.values.get(STEP_TIME)
-            if ms is not None:
+            if ms is not None and not self._compiled:
+                self._compiled = True
+            elif ms is not None:
                 self._step_ms = ms if self._step_ms is None else 0.9 * self._step_ms + 0.1 * ms
             if rec.step % self.print_interval == 0 or rec.step == self.total:
                 lines.append(self.line(rec))

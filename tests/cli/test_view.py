@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,10 @@ def test_view_of_an_experiment_dir_shows_every_run_and_stops_on_sigterm(tmp_path
     with ViewProcess(f"{MSBRIDGE} view {tmp_path / 'exp'}") as view:
         urls = view.wait_serving()
         assert sorted(urls) == ["tensorboard"], view.lines
+        # one line says what starts (before the wait), one line when it answers, with how long it took
+        assert view.lines[1] == (f"  tensorboard  : starting TensorBoard on {base(urls['tensorboard'])} for "
+                                 f"{tmp_path / 'exp' / 'tensorboard'}; its page follows when it answers"), view.lines
+        assert re.fullmatch(r"  tensorboard  : http://\S+ \(answered after \d+ s\)", view.lines[2]), view.lines
         runs = poll(lambda: get(base(urls["tensorboard"]) + "/data/runs"), 4, "tensorboard runs")
         assert sorted(runs) == ["r1", "r1/rank_0", "r2", "r2/rank_0"]
         assert view.interrupt(sig=signal.SIGTERM) == 0 and not alive(view.processes), view.lines

@@ -155,3 +155,16 @@ def test_a_plain_model_train_says_once_that_it_records_no_grad_norm_and_how_to(t
     assert "msbridge.TrainStep(loss_net, optimizer) or msbridge.attach_ring(train_cell)" in told[0]
     assert sum("no train/grad_norm is recorded" in r.getMessage() for r in caplog.records) == 1
     assert not any("grad_norm" in line for line in run("ring", train_cell=TrainStep))
+
+
+def test_the_eta_leaves_out_the_first_step_which_compiles(tmp_path):
+    """Step 1 took 30 s (the graph compiled), every other step 100 ms: at step 10 of 100, 90 steps are left, 9 s."""
+    out = io.StringIO()
+    sink = ConsoleSink(print_interval=10, stream=out)
+    sink.open(make_run(tmp_path, metadata={"expected_steps": 100}))
+    records = make_records(range(1, 11))
+    for rec in records:
+        rec.values["perf/step_time_ms"] = 30_000.0 if rec.step == 1 else 100.0
+    sink.write(records, [])
+    (line,) = out.getvalue().splitlines()
+    assert line.endswith("| ETA 0:00:09"), line
