@@ -1,7 +1,7 @@
 """A real MindInsight 2.3.1 for the tests, run from ``.venv-mindinsight`` on 127.0.0.1.
 
 ``bash .ci/mindinsight_venv.sh`` builds that venv. Without it the tests skip, naming
-that command; in CI (``CI=true``, which ``.ci/run`` sets) they fail instead, since CI
+that command; in CI (``CI`` set, as ``.ci/run`` does) they fail instead, since CI
 builds it first. ``MSBRIDGE_SKIP_MINDINSIGHT=1`` skips them even where it is built.
 
 ``mindinsight start`` launches gunicorn (master, worker, a listener process)
@@ -41,7 +41,7 @@ def require_mindinsight() -> Path:
     script = VENV / "bin" / "mindinsight"
     if not script.exists():
         why = f"MindInsight's venv {VENV} is not built: `bash .ci/mindinsight_venv.sh` builds it (about 470 MB)"
-        if os.environ.get("CI") == "true":
+        if os.environ.get("CI"):  # as helpers.postgres: CI builds it first
             pytest.fail(f"{why}; CI builds it before the tests", pytrace=False)
         pytest.skip(why)
     return script
