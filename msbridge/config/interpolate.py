@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from ..masking import is_secret_key, mask_text
+from ..masking import MIN_REMEMBERED, is_secret_key, mask_text, remember, secret_paths
 from ..options import did_you_mean
 from .yaml_lines import MAX_FILE_BYTES, MAX_VALUES, Path, Tree, format_path
 
@@ -205,7 +205,7 @@ def _check_secrets(path: Path, resolved: Any, secrets: List[Tuple[str, Any]]) ->
     if not secrets or any(is_secret_key(part) for part in path if isinstance(part, str)) \
             or isinstance(resolved, (Mapping, list)):
         return
-    shown = mask_text(_text(resolved))
+    shown = mask_text(_text(resolved), by_value=False)  # what masking by shape leaves of it
     for ref, secret in secrets:
         if not isinstance(secret, (Mapping, list)) and _text(secret) and _text(secret) in shown:
             raise _Unresolved(f"${{{ref}}} puts a secret into a setting whose name does not look like one, so it "
@@ -275,9 +275,44 @@ def _interpolate(tree: Tree) -> Tuple[Tree, List[str], Set[Path], Dict[Path, str
         return value
 
     try:
-        return Tree(walk(tree.data, ()), dict(tree.origins)), problems, failed, written
+        resolved = walk(tree.data, ())
+        problems += _names_holding_secrets(tree, resolved)
+        return Tree(resolved, dict(tree.origins)), problems, failed, written
     except _OverLimit as exc:  # nothing is resolved: every value with a reference is skipped by later checks
         return tree, [exc.message], set(_referring(tree.data)), {}
+
+
+#: Settings that become directory names, file headers and tracker run names: they may not hold a secret.
+NAME_KEYS = frozenset({"run_name", "experiment", "experiment_name", "output_dir"})
+
+
+def _names_holding_secrets(tree: Tree, data: Any) -> List[str]:
+    """Remember every secret of ``data`` (masked by value from now on, wherever it was copied), and a problem
+    for each name setting that holds one (``run_name: *k`` where ``api_key: &k ...``): a name is not masked."""
+    found = secret_paths(data)
+    for _, secret in found:
+        remember(secret)
+    texts = [(path, str(v)) for path, v in found if not isinstance(v, (Mapping, list))]
+    problems: List[str] = []
+    for path, name in _name_settings(data, ()):
+        held = next((p for p, t in texts if t == name or len(t) >= MIN_REMEMBERED and t in name), None)
+        if held is not None:
+            problems.append(f"{_where(tree, path)}holds the value of {format_path(held)}, a secret (a YAML alias or "
+                            "a copy of it); a name is written unmasked into directory names, file headers and "
+                            "trackers: give it a name of its own")
+    return problems
+
+
+def _name_settings(value: Any, path: Path) -> List[Tuple[Path, str]]:
+    """``(path, text)`` of every string setting named like ``NAME_KEYS``, at any depth."""
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list) else ()
+    out: List[Tuple[Path, str]] = []
+    for key, item in items:
+        if isinstance(item, str) and key in NAME_KEYS:
+            out.append((path + (key,), item))
+        elif isinstance(item, (Mapping, list)):
+            out.extend(_name_settings(item, path + (key,)))
+    return out
 
 
 def _referring(value: Any, path: Path = ()) -> List[Path]:
