@@ -2,6 +2,7 @@
 
     python examples/sweep/run_sweep.py --out ./msbridge_runs --steps 150
     msbridge compare msbridge-sweep          # the default store: ./msbridge_runs/msbridge-sweep/mlflow.db
+    msbridge compare ./msbridge_runs/msbridge-sweep    # the same table, from the experiment dir (as view takes it)
 
 Every run logs its params (so `optimizer.learning_rate` is the column that differs), its
 per-step metrics, its validation every 50 steps and a shared `sweep_id` tag to
