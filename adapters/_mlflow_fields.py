@@ -2,12 +2,14 @@
 
 MLflow's limits (``mlflow/utils/validation.py``): a key of at most 250 characters of
 ``[/\\w.\\- :]``, a param value of 6000 characters, a tag value of 8000. A name MLflow would
-reject is cleaned (``clean_key``); a value too long is logged as ``sha256:<hex>`` of itself, except
-the run's description (the README), which is cut at a line.
+reject is cleaned (``clean_key``) and ends with 8 hex digits of the name's hash, so two names never
+become one (``acc@1`` and ``acc_1`` were one metric with two values a step); the sink says each
+mapping once. A value too long is logged as ``sha256:<hex>`` of itself, except the run's description
+(the README), which is cut at a line.
 
 Example:
-    >>> clean_key("loss (train)")
-    'loss _train_'
+    >>> clean_key("loss (train)"), clean_key("acc@1"), clean_key("acc_1")
+    ('loss _train_-dbbf7c64', 'acc_1-71dfc155', 'acc_1')
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
 
 def clean_key(key: str) -> str:
-    """A name MLflow accepts: bad characters become ``_``, path-like parts are fixed,
-    and a name over 250 characters is cut and ends with a hash of the whole."""
+    """A name MLflow accepts: bad characters become ``_``, path-like parts are fixed; a name that changed, or
+    one over 250 characters (cut), ends with ``-`` and 8 hex digits of the original's hash, so two different
+    names never clean to one."""
     name = _BAD_KEY_CHARS.sub("_", str(key))
     name = "/".join("__" if p == ".." else p for p in name.split("/") if p not in ("", ".")) or "_"
-    if len(name) > MAX_KEY_LENGTH:
+    if name != key or len(name) > MAX_KEY_LENGTH:
         name = name[:MAX_KEY_LENGTH - 9].rstrip("/") + "-" + hashlib.sha256(str(key).encode()).hexdigest()[:8]
     return name
 

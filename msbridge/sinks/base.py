@@ -10,6 +10,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequ
 from ..errors import ConfigError
 from ..names import restated
 from ..options import Option, check_options, with_defaults
+
+log = logging.getLogger("msbridge")
 
 SCHEMA_VERSION = 1
 #: ``{metric: [(step, value), ...]}``: what ``Sink.read_back`` returns.
@@ -59,15 +62,37 @@ def json_safe(value: Any) -> Any:
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """Nested mappings as dot keys, leaves as they are: ``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": 0.1}``."""
+    """Nested mappings as dot keys, leaves as they are: ``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": 0.1}``.
+    Two keys that spell one dot key (``{"a": {"b": 1}, "a.b": 2}``) are kept apart: the later one gets ``_2``
+    (``_3`` ...), and the mapping is said once per process (every tracker flattens the same params the same way).
+
+    Example:
+        >>> flatten({"a": {"b": 1}, "a.b": 2})
+        {'a.b': 1, 'a.b_2': 2}
+    """
     out: Dict[str, Any] = {}
+    _flatten_into(out, tree, prefix)
+    return out
+
+
+_SAID_CLASHES: Set[Tuple[str, str]] = set()
+
+
+def _flatten_into(out: Dict[str, Any], tree: Mapping[str, Any], prefix: str) -> None:
     for key, value in tree.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
+            _flatten_into(out, value, name + ".")
+            continue
+        kept, n = name, 1
+        while kept in out:
+            n += 1
+            kept = f"{name}_{n}"
+        if kept != name and (name, kept) not in _SAID_CLASHES:
+            _SAID_CLASHES.add((name, kept))
+            log.warning("msbridge: two params flatten to the name %r (a nested key and a dotted one?); the trackers "
+                        "keep the second as %r", name, kept)
+        out[kept] = value
 
 
 def events_series(events: Iterable[Tuple[str, int]]) -> Series:
