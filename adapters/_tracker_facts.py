@@ -4,12 +4,14 @@ it with no MLflow import), which sinks ``msbridge view`` starts a viewer for (``
 params a tracker's own view of them takes (``tracker_params``).
 
 A URI is refused here when MLflow, or the first write to its store, would refuse it later: an unknown scheme, an
-http(s)/database URI with no host, a port outside 1-65535 or a control character (CR/LF), and a sqlite or file
-store whose directory cannot be created and written (``sqlite:////proc/mlflow.db``).
+http(s)/database URI with no host, a port outside 1-65535 or a control character (CR/LF), a sqlite store whose
+directory cannot be created and written (``sqlite:////proc/mlflow.db``) or whose existing file this MLflow cannot use
+(``_mlflow_store.store_problem``: an older or newer schema, not a database ...), and MLflow's filesystem store
+(``file:``, or a path), which MLflow 3 refuses unless ``MLFLOW_ALLOW_FILE_STORE=true``.
 
 Example:
-    >>> tracking_uri_problem("sqlite:///runs/mlflow.db") is None, tracking_uri_problem("./mlruns") is None
-    (True, True)
+    >>> tracking_uri_problem("sqlite:///runs/mlflow.db") is None
+    True
     >>> tracking_uri_problem("http://127.0.0.1:99999")
     "'http://127.0.0.1:99999': port 99999 is not one of 1-65535"
 """
@@ -46,7 +48,7 @@ def tracking_uri_problem(uri: Any) -> Optional[str]:
     scheme, sep, rest = uri.partition(":")
     if not sep or "/" in scheme or len(scheme) == 1:  # no scheme (a one-letter one would be a drive)
         if "/" in uri or uri.startswith(("~", ".")) or not re.search(r"\s", uri):
-            return _store_dir_problem(uri, uri)
+            return _file_store_problem(uri) or _store_dir_problem(uri, uri)
         return (f"{uri!r} is neither a URI (such as http://127.0.0.1:5000 or sqlite:///mlflow.db) nor a path "
                 "(a path with spaces needs a /)")
     base = scheme.split("+", 1)[0].lower()
@@ -56,9 +58,10 @@ def tracking_uri_problem(uri: Any) -> Optional[str]:
             return f"{uri!r} names no host; write {base}://HOST:PORT"
         return f"{uri!r}: {problem}" if problem else None
     if base == "sqlite":
-        return _store_dir_problem(uri, os.path.dirname(_sqlite_file(rest)) or ".")
+        path = _sqlite_file(rest)
+        return _store_dir_problem(uri, os.path.dirname(path) or ".") or _sqlite_store_problem(path)
     if base == "file":
-        return _store_dir_problem(uri, urllib.parse.urlsplit(uri).path)
+        return _file_store_problem(uri) or _store_dir_problem(uri, urllib.parse.urlsplit(uri).path)
     if base in MLFLOW_SCHEMES or base in _plugin_schemes():
         return None
     return (f"scheme {scheme!r} is not one MLflow reads ({', '.join(MLFLOW_SCHEMES)}, or a path)"
@@ -77,6 +80,26 @@ def _store_dir_problem(uri: str, directory: str) -> Optional[str]:
         return None
     problem = path_problem(directory) or writable_problem(directory)
     return f"{uri!r}: {problem}" if problem else None
+
+
+def _sqlite_store_problem(path: str) -> Optional[str]:
+    """Why this MLflow cannot use the existing sqlite store file ``path`` (``store_problem``), or None."""
+    if "{" in path or not path or path == ":memory:":
+        return None
+    from msbridge.adapters._mlflow_store import store_problem
+
+    return store_problem(os.path.abspath(path)) or None
+
+
+def _file_store_problem(uri: str) -> Optional[str]:
+    """MLflow 3 refuses its filesystem store unless ``MLFLOW_ALLOW_FILE_STORE`` opts in: said in its words."""
+    if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
+        return None
+    return (f"{uri!r} is MLflow's filesystem store; MLflow 3 says: \"The filesystem tracking backend (e.g., "
+            "'./mlruns') is in maintenance mode and will not receive further updates. Please migrate to a database "
+            "backend (e.g., 'sqlite:///mlflow.db')\". Remove tracking_uri (msbridge's default is "
+            "sqlite:///<experiment dir>/mlflow.db) or write tracking_uri: sqlite:///mlflow.db; to keep the filesystem "
+            "store, set MLFLOW_ALLOW_FILE_STORE=true as MLflow says")
 
 
 def _plugin_schemes() -> Tuple[str, ...]:

@@ -42,6 +42,7 @@ from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, Backlog, EventLog
 from msbridge.adapters._mlflow_models import CheckpointModels
 from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
+from msbridge.adapters._mlflow_store import STORE_REFUSED
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 from msbridge.adapters._mlflow_view import OBJECTIVE_TAG, mark_best
 from msbridge.adapters._tracker_facts import tracking_uri_problem
@@ -62,7 +63,7 @@ METRICS_PER_CALL = 20_000
 PARAMS_TAGS_PER_CALL = 100
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
 _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
-              "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND"}
+              "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND", STORE_REFUSED}
 # MLflow reads its HTTP limits from the environment on every request: option -> (variable, default).
 _HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
              "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
@@ -166,20 +167,30 @@ class MlflowSink(Sink):
         """Deliver the rest and the status, retrying for ``close_timeout`` s; what is left then is ``undelivered``
         (the outcome names its replay). A sink never opened (training refused at its start) ends its client too."""
         deadline = time.monotonic() + self.settings["close_timeout"]
-        while self.run is not None and not self._deliver(status):
-            if time.monotonic() >= deadline:
-                held = self._held_step() if self._pending.tried else None
-                lost = f"{self._pending.text(held)} and status {status} not delivered"
-                log.warning("msbridge: gave up on MLflow at %s: %s; once it is back: msbridge replay %s --to mlflow",
-                            mask_text(self.uri), lost, shlex.quote(self.run.run_dir))
-                read = "" if held is None else f"; read back, the store holds steps up to {held}"
-                self._gave_up = (f"{lost} to MLflow at {mask_text(self.uri)} ({self._why_down} until close_timeout "
-                                 f"ran out{read})")
-                break
-            time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
-        if self._client is not None:
-            self._client.close()
-        self.run = self._client = None
+        try:
+            while self.run is not None and not self._deliver(status):
+                if time.monotonic() >= deadline:
+                    self._give_up(status)
+                    break
+                time.sleep(max(0.0, min(self._next_try, deadline) - time.monotonic()))
+        except Exception as exc:  # a store refused for good: said at once, with its fix, never waited out
+            if getattr(exc, "error_code", None) != STORE_REFUSED:
+                raise
+            self._gave_up = f"{self._pending.text()} and status {status} not delivered: {mask_text(str(exc))}"
+        finally:
+            if self._client is not None:
+                self._client.close()
+            self.run = self._client = None
+
+    def _give_up(self, status: str) -> None:
+        """What MLflow lacks once ``close_timeout`` ran out, read back from the store, named with its replay."""
+        held = self._held_step() if self._pending.tried else None
+        lost = f"{self._pending.text(held)} and status {status} not delivered"
+        log.warning("msbridge: gave up on MLflow at %s: %s; once it is back: msbridge replay %s --to mlflow",
+                    mask_text(self.uri), lost, shlex.quote(self.run.run_dir))
+        read = "" if held is None else f"; read back, the store holds steps up to {held}"
+        self._gave_up = (f"{lost} to MLflow at {mask_text(self.uri)} ({self._why_down} until close_timeout "
+                         f"ran out{read})")
 
     def hurry(self) -> None:
         """Training has ended: MLflow's client takes the training's priority (``ClientProcess.hurry``)."""
@@ -240,8 +251,9 @@ class MlflowSink(Sink):
         except Exception as exc:  # whatever the tracker does, training goes on: retry later
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
-            if self.run_id is None and getattr(exc, "error_code", None) in _PERMANENT:
-                raise  # a misconfiguration (file store, bad credentials ...): say so, retrying cannot help
+            code = getattr(exc, "error_code", None)
+            if code == STORE_REFUSED or (self.run_id is None and code in _PERMANENT):
+                raise  # a misconfiguration (a store this MLflow cannot use, bad credentials ...): retrying cannot help
             store = full_disk_store(self.uri, exc)
             if not self._down and store:
                 log.warning("msbridge: MLflow's store at %s is on a full disk (%s free); training goes on, %d records "

@@ -155,7 +155,45 @@ def _check(full: Dict[str, Any], checker: _Checker) -> Optional[Config]:
         for key, value in (options.items() if isinstance(options, Mapping) else ()):
             if str(key).endswith("dir") and isinstance(value, str):
                 checker.directory(("sinks", name, key), value)
+    if config is not None:
+        _check_stores(config.sinks, full, checker)
     return config
+
+
+def _check_stores(sinks: Mapping[str, Mapping[str, Any]], full: Dict[str, Any], checker: _Checker) -> None:
+    """Each tracker's store where its options leave it to the default (the experiment dir), checked as a given one
+    is (an MLflow store this MLflow cannot use ...); a sink with ``on_fault: warn`` has all its faults as warnings."""
+    from ..options import check_options
+    from ..sinks.registry import ON_FAULT, check_available, sink_class, with_store_defaults
+
+    experiment_dir = _experiment_dir(full)
+    for name, options in sinks.items():
+        warn = options.get(ON_FAULT) == "warn"
+        try:
+            check_available(name)
+            cls = sink_class(name)
+        except (ConfigError, ImportError) as exc:  # a fault sink_problems reports for a "fail" sink
+            problems = [("", str(exc))] if warn else []
+        else:
+            given = {k: v for k, v in options.items() if k != ON_FAULT}
+            placed = with_store_defaults(name, given, experiment_dir) if experiment_dir else given
+            problems = [(k, m) for k, m in check_options(cls.options, placed) if warn or k not in given]
+        for key, message in problems:
+            if warn:
+                origin, source = checker.source(("sinks", name))
+                checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: off for this run "
+                                          f"(on_fault: warn): {message}; jsonl records every step", logging.WARNING))
+            else:
+                checker.problem(("sinks", name), f"{key} (by default {placed[key]!r}): {message}")
+
+
+def _experiment_dir(full: Dict[str, Any]) -> Optional[str]:
+    """The experiment dir, when it is known before the run; else None."""
+    try:
+        return render_experiment_dir(experiment_dir_template(full["experiment_dir"], full["output_dir"]),
+                                     full["experiment"])
+    except (ConfigError, ValueError, KeyError, IndexError, TypeError):
+        return None  # the template's own problem is reported where it is checked
 
 
 def _check_run_dirs(full: Dict[str, Any], checker: _Checker) -> None:
@@ -188,10 +226,11 @@ def _existing_run_dir(full: Dict[str, Any]) -> Optional[str]:
     if "{timestamp}" in full["output_dir"] + str(full["run_name"]) or not isinstance(full["experiment"], str) \
             or not isinstance(full["run_name"], str) or not isinstance(full["params"], Mapping):
         return None
+    experiment_dir = _experiment_dir(full)
+    if experiment_dir is None:
+        return None
     try:
         name = render_template(full["run_name"], full["params"], full, {"rank": 0})
-        experiment_dir = render_experiment_dir(experiment_dir_template(full["experiment_dir"], full["output_dir"]),
-                                               full["experiment"])
         run_dir = render_output_dir(full["output_dir"], full["experiment"], name, 0, "", experiment_dir)
     except (ConfigError, ValueError, KeyError, IndexError):
         return None  # the template's own problem is reported where it is checked

@@ -182,8 +182,9 @@ def normalise_sinks(sinks: Any) -> Dict[str, Any]:
 
 
 def sink_problems(value: Any) -> Problems:
-    """Names against the registry, each sink's options against the sink's own declaration."""
-    from ..sinks.registry import available, check_available, sink_class, unloadable
+    """Names against the registry, each sink's options against the sink's own declaration; a sink whose
+    ``on_fault`` is "warn" has only that checked here (its faults are warnings: ``load._check_stores``)."""
+    from ..sinks.registry import ON_FAULT, available, check_available, sink_class, unloadable
 
     problems: Problems = []
     registered, broken = available(), unloadable()  # read once: each read scans every distribution's entry points
@@ -195,16 +196,32 @@ def sink_problems(value: Any) -> Problems:
             problems.append((("sinks", name), f"unknown sink {name!r}{did_you_mean(name, registered)} "
                                               f"(registered sinks: {', '.join(registered)})"))
             continue
-        try:
-            check_available(name)
-        except ConfigError as exc:
-            problems.append((("sinks", name), str(exc)))
-            continue
-        except ImportError as exc:
-            problems.append((("sinks", name), str(exc)))
         if not isinstance(options, Mapping):
             problems.append((("sinks", name), f"sink options must be a mapping, got {options!r}"))
             continue
-        problems.extend((("sinks", name, key), message)
-                        for key, message in check_options(sink_class(name).options, options))
+        policy = _fault_policy_problem(name, options)
+        if policy:
+            problems.append((("sinks", name, ON_FAULT), policy))
+            continue
+        if options.get(ON_FAULT) == "warn":
+            continue
+        try:
+            check_available(name)
+        except (ConfigError, ImportError) as exc:
+            problems.append((("sinks", name), str(exc)))
+            if isinstance(exc, ConfigError):
+                continue
+        own = {key: value for key, value in options.items() if key != ON_FAULT}
+        problems.extend((("sinks", name, key), message) for key, message in check_options(sink_class(name).options, own))
     return problems
+
+
+def _fault_policy_problem(name: str, options: Mapping[str, Any]) -> Optional[str]:
+    """What is wrong with a sink's ``on_fault``, or None; jsonl, the write-ahead log, is always on."""
+    from ..sinks.registry import ON_FAULT, ON_FAULT_OPTION
+
+    if ON_FAULT not in options:
+        return None
+    if name == "jsonl":
+        return "jsonl is the write-ahead log, always on: it takes no on_fault"
+    return ON_FAULT_OPTION.check(options[ON_FAULT])

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..config.directories import writable_problem
 from ..config.load import Config
 from ..errors import ConfigError
-from ..masking import mask_secrets
+from ..masking import mask_secrets, mask_text
 from ..paths import (
     experiment_dir_template,
     render_experiment_dir,
@@ -32,7 +32,7 @@ from ..sinks.base import FAILED, RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.host import Driver, SinkFailed
-from ..sinks.registry import resolve, with_store_defaults
+from ..sinks.registry import fault_policy, resolve, with_store_defaults
 from ..sinks.runlog import last_step, rank_file
 from .metadata import (collect_metadata, release_space, render_readme, reserve_space, run_id_for, stored_run_name,
                        write_run_files)
@@ -180,8 +180,20 @@ def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]
 
     jsonl comes first (the write-ahead log); a global-only sink (MLflow) exists on the global rank only.
     A tracker whose options do not place its store gets it in ``experiment_dir``.
+    A sink with ``on_fault: warn`` that cannot be built is left out, said in one line (by the config's notes when
+    they said it already).
     """
-    names = sorted(config.sinks, key=lambda name: name != "jsonl")
-    classes = [(name, resolve(name)) for name in names]
-    return [cls(**with_store_defaults(name, config.sinks[name], experiment_dir)) for name, cls in classes
-            if cls.ranks != "global" or ranks.is_global]
+    sinks = []
+    for name in sorted(config.sinks, key=lambda name: name != "jsonl"):
+        options = config.sinks[name]
+        try:
+            cls = resolve(name)
+            if cls.ranks != "global" or ranks.is_global:
+                sinks.append(cls(**with_store_defaults(name, options, experiment_dir)))
+        except (ConfigError, ImportError) as exc:
+            if fault_policy(options) != "warn":
+                raise
+            if not any(f"sinks.{name}: off for this run" in str(note) for note in config.provenance.notes):
+                log.warning("msbridge: sinks.%s: off for this run (on_fault: warn): %s; jsonl records every step",
+                            name, mask_text(str(exc)))
+    return sinks

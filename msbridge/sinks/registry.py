@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
 from ..errors import MissingDependencyError
+from ..options import Option
 from ..plugins import builtin, claim, load_points, unavailable
 from .base import WAL_NAME, Sink
 
@@ -34,6 +35,13 @@ ENTRY_POINT_GROUP = "msbridge.sinks"
 #: The package of the built-in sinks: its module ``<name>_sink`` registers the sink ``<name>``.
 BUILTIN_PACKAGE = "msbridge.adapters"
 _SUFFIX = "_sink"
+
+#: The option every sink but jsonl takes, read by msbridge, never by the sink: what a fault found before training
+#: (a store this tracker cannot use, a missing extra, a bad option) does. "fail": training does not start; "warn":
+#: training starts without that sink, said in one line (jsonl, always on, records every step).
+ON_FAULT = "on_fault"
+ON_FAULT_OPTION = Option(str, "fail", "a fault found before training: fail (training does not start) or warn (the "
+                                      "sink is off for the run, said in one line)", choices=("fail", "warn"))
 
 _REGISTERED: Dict[str, Type[Sink]] = {}
 S = TypeVar("S", bound=Type[Sink])
@@ -126,9 +134,15 @@ def store_defaults(experiment_dir: str) -> Dict[str, Dict[str, str]]:
     return {name: cls.store_default(experiment_dir) for name, cls in classes.items() if cls.default_store}
 
 
+def fault_policy(options: Any) -> str:
+    """A sink's ``on_fault`` ("fail" unless its options say "warn")."""
+    return "warn" if isinstance(options, Mapping) and options.get(ON_FAULT) == "warn" else "fail"
+
+
 def with_store_defaults(name: str, options: Mapping[str, Any], experiment_dir: str) -> Dict[str, Any]:
-    """Sink ``name``'s options with its store placed in ``experiment_dir`` unless the options place it."""
-    out = dict(options)
+    """Sink ``name``'s options, as its class takes them (``on_fault`` left out), with its store placed in
+    ``experiment_dir`` unless the options place it."""
+    out = {key: value for key, value in options.items() if key != ON_FAULT}
     for key, value in sink_class(name).store_default(experiment_dir).items():
         if not out.get(key):
             out[key] = value

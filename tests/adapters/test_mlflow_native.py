@@ -183,6 +183,6 @@ def test_an_unwritable_cache_leaves_the_store_to_mlflow_with_one_warning(tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     with caplog.at_level("WARNING", logger="msbridge"):
         path = _make(tmp_path)
-    assert "cannot be kept in" in caplog.text
+    assert "cannot be used from" in caplog.text
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchone()[0] == alembic_head()

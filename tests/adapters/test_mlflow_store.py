@@ -2,8 +2,8 @@
 
 Concurrent first runs (3 and 8 processes on one new experiment) each get their whole history; a
 ``kill -9`` at 20 random moments (of MLflow's child process while it makes the store, of it at any
-moment, of a job's whole process group, and of an older msbridge's unlocked store creation) leaves a
-store the next run in the same experiment works with, with no manual step.
+moment, of a job's whole process group) leaves a store the next run in the same experiment works with, with no
+manual step; one that an older msbridge's unlocked creation in place left half-made is refused as it is.
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from helpers.runs import make_records, make_run
 from mlflow.tracking import MlflowClient
 
 from msbridge.adapters._mlflow_fields import RUN_ID_TAG
-from msbridge.adapters._mlflow_process import ClientProcess
-from msbridge.adapters._mlflow_store import half_made
+from msbridge.adapters._mlflow_process import ClientProcess, TrackerError
+from msbridge.adapters._mlflow_store import store_problem
 from msbridge.adapters.mlflow_sink import MlflowSink
+from msbridge.errors import ConfigError
 from msbridge.sinks.base import FINISHED
 
 JOB = os.path.join(os.path.dirname(__file__), "mlflow_store_job.py")
@@ -37,11 +38,11 @@ def _uri(root):
     return f"sqlite:///{root}/exp/mlflow.db"
 
 
-def _assert_whole_run(root, name, steps=STEPS):
-    """The run ``name`` holds every metric of every step 1..steps (coverage first, then values), and the store
-    has no leftover of a migration or of a creation."""
+def _assert_whole_run(root, name, steps=STEPS, whole_store=True):
+    """The run ``name`` holds every metric of every step 1..steps (coverage first, then values), and (with
+    ``whole_store``) the store has no leftover of a migration or of a creation."""
     db = os.path.join(root, "exp", "mlflow.db")
-    assert half_made(db) == "", db
+    assert not whole_store or store_problem(db) == "", db
     assert not glob.glob(os.path.join(root, "exp", ".mlflow.db.creating-*"))
     client = MlflowClient(_uri(root))
     experiment = client.get_experiment_by_name("exp")
@@ -87,13 +88,21 @@ def test_concurrent_first_runs_make_the_store_once(tmp_path, processes):
 
 
 @pytest.mark.slow
-def test_a_half_made_store_that_holds_runs_is_repaired_and_keeps_them(tmp_path):
+def test_a_store_an_interrupted_upgrade_left_is_refused_and_left_as_it_is(tmp_path):
     _next_run_works(tmp_path, "before")
-    with sqlite3.connect(tmp_path / "exp" / "mlflow.db") as db:  # what a kill inside MLflow's table copy leaves
-        db.execute("CREATE TABLE _alembic_tmp_tags AS SELECT * FROM tags")
-    assert half_made(str(tmp_path / "exp" / "mlflow.db")).startswith("leftover migration tables _alembic_tmp_tags")
-    _next_run_works(tmp_path, "after")
-    _assert_whole_run(tmp_path, "before")
+    db = tmp_path / "exp" / "mlflow.db"
+    with sqlite3.connect(db) as conn:  # what a kill inside MLflow's table copy leaves
+        conn.execute("CREATE TABLE _alembic_tmp_tags AS SELECT * FROM tags")
+    before = db.read_bytes()
+    assert "leftover tables of an interrupted MLflow upgrade (_alembic_tmp_tags)" in store_problem(str(db))
+    sink = MlflowSink(close_timeout=1.0)
+    sink.open(make_run(tmp_path, name="after"))
+    with pytest.raises(TrackerError, match="DROP TABLE _alembic_tmp_tags.* and mlflow db upgrade"):
+        sink.write(make_records(range(1, 3)), [])
+    sink.close(FINISHED)  # said at once, never waited out
+    assert "not delivered: " in sink.undelivered() and "mlflow db upgrade" in sink.undelivered()
+    assert db.read_bytes() == before and not glob.glob(f"{db}.*-*")  # nothing dropped, migrated or copied
+    _assert_whole_run(tmp_path, "before", whole_store=False)  # the user's run is still there, whole
 
 
 def _wait_for(predicate, limit=120.0):
@@ -148,7 +157,7 @@ def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     print(f"seed {seed}")
-    in_creation = 0
+    in_creation = refused = 0
     for moment in range(20):
         kind = moment % 4
         root = tmp_path / (f"k{moment}" if kind != 1 or moment % 8 == 1 else f"k{moment - 4}")  # some reuse a store
@@ -163,8 +172,28 @@ def test_kill_9_at_20_random_moments_leaves_a_store_the_next_run_works_with(tmp_
             _kill_group([sys.executable, JOB, str(root), f"killed{moment}", str(STEPS)], rng, 5.0)
         else:  # an older msbridge's store creation, with no lock and in place
             _kill_group([sys.executable, "-c", UNLOCKED, _uri(root)], rng, 4.0)
+            if _refused_as_it_is(str(root)):
+                refused += 1
+                continue
         _next_run_works(str(root), f"next{moment}")
     assert in_creation, f"no kill came while a store was being made (seed {seed})"
+    print(f"{refused} of 5 stores an unlocked creation left half-made in place were refused as they were")
+
+
+def _refused_as_it_is(root):
+    """A store that a creation in place left half-made is not msbridge's to finish: refused before training (the
+    sink's build), naming the fix, and left byte for byte as it was. False when the kill left none, or a whole one."""
+    db = os.path.join(root, "exp", "mlflow.db")
+    problem = store_problem(db)
+    if not problem:
+        return False
+    with open(db, "rb") as handle:
+        before = handle.read()
+    with pytest.raises(ConfigError, match="delete it|mlflow db upgrade"):
+        MlflowSink(tracking_uri=_uri(root))
+    with open(db, "rb") as handle:
+        assert handle.read() == before
+    return True
 
 
 _DIES_MID_TRANSACTION = """import os, signal, sqlite3, sys
@@ -183,7 +212,7 @@ def test_a_store_whose_writer_died_mid_transaction_is_read_after_its_hot_journal
         db.execute("CREATE TABLE t (v TEXT)")
     subprocess.run([sys.executable, "-c", _DIES_MID_TRANSACTION, path], check=False)
     assert os.path.getsize(path + "-journal") > 0  # the kill left a hot journal
-    assert half_made(path) == "no schema version"  # read, rolled back, judged: not a traceback
+    assert "not MLflow's store (its tables: t)" in store_problem(path)  # read, rolled back, judged: no traceback
     assert not os.path.exists(path + "-journal") or os.path.getsize(path + "-journal") == 0
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT COUNT(*) FROM t").fetchone() == (0,)  # the dead writer's rows rolled back

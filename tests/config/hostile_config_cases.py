@@ -172,7 +172,7 @@ def uri_cases() -> Dict[str, Case]:
                                           "plain.txt' is a file, not a directory"),
         "uri-sqlite-loop": uri("sqlite:///loop_a/mlflow.db", _loop, "loop_a' is a symlink loop"),
         "uri-sqlite-long-component": uri("sqlite:///" + "c" * 300 + "/mlflow.db", what="is 300 bytes long"),
-        "uri-file-under-proc": uri("file:///proc/mlruns", what="'/proc/mlruns'"),
+        "uri-file-under-proc": uri("file:///proc/mlruns", what="is MLflow's filesystem store; MLflow 3 says"),
         "uri-path-under-proc": uri("/proc/mlruns", what="'/proc/mlruns'"),
         "uri-postgres-port-99999": uri("postgresql://u@db:99999/mlflow", what="port 99999 is not one of 1-65535"),
         "uri-mysql-no-host": uri("mysql+pymysql://:3306/mlflow", what="names no host"),
