@@ -17,6 +17,12 @@ lists it (exit code 3), and close says it in one line, even when nothing could b
 On resume the file is appended to: a line cut by a kill is trimmed first, and
 the file's last step is what this sink holds: steps up to it are never written again.
 
+The file removed under the run (a /tmp cleaner, ``rm -r`` of the run dir) is seen at the next batch or
+flush (the open file is no longer the one at its path) and said at once. Its lines are still in the open
+file: they are written again at its path (the directory made again), or where that fails at a rescue path
+(``<tmp>/msbridge-rescue/<run id>/rank_<n>.jsonl``), and the log goes on there. A log that is not at its
+path at close is the sink's ``undelivered()`` (exit code 3), naming where it is, or that it is lost.
+
 Example:
     >>> sink = JsonlSink()
     >>> sink.open(run)            # creates run.run_dir/metrics/rank_0.jsonl
@@ -29,6 +35,7 @@ import errno
 import logging
 import os
 import shutil
+import tempfile
 import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
@@ -52,6 +59,34 @@ log = logging.getLogger("msbridge")
 MAX_HELD_LINES = 4096
 _HEADER, _RECORD, _EVENT, _GAP = "header", "record", "event", "gap"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+NEWLINE = b"\n"
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of the open file ``fd`` (it may have been removed: it is still readable)."""
+    parts, done = [], 0
+    while done < size:
+        part = os.pread(fd, size - done, done)
+        if not part:
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
+
+
+def _write_new(path: str, data: bytes) -> int:
+    """Write ``data`` as the file at ``path`` (its directory made), fsynced; its descriptor, open to append."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.write(fd, view[done:])
+        os.fsync(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _size(n: float) -> str:
@@ -90,6 +125,8 @@ class JsonlSink(Sink):
         self._failing = False  # in a failure episode (said once; "writable again" ends it)
         self._dropping = False
         self._reason = ""
+        self._moved = ""  # the log is not where it was opened: where it is now, or that it is lost
+        self._written_step = 0  # the last step of a line in the file
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
@@ -118,7 +155,7 @@ class JsonlSink(Sink):
         return self._take_final_gaps()
 
     def undelivered(self) -> str:
-        return self._lost_text
+        return "; ".join(text for text in (self._moved, self._lost_text) if text)
 
     def close(self, status: str = "FINISHED") -> GapEvents:
         self._drain()
@@ -129,8 +166,13 @@ class JsonlSink(Sink):
             log.error("msbridge: jsonl: %s could not take %d record(s) and %d event(s) of steps %d-%d before "
                       "close (%s): a gap event, handed to the other sinks and listed in the run's outcome", self.path,
                       gap["records"], gap["events"], gap["first_step"], gap["last_step"], self._reason)
-        if self._lost_text:  # every loss of the run, in one line (the exit code is 3)
-            log.error("msbridge: jsonl: %s", self._lost_text)
+        if self._orphaned():  # removed since the last flush, and nothing held to write: kept now, or named lost
+            try:
+                self._restore()
+            except OSError:
+                pass
+        if self.undelivered():  # every loss of the run, in one line (the exit code is 3)
+            log.error("msbridge: jsonl: %s", self.undelivered())
         self._held.clear()
         if self._fd is not None:
             os.close(self._fd)
@@ -181,14 +223,55 @@ class JsonlSink(Sink):
             log.warning("msbridge: jsonl: %s is writable again; every held line is written", self.path)
 
     def _ready(self) -> None:
-        """Open the file (its directory may not have been creatable on a full disk) and finish a cut back."""
+        """Open the file (its directory may not have been creatable on a full disk), write it again where it was
+        removed, and finish a cut back."""
         if self._fd is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             self._good = os.fstat(self._fd).st_size
+        elif self._orphaned():
+            self._restore()
         if self._cut:
             os.ftruncate(self._fd, self._good)
             self._cut = False
+
+    def _orphaned(self) -> bool:
+        """Whether the open file is no longer the one at its path (removed, or replaced)."""
+        if self._fd is None:
+            return False
+        try:
+            here, there = os.stat(self.path), os.fstat(self._fd)
+        except OSError:
+            return True
+        return (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino)
+
+    def _restore(self) -> None:
+        """Write the open file's complete lines again at its path, else at the rescue path, and go on there.
+        Raises OSError when neither can be written (the lines stay held; retried at every flush)."""
+        assert self._fd is not None and self.run is not None
+        if not self._moved:
+            log.error("msbridge: jsonl: %s was removed during the run (seen after step %d); writing its lines again",
+                      self.path, self._written_step)
+        data, errors = _read_all(self._fd, self._good), []
+        lines = f"{data.count(NEWLINE)} line(s)"
+        rescue = os.path.join(tempfile.gettempdir(), "msbridge-rescue", self.run.run_id,
+                              os.path.basename(self.path))
+        for target in dict.fromkeys((self.path, rescue)):
+            try:
+                fd = _write_new(target, data)
+            except OSError as exc:
+                errors.append(f"{target}: {exc.strerror or exc}")
+                continue
+            os.close(self._fd)
+            self._fd, moved_from, self.path = fd, self.path, target
+            self._moved = "" if target == moved_from else (
+                f"{moved_from} was removed during the run and its directory could not be made again "
+                f"({'; '.join(errors)}): every line is in {target}")
+            log.error("msbridge: jsonl: the log goes on in %s (its %s kept)", target, lines)
+            return
+        self._moved = (f"{self.path} was removed during the run and could not be written again "
+                       f"({'; '.join(errors)}): its {lines} up to step {self._written_step} are lost with it")
+        raise OSError(errno.ENOENT, f"removed during the run ({'; '.join(errors)})")
 
     @staticmethod
     def _whole_lines(lines: List[bytes], written: int) -> int:
@@ -217,7 +300,8 @@ class JsonlSink(Sink):
         if self._cut:
             return
         for _ in range(count):
-            kind, _, _ = self._held.popleft()
+            kind, step, _ = self._held.popleft()
+            self._written_step = max(self._written_step, step)
             if kind == _GAP:
                 self._finalize_gap()
 

@@ -1,0 +1,116 @@
+"""The run dir removed under a real run (what a /tmp cleaner or an ``rm -r`` does): named at once, every step kept
+where it can be (written again at its path, else at a rescue path), and the outcome never claims what the disk
+does not hold: a log that is not at its path is the jsonl's ``undelivered`` (exit code 3), naming where it is or
+that it is lost. ``msbridge.track`` loops and ``Model.train`` with jsonl; one with every sink."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import pytest
+from helpers.training import train_regression
+from mindspore.train import Callback
+
+import msbridge
+from msbridge import BridgeMonitor
+from msbridge.run.outcome import EXIT_UNDELIVERED
+from msbridge.sinks.runlog import rank_file, read_rank_file, read_run
+
+STEPS, AT = 120, 50
+
+
+@pytest.fixture
+def rescue_root(tmp_path, monkeypatch):
+    """Where a rescue copy goes: the test's own tmp dir (tempfile's root, as msbridge asks it)."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+def config(tmp_path, sinks=("jsonl",)):
+    return {"experiment": "e", "run_name": "r", "output_dir": str(tmp_path / "out" / "{experiment}" / "{run_name}"),
+            "flush_steps": 10, "overhead_budget": 0.9, "sinks": list(sinks)}
+
+
+def remove_run_dir(run_dir: str, how: str) -> None:
+    """``rm -r`` of the run dir, or of its metrics folder; with ``blocked``, a file takes the run dir's place, so
+    it cannot be made again."""
+    shutil.rmtree(os.path.join(run_dir, "metrics") if how == "metrics" else run_dir)
+    if how in ("blocked", "lost"):
+        with open(run_dir, "w", encoding="utf-8") as fh:
+            fh.write("not a directory\n")
+
+
+def tracked(tmp_path, how: str, sinks=("jsonl",)):
+    with msbridge.track(config(tmp_path, sinks), progress=False) as run:
+        for step in range(1, STEPS + 1):
+            run.step(loss=1.0 / step)
+            if step == AT:
+                remove_run_dir(run.run_dir, how)
+    return run
+
+
+def steps_in(path: str) -> list:
+    return [r.step for r in read_rank_file(path).records]
+
+
+@pytest.mark.parametrize("how", ["run-dir", "metrics"])
+def test_a_removed_run_dir_is_named_and_written_again_with_every_step(tmp_path, rescue_root, caplog, how):
+    caplog.set_level(logging.ERROR, logger="msbridge")
+    run = tracked(tmp_path, how)
+    assert steps_in(rank_file(run.run_dir, 0)) == list(range(1, STEPS + 1)), "every step, at its own path"
+    assert run.outcome.status == "FINISHED" and run.outcome.undelivered == {} and run.outcome.exit_code == 0
+    said = [r.getMessage() for r in caplog.records if "was removed during the run" in r.getMessage()]
+    assert len(said) == 1 and rank_file(run.run_dir, 0) in said[0], "named once"
+    with open(os.path.join(run.run_dir, "run.json"), encoding="utf-8") as fh:
+        assert json.load(fh)["outcome"]["status"] == "FINISHED"
+    assert not os.listdir(rescue_root), "no rescue copy was needed"
+
+
+def test_a_run_dir_that_cannot_be_made_again_goes_on_in_a_rescue_copy(tmp_path, rescue_root, caplog):
+    run = tracked(tmp_path, "blocked")
+    [rescued] = [os.path.join(root, f) for root, _, files in os.walk(rescue_root) for f in files]
+    assert steps_in(rescued) == list(range(1, STEPS + 1)), "every step, in the rescue copy"
+    assert run.outcome.exit_code == EXIT_UNDELIVERED
+    assert run.outcome.undelivered["jsonl"].startswith(f"{rank_file(run.run_dir, 0)} was removed during the run and "
+                                                       "its directory could not be made again (")
+    assert run.outcome.undelivered["jsonl"].endswith(f": every line is in {rescued}")
+    assert f"the log goes on in {rescued}" in caplog.text
+
+
+def test_a_log_that_cannot_be_written_anywhere_is_said_lost(tmp_path, rescue_root, caplog):
+    shutil.rmtree(rescue_root)
+    rescue_root.write_text("a file: nothing can be made under it\n")
+    run = tracked(tmp_path, "lost")
+    said = run.outcome.undelivered["jsonl"]
+    assert run.outcome.exit_code == EXIT_UNDELIVERED and run.outcome.status == "FINISHED"
+    assert said.startswith(f"{rank_file(run.run_dir, 0)} was removed during the run and could not be written again")
+    assert "line(s) up to step" in said and "are lost with it" in said
+    assert "not delivered: none" not in caplog.text
+
+
+class RemoveAt(Callback):
+    """Removes the run dir at one step of a real ``Model.train``."""
+
+    def __init__(self, monitor: BridgeMonitor, step: int) -> None:
+        self.monitor, self.step = monitor, step
+
+    def on_train_step_end(self, run_context):
+        if run_context.original_args().cur_step_num == self.step:
+            shutil.rmtree(self.monitor.run_dir)
+
+
+@pytest.mark.slow
+def test_model_train_with_every_sink_keeps_every_step_when_the_run_dir_goes(tmp_path, rescue_root, caplog):
+    sinks = {"jsonl": {}, "tensorboard": {}, "mindinsight": {},
+             "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+    monitor = BridgeMonitor(dict(config(tmp_path), sinks=sinks), progress=False)
+    train_regression([monitor, RemoveAt(monitor, 13)], steps=40)
+    log = read_run(monitor.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 41))
+    assert monitor.outcome.status == "FINISHED" and monitor.outcome.undelivered == {}
+    assert "was removed during the run" in caplog.text
