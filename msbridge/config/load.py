@@ -46,6 +46,9 @@ log = logging.getLogger("msbridge")
 
 OUTPUT_PLACEHOLDERS = ("experiment", "run_name", "rank", "timestamp")
 EXPERIMENT_DIR = "{experiment_dir}"
+#: Part of the note on a directory that may be wiped; ``log_notes`` says each such note once per process.
+VOLATILE_WARNING = "it may be wiped (reboot, tmp cleaner)"
+_SAID_VOLATILE: Set[str] = set()
 
 
 def _defaults() -> Dict[str, Any]:
@@ -109,7 +112,7 @@ class _Checker:
             self.volatile.add(os.path.abspath(prefix))
             origin, source = self.source(path)
             self.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {os.path.abspath(prefix)!r} "
-                                   f"is {reason}: it may be wiped (reboot, tmp cleaner) and the run's curves with "
+                                   f"is {reason}: {VOLATILE_WARNING} and the run's curves with "
                                    "it; use a persistent directory", logging.WARNING))
 
 
@@ -151,9 +154,11 @@ def _check(full: Dict[str, Any], checker: _Checker) -> Optional[Config]:
     if "dump_dir" in health:
         checker.directory(("health", "dump_dir"), health["dump_dir"], OUTPUT_PLACEHOLDERS)
     sinks = full["sinks"] if isinstance(full["sinks"], Mapping) else {}
+    from ..sinks.registry import fault_policy
+
     for name, options in sinks.items():
-        for key, value in (options.items() if isinstance(options, Mapping) else ()):
-            if str(key).endswith("dir") and isinstance(value, str):
+        for key, value in _sink_dirs(options):
+            if fault_policy(options) != "warn":  # a "warn" sink's are warnings: ``_check_stores``
                 checker.directory(("sinks", name, key), value)
     if config is not None:
         _check_stores(config.sinks, full, checker)
@@ -178,6 +183,8 @@ def _check_stores(sinks: Mapping[str, Mapping[str, Any]], full: Dict[str, Any], 
             given = {k: v for k, v in options.items() if k != ON_FAULT}
             placed = with_store_defaults(name, given, experiment_dir) if experiment_dir else given
             problems = [(k, m) for k, m in check_options(cls.options, placed) if warn or k not in given]
+            problems += [(k, m) for k, m in ((k, writable_problem(os.path.expanduser(v)))
+                                             for k, v in _sink_dirs(options)) if warn and m]
         for key, message in problems:
             if warn:
                 origin, source = checker.source(("sinks", name))
@@ -185,6 +192,12 @@ def _check_stores(sinks: Mapping[str, Mapping[str, Any]], full: Dict[str, Any], 
                                           f"(on_fault: warn): {message}; jsonl records every step", logging.WARNING))
             else:
                 checker.problem(("sinks", name), f"{key} (by default {placed[key]!r}): {message}")
+
+
+def _sink_dirs(options: Any) -> List[Tuple[str, str]]:
+    """A sink's directory options (``logdir``, ``summary_dir`` ...) given as text."""
+    items = options.items() if isinstance(options, Mapping) else ()
+    return [(str(key), value) for key, value in items if str(key).endswith("dir") and isinstance(value, str)]
 
 
 def _experiment_dir(full: Dict[str, Any]) -> Optional[str]:
@@ -314,7 +327,13 @@ def load_config(source: Union[str, "os.PathLike[str]", Mapping[str, Any], Config
 
 
 def log_notes(config: Config) -> Config:
-    """Log each dialect mapping and warning of ``config`` once on the ``msbridge`` logger."""
+    """Log each dialect mapping and warning of ``config`` on the ``msbridge`` logger; a volatile directory's warning
+    once per process (a sweep's runs share their directories), though ``config check`` shows it every time."""
     for note in config.provenance.notes:
-        log.log(note.level, "msbridge config: %s", note)
+        text = str(note)
+        if VOLATILE_WARNING in text:
+            if text in _SAID_VOLATILE:
+                continue
+            _SAID_VOLATILE.add(text)
+        log.log(note.level, "msbridge config: %s", text)
     return config

@@ -31,10 +31,10 @@ from ..alerts.spec import AlertSpec, check_alerts, plain_section
 from ..errors import ConfigError
 from ..health.spec import HealthSpec, resolve_health
 from ..limits import huge_int_problem, int_digits, is_huge_int
-from ..names import DEFAULT_OBJECTIVES
 from ..options import Option, declare, declared_options, relation_problems
 from .keys import Provenance
 from .value_checks import (
+    DEFAULT_OBJECTIVE_TEXT,
     MAX_ROWS,
     MAX_SECONDS,
     MAX_STEPS,
@@ -63,9 +63,6 @@ _STEPS = dict(low=1, high=MAX_STEPS, high_open=False)
 _SECONDS = dict(low=0, low_open=True, high=MAX_SECONDS, high_open=False)
 _REGEX = "a regular expression over parameter names"
 _GROUP_REGEX = "a regular expression with one capturing group (the layer's name)"
-#: What ``objective.metric: null`` means, from ``names.DEFAULT_OBJECTIVES`` (the rule the run follows).
-DEFAULT_OBJECTIVE_TEXT = ("the first of " + ", ".join(f"`{m}`" for m in DEFAULT_OBJECTIVES)
-                          + " the run records (validation before training, the job's value before one rank's)")
 
 
 def _section(kind: Any, default: Any, doc: str, problems: Optional[Callable[[Any], Problems]] = None,

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 from ..limits import compile_user_regex
+from ..names import DEFAULT_OBJECTIVES
 from ..options import Option, check_options, did_you_mean
 from .yaml_lines import Path
 
@@ -48,9 +49,12 @@ STRAGGLER_OPTIONS: Dict[str, Option] = {
 STRAGGLER_DEFAULTS: Dict[str, Any] = {key: option.default for key, option in STRAGGLER_OPTIONS.items()}
 
 
+#: What ``objective.metric: null`` means, from ``names.DEFAULT_OBJECTIVES`` (the rule the run follows).
+DEFAULT_OBJECTIVE_TEXT = ("the first of " + ", ".join(f"`{m}`" for m in DEFAULT_OBJECTIVES)
+                          + " the run records (validation before training, the job's value before one rank's)")
 OBJECTIVE_OPTIONS: Dict[str, Option] = {
-    "metric": Option(str, None, "the recorded metric a sweep is compared on (`eval/accuracy`); null: `eval/loss` "
-                                "once an evaluation is recorded, else `train/loss` (the global values in data parallel)"),
+    "metric": Option(str, None, "the recorded metric a sweep is compared on (`eval/accuracy`); null: "
+                                + DEFAULT_OBJECTIVE_TEXT),
     "mode": Option(str, "min", "which value is best", choices=("min", "max")),
 }
 #: ``objective:`` keys and their defaults.

@@ -180,12 +180,14 @@ def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]
 
     jsonl comes first (the write-ahead log); a global-only sink (MLflow) exists on the global rank only.
     A tracker whose options do not place its store gets it in ``experiment_dir``.
-    A sink with ``on_fault: warn`` that cannot be built is left out, said in one line (by the config's notes when
-    they said it already).
+    A sink with ``on_fault: warn`` that the config check found unable to work, or that cannot be built, is left out,
+    said in one line.
     """
     sinks = []
     for name in sorted(config.sinks, key=lambda name: name != "jsonl"):
         options = config.sinks[name]
+        if _said_off(config, name):
+            continue
         try:
             cls = resolve(name)
             if cls.ranks != "global" or ranks.is_global:
@@ -193,7 +195,11 @@ def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]
         except (ConfigError, ImportError) as exc:
             if fault_policy(options) != "warn":
                 raise
-            if not any(f"sinks.{name}: off for this run" in str(note) for note in config.provenance.notes):
-                log.warning("msbridge: sinks.%s: off for this run (on_fault: warn): %s; jsonl records every step",
-                            name, mask_text(str(exc)))
+            log.warning("msbridge: sinks.%s: off for this run (on_fault: warn): %s; jsonl records every step",
+                        name, mask_text(str(exc)))
     return sinks
+
+
+def _said_off(config: Config, name: str) -> bool:
+    """The config check found sink ``name`` (``on_fault: warn``) unable to work, and said it is off for this run."""
+    return any(f"sinks.{name}: off for this run" in str(note) for note in config.provenance.notes)

@@ -232,3 +232,47 @@ def test_histogram_interval_is_an_int_and_needs_histograms(tmp_path):
     assert len(bad) == 1 and "histogram_interval: expected null or an integer >= 1 and <= 10_000_000, got 0" in bad[0]
     alone = problems_of(write(tmp_path, "histogram_interval: 100\n", name="alone.yaml"))
     assert len(alone) == 1 and "has no effect without histograms" in alone[0]
+
+
+def test_on_fault_is_checked_and_jsonl_takes_none(tmp_path):
+    path = write(tmp_path, """\
+        experiment: exp
+        sinks:
+          jsonl: {on_fault: warn}
+          tensorboard: {on_fault: later}
+        """)
+    found = problems_of(path)
+    assert any("run.yaml:3: sinks.jsonl.on_fault: jsonl is the write-ahead log, always on" in p for p in found), found
+    assert any(p.startswith("run.yaml:4: sinks.tensorboard.on_fault: expected one of fail, warn") for p in found), found
+
+
+def test_on_fault_warn_starts_training_without_a_sink_that_cannot_work(tmp_path, caplog):
+    (tmp_path / "in_the_way").write_text("a file where the logdir's parent should be")
+    path = write(tmp_path, """\
+        experiment: exp
+        sinks:
+          jsonl: {}
+          tensorboard: {logdir: in_the_way/tb, on_fault: warn}
+        """)
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        config = load_config(path)
+    assert "tensorboard" in config.sinks
+    said = [r.getMessage() for r in caplog.records if "off for this run" in r.getMessage()]
+    assert len(said) == 1 and "run.yaml:4: sinks.tensorboard: off for this run (on_fault: warn)" in said[0], said
+    import msbridge
+
+    caplog.clear()
+    with msbridge.track(path, progress=False) as run:
+        run.step(loss=1.0)
+    assert run.outcome.exit_code == 0, run.outcome  # trained without it: nothing undelivered, no second line
+    assert len([r for r in caplog.records if "off for this run" in r.getMessage()]) == 1
+
+
+def test_a_volatile_directory_is_said_once_per_process_and_shown_by_every_check(tmp_path, caplog):
+    from msbridge.config.load import log_notes
+
+    config = {"experiment": "e", "experiment_dir": str(tmp_path / "exp")}  # under /tmp: it may be wiped
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        loaded = [log_notes(load_config(config)) for _ in range(3)]  # a sweep's three runs in one process
+    assert len([r for r in caplog.records if "it may be wiped" in r.getMessage()]) == 1
+    assert all(any("it may be wiped" in str(note) for note in c.provenance.notes) for c in loaded)
