@@ -105,3 +105,38 @@ def test_masking_is_linear_in_the_length_of_the_text(unit):
     small_s, big_s = _seconds(small), _seconds(big)
     assert big_s < 2.0, f"{big_s:.2f} CPU s for 1 MB"
     assert big_s < 30 * max(small_s, 1e-3), (small_s, big_s)
+
+
+@pytest.mark.parametrize("key", ["signing_key", "ssh_key", "sessionKey", "SSH-KEY", "jwt_signing_key"])
+def test_key_names_of_keys_are_secret(key):
+    assert is_secret_key(key) and mask_secrets({key: "abc"}) == {key: MASK}
+
+
+def test_the_value_of_a_kubernetes_style_env_item_named_like_a_secret_is_masked():
+    env = [{"name": "HF_TOKEN", "value": "x1"}, {"name": "WORLD_SIZE", "value": "8"}, {"name": "x", "token": 1}]
+    assert mask_secrets({"env": env}) == {"env": [{"name": "HF_TOKEN", "value": MASK},
+                                                  {"name": "WORLD_SIZE", "value": "8"}, {"name": "x", "token": MASK}]}
+
+
+def test_a_secret_once_masked_by_its_key_is_masked_wherever_it_was_copied():
+    assert mask_secrets({"api_key": "sk-copied-7f3a9"}) == {"api_key": MASK}
+    assert mask_text("note: sk-copied-7f3a9, again sk-copied-7f3a9") == "note: ***, again ***"
+    assert mask_secrets({"auth_type": "password"}) == {"auth_type": MASK}
+    assert mask_text("--password given") == "--password given", "a plain word is not masked everywhere"
+
+
+@pytest.mark.parametrize("argv,shown", [
+    (["t.py", "-p", "x1"], "t.py -p ***"), (["t.py", "-px1"], "t.py -p***"),
+    (["t.py", "--wandb-key", "x1"], "t.py --wandb-key ***"), (["t.py", "--hf-token=x1"], "t.py --hf-token=***"),
+    (["t.py", "--key", "x1", "--lr", "0.1"], "t.py --key *** --lr 0.1"), (["t.py", "-n", "4"], "t.py -n 4"),
+])
+def test_secret_options_on_a_command_line_are_masked(argv, shown):
+    assert mask_command(argv) == shown
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("401: Authorization: Bearer eyJ0.abc9.def", "401: Authorization: Bearer ***"),
+    ("Basic dXNlcjpwYXNzd29yZA==", "Basic ***"), ("Bearer authentication failed", "Bearer authentication failed"),
+])
+def test_bearer_and_basic_credentials_in_text_are_masked(text, shown):
+    assert mask_text(text) == shown

@@ -16,8 +16,6 @@ from msbridge.adapters._mlflow_fields import clean_key
 from msbridge.sinks.base import flatten
 from msbridge.sinks.runlog import read_run
 
-pytestmark = pytest.mark.slow
-
 STEPS = 6
 
 
@@ -31,6 +29,7 @@ def mindinsight_steps(summary_root, tags) -> list:
     return [values.count(tag) for tag in tags]
 
 
+@pytest.mark.slow
 def test_metrics_and_params_one_tracker_would_merge_are_kept_apart_and_said_once(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="msbridge")
     config = {"experiment": "names", "run_name": "clash", "flush_steps": 2,

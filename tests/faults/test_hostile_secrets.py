@@ -21,8 +21,6 @@ from msbridge.errors import ConfigError
 from msbridge.masking import mask_command, mask_text
 from msbridge.sinks.runlog import read_run
 
-pytestmark = pytest.mark.slow
-
 RUN_YAML = f"""
 experiment: hostile
 run_name: planted
@@ -72,6 +70,7 @@ def everything_written(tmp_path, captured) -> list:
     return names + [line for line in lines.splitlines() if line]
 
 
+@pytest.mark.slow
 def test_secrets_copied_by_alias_env_lists_key_names_and_argv_are_written_nowhere(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(sys, "argv", ARGV)
     monitor = BridgeMonitor(configured(tmp_path))  # progress on: the console is checked too
@@ -97,6 +96,7 @@ class Unauthorized(Callback):
                                f"(retry with token hf_{MARK}_alias_0001)")
 
 
+@pytest.mark.slow
 def test_bearer_and_a_known_secret_in_an_exception_are_written_nowhere(tmp_path, capfd):
     monitor = BridgeMonitor(configured(tmp_path))
     with pytest.raises(RuntimeError):
