@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -42,7 +43,7 @@ from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, Backlog, EventLog
 from msbridge.adapters._mlflow_models import CheckpointModels
 from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
-from msbridge.adapters._mlflow_store import STORE_REFUSED
+from msbridge.adapters._mlflow_store import STORE_REFUSED, StoreRefused
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
 from msbridge.adapters._mlflow_view import OBJECTIVE_TAG, mark_best
 from msbridge.adapters._tracker_facts import tracking_uri_problem
@@ -64,6 +65,7 @@ PARAMS_TAGS_PER_CALL = 100
 # MLflow error codes meaning "this request can never succeed"; every other failure is retried.
 _PERMANENT = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
               "PERMISSION_DENIED", "UNAUTHENTICATED", "ENDPOINT_NOT_FOUND", STORE_REFUSED}
+_HTML_BODY = re.compile(r"Response body: '\s*<(!doctype html|html)", re.I)
 # MLflow reads its HTTP limits from the environment on every request: option -> (variable, default).
 _HTTP_ENV = {"http_timeout": ("MLFLOW_HTTP_REQUEST_TIMEOUT", 10),
              "http_retries": ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", 0)}
@@ -252,6 +254,9 @@ class MlflowSink(Sink):
             self._next_try = time.monotonic() + self._delay
             self._delay = min(self._delay * 2, self.settings["backoff_max"])
             code = getattr(exc, "error_code", None)
+            wall = sign_in_wall(self.uri, exc)
+            if wall:
+                raise StoreRefused(wall) from None  # a sign-in page does not go away by waiting
             if code == STORE_REFUSED or (self.run_id is None and code in _PERMANENT):
                 raise  # a misconfiguration (a store this MLflow cannot use, bad credentials ...): retrying cannot help
             store = full_disk_store(self.uri, exc)
@@ -409,3 +414,21 @@ class MlflowSink(Sink):
         self._pending.records.extendleft(reversed(missed))
         self._events = EventLog(self._key)
         self._tags.update(self._events.add(wal.events))  # jsonl is written first: it holds the events so far
+
+
+def sign_in_wall(uri: str, exc: BaseException) -> str:
+    """What to say when MLflow's server (or a proxy before it) asks for authentication: a 401/403, or a web page
+    where MLflow's JSON should be (a sign-in form); "" for any other failure.
+
+    Example:
+        >>> sign_in_wall("http://mlflow.corp", Exception("... not in a valid JSON format. Response body: '<html>"))[:60]
+        'MLflow at http://mlflow.corp asks for authentication: it ans'
+    """
+    code = getattr(exc, "error_code", None)
+    if code not in ("UNAUTHENTICATED", "PERMISSION_DENIED") and not _HTML_BODY.search(str(exc)):
+        return ""
+    answer = {"UNAUTHENTICATED": "401", "PERMISSION_DENIED": "403"}.get(code, "a web page (a sign-in form)")
+    return (f"MLflow at {mask_text(uri)} asks for authentication: it answered {answer} where MLflow's API answers "
+            "JSON. Give the credentials in the training's environment: MLFLOW_TRACKING_TOKEN (a bearer token), or "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (msbridge masks them as every secret); jsonl "
+            "records every step meanwhile")

@@ -8,6 +8,10 @@ seconds), up to what the ring buffer or host buffer allows, so the fixed cost
 of a flush (device sync and copy, queue hand-off) is spread over more steps.
 It warns once, naming the phase that costs the most.
 
+A window whose median step is under ``MIN_JUDGED_STEP_S`` (100 us) is not judged: such a step does no training work
+(a ``msbridge.track`` loop with nothing in it, a test), and a share of it says nothing about what monitoring costs a
+real step, whose MindSpore dispatch alone takes longer. Nothing is widened or said for it.
+
 Example:
     >>> budget = OverheadBudget(0.01, flush_steps=100, flush_seconds=10.0, max_flush_steps=236)
     >>> budget.add("drain", 0.0004)
@@ -35,6 +39,8 @@ PHASES = {
     "submit": "hand-off to the sink thread",
 }
 STEP_HOOK = "per-step hook"
+#: Steps shorter than this (median of a window) do no training work: the budget is not judged on them.
+MIN_JUDGED_STEP_S = 100e-6
 
 
 class OverheadBudget:
@@ -84,7 +90,7 @@ class OverheadBudget:
     def observe(self, monitor_s: np.ndarray, step_time_s: np.ndarray) -> None:
         """Account one flushed window; widen the flush window if the median share is over budget."""
         step_total = float(np.sum(step_time_s))
-        if not self.active or step_total <= 0:
+        if not self.active or step_total <= 0 or float(np.median(step_time_s)) < MIN_JUDGED_STEP_S:
             return
         self._monitor_s += float(np.sum(monitor_s))
         self._steps += len(step_time_s)

@@ -467,3 +467,51 @@ def test_bridge_monitor_training_matches_jsonl(tmp_path):
     assert len(client.get_metric_history(mlrun.info.run_id, "train/loss")) == 48
     assert_same_series(client, mlrun.info.run_id, monitor.run_dir)
     assert os.path.isdir(tmp_path / "t" / "mlartifacts")  # artifacts beside the store, not in the cwd
+
+
+class _SignInPage:
+    """A web server that answers every request with an HTML sign-in form, as an authenticating proxy in front of a
+    team's MLflow does: ``status`` 200 (the form itself) or 401."""
+
+    def __init__(self, status):
+        import http.server
+        import threading
+
+        body = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body><form>Sign in</form></body></html>"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [200, 401])
+def test_a_server_that_asks_for_a_sign_in_is_named_so_not_waited_for(tmp_path, monkeypatch, status):
+    page = _SignInPage(status)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cr3t-pw")
+    sink = MlflowSink(tracking_uri=f"http://bob:s3cr3t-url@127.0.0.1:{page.port}", close_timeout=30,
+                      http_retries=0)
+    sink.open(mlflow_run(tmp_path))
+    with pytest.raises(Exception, match="asks for authentication") as raised:
+        sink.write(make_records(range(1, 3)), [])
+    started = time.monotonic()
+    sink.close(FINISHED)
+    assert time.monotonic() - started < 10  # said, not retried for close_timeout
+    page.server.shutdown()
+    for said in (str(raised.value), sink.undelivered()):
+        assert "MLFLOW_TRACKING_TOKEN" in said and "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in said
+        assert ("answered 401" if status == 401 else "a web page (a sign-in form)") in said
+        assert "s3cr3t" not in said and "unreachable" not in said

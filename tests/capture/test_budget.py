@@ -122,3 +122,13 @@ def test_lr_schedule_time_is_its_own_phase_not_the_drains():
     assert 0.02 <= lr <= drain - 0.001  # the schedule's own time, measured inside the drain
     assert costs["drain (device->host copy)"] == pytest.approx(drain - lr)  # the drain without it
     assert budget.timed_lr(None) is None
+
+
+def test_steps_that_do_no_work_are_not_judged():
+    budget = OverheadBudget(0.01, flush_steps=10, flush_seconds=1.0, max_flush_steps=1000)
+    for _ in range(6):  # a track loop with nothing in it: 5 us steps, the monitor's 20 us a step "400 %"
+        budget.observe(*window(4.0, step_s=5e-6))
+    assert (budget.flush_steps, budget.warned) == (10, False)
+    for _ in range(3):  # the same share of a 2 ms step is judged
+        budget.observe(*window(4.0, step_s=2e-3))
+    assert (budget.flush_steps, budget.warned) == (20, True)
