@@ -52,12 +52,31 @@ def fsync(path: str) -> None:
 
 
 def _failure(path: str, need: int) -> OSError:
+    """Why a write did not land: the file (or its folder) removed under the run, a full disk, or EIO."""
+    if not os.path.exists(path):
+        return OSError(errno.ENOENT, REMOVED, path)
     try:
         full = shutil.disk_usage(os.path.dirname(path)).free < need
     except OSError:
         full = True
     code = errno.ENOSPC if full else errno.EIO
     return OSError(code, os.strerror(code), path)
+
+
+#: The reason of a write whose file was removed under the run (a /tmp cleaner, ``rm -r``).
+REMOVED = "removed during the run"
+
+
+def free_bytes(folder: str) -> int:
+    """Free bytes where ``folder`` is, or would be made again (its nearest existing parent) if it was removed."""
+    while True:
+        try:
+            return shutil.disk_usage(folder).free
+        except FileNotFoundError:
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                raise
+            folder = parent
 
 
 class WaitingFile:
@@ -131,6 +150,9 @@ class WaitingFile:
         if self._writer is not None:
             try:
                 fsync(self.path)
+            except FileNotFoundError:  # removed under the run: said once; the next write opens a fresh file
+                self.abandon()
+                self._wait.failed(self, OSError(errno.ENOENT, REMOVED, self.path))
             except OSError as exc:
                 log.warning("msbridge: %s: fsync of %s failed: %s", self._wait.sink, self.path, exc.strerror or exc)
 
@@ -160,6 +182,8 @@ class DiskWait:
         self._done: List[Dict[str, Any]] = []  # gaps final and not yet handed out
         self.lost: List[Dict[str, Any]] = []  # every gap of the run
         self.status_lost = ""
+        self.written_step = 0  # the last step of a record written whole
+        self.removed = 0  # the files were removed under the run, with the steps up to this one (0: they were not)
 
     def at(self, where: str, run_dir: str) -> None:
         """Where the sink's files are (said on a failure) and the run dir its replay reads (at open)."""
@@ -174,24 +198,29 @@ class DiskWait:
             file.write_now(data)
         except OSError as exc:
             file.abandon()
-            self._failed(file, exc)
+            self.failed(file, exc)
             self._hold(file, data, step, kind)
+            return
+        if kind == RECORD:
+            self.written_step = max(self.written_step, step)
 
     def retry(self) -> bool:
         """Write what waits once the disk has room for the oldest event; True when nothing waits."""
         if not self._queue:
             return True
         while self._queue:
-            file, data, _, _ = self._queue[0]
+            file, data, step, kind = self._queue[0]
             try:
-                if shutil.disk_usage(file.folder).free < file.room_for(data):
+                if free_bytes(file.folder) < file.room_for(data):
                     return False
-                file.write_now(data)
+                file.write_now(data)  # a removed folder is made again: a fresh file in it
             except OSError:
                 file.abandon()
                 return False
             self._queue.popleft()
             self._bytes -= len(data)
+            if kind == RECORD:
+                self.written_step = max(self.written_step, step)
         log.warning("msbridge: %s: %s is writable again; every waiting event is written", self.sink, self.where)
         self._end_gap()
         return True
@@ -202,7 +231,9 @@ class DiskWait:
         return done
 
     def give_up(self, status: str) -> List[Dict[str, Any]]:
-        """At close: what still waits is lost (with ``status``, if the close's own writes wait too)."""
+        """At close: one more try (a removed folder is made again), then what still waits is lost (with ``status``,
+        if the close's own writes wait too)."""
+        self.retry()
         if self._queue and any(kind == META for _, _, _, kind in self._queue):
             self.status_lost = status
         while self._queue:
@@ -212,8 +243,16 @@ class DiskWait:
 
     def text(self) -> str:
         """``undelivered()``: every lost step range ("" when nothing was lost)."""
+        removed = (f"its files in {self.where} were removed during the run, with every step up to {self.removed} "
+                   f"(msbridge replay {shlex.quote(self.run_dir)} --to {self.sink} writes them again)"
+                   if self.removed else "")
         if not self.lost and not self.status_lost:
-            return ""
+            return removed
+        if removed:
+            return f"{removed}; {self._lost_text()}"
+        return self._lost_text()
+
+    def _lost_text(self) -> str:
         ranges = ", ".join(f"steps {g['first_step']}-{g['last_step']} ({g['records']} record(s), "
                            f"{g['events']} event(s))" for g in self.lost) or "no records"
         status = f" and status {self.status_lost}" if self.status_lost else ""
@@ -221,9 +260,18 @@ class DiskWait:
                 f"and {MAX_WAITING_BYTES // 2 ** 20} MiB waited in memory for space)")
 
     # -- internals ----------------------------------------------------------------
-    def _failed(self, file: WaitingFile, exc: OSError) -> None:
+    def failed(self, file: WaitingFile, exc: OSError) -> None:
+        """Say once why ``file`` cannot be written (a full disk, EIO), or that it was removed under the run."""
         from msbridge.paths import free_space
 
+        if exc.errno == errno.ENOENT and not self.removed:
+            self.removed = max(self.written_step, 1)
+            log.error("msbridge: %s: %s was removed during the run (seen after step %d); the steps written there "
+                      "are gone with it, later ones go to fresh files (msbridge replay %s --to %s writes them all "
+                      "again)", self.sink, file.path or file.folder, self.written_step, shlex.quote(self.run_dir),
+                      self.sink)
+            self.reason = self.reason or REMOVED
+            return
         if self.reason:  # said once a run
             return
         self.reason = f"{exc.strerror or exc}; {free_space(file.folder)} free"

@@ -13,9 +13,11 @@ import tempfile
 import pytest
 from helpers.training import train_regression
 from mindspore.train import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import msbridge
 from msbridge import BridgeMonitor
+from msbridge.cli.main import main
 from msbridge.run.outcome import EXIT_UNDELIVERED
 from msbridge.sinks.runlog import rank_file, read_rank_file, read_run
 
@@ -39,6 +41,11 @@ def config(tmp_path, sinks=("jsonl",)):
 def remove_run_dir(run_dir: str, how: str) -> None:
     """``rm -r`` of the run dir, or of its metrics folder; with ``blocked``, a file takes the run dir's place, so
     it cannot be made again."""
+    if how == "everything":  # the output root, trackers' files and all (twice: a sink's thread may make a file meanwhile)
+        root = os.path.dirname(os.path.dirname(run_dir))
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+        return
     shutil.rmtree(os.path.join(run_dir, "metrics") if how == "metrics" else run_dir)
     if how in ("blocked", "lost"):
         with open(run_dir, "w", encoding="utf-8") as fh:
@@ -114,3 +121,23 @@ def test_model_train_with_every_sink_keeps_every_step_when_the_run_dir_goes(tmp_
     assert [r.step for r in log.records] == list(range(1, 41))
     assert monitor.outcome.status == "FINISHED" and monitor.outcome.undelivered == {}
     assert "was removed during the run" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_whole_output_tree_removed_is_named_per_sink_and_the_replay_fills_it(tmp_path, rescue_root, caplog):
+    run = tracked(tmp_path, "everything", sinks=("jsonl", "tensorboard", "mindinsight"))
+    assert steps_in(rank_file(run.run_dir, 0)) == list(range(1, STEPS + 1))
+    assert run.outcome.exit_code == EXIT_UNDELIVERED and "jsonl" not in run.outcome.undelivered
+    for sink in ("tensorboard", "mindinsight"):
+        said = run.outcome.undelivered[sink]
+        assert " were removed during the run, with every step up to " in said, said
+        assert f"(msbridge replay {run.run_dir} --to {sink} writes them again)" in said
+        assert "No space left" not in said, "a removed folder is not called a full disk"
+    removed = [r.getMessage() for r in caplog.records if "was removed during the run (seen after step" in r.getMessage()]
+    assert {m.split(":")[1].strip() for m in removed} == {"jsonl", "tensorboard", "mindinsight"}, removed
+    assert "fsync of" not in caplog.text, "said as removed, not as a failed fsync at every flush"
+    for sink in ("tensorboard", "mindinsight"):
+        assert main(["replay", run.run_dir, "--to", sink]) == 0
+    acc = EventAccumulator(str(tmp_path / "out" / "e" / "tensorboard" / "r" / "rank_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert sorted(e.step for e in acc.Scalars("train/loss")) == list(range(1, STEPS + 1)), "each step once"
