@@ -41,7 +41,7 @@ def config(tmp_path, sinks=("jsonl",)):
 def remove_run_dir(run_dir: str, how: str) -> None:
     """``rm -r`` of the run dir, or of its metrics folder; with ``blocked``, a file takes the run dir's place, so
     it cannot be made again."""
-    if how == "everything":  # the output root, trackers' files and all (twice: a sink's thread may make a file meanwhile)
+    if how == "everything":  # the output root, trackers' files and all (twice: a sink's thread may write meanwhile)
         root = os.path.dirname(os.path.dirname(run_dir))
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
@@ -133,7 +133,8 @@ def test_the_whole_output_tree_removed_is_named_per_sink_and_the_replay_fills_it
         assert " were removed during the run, with every step up to " in said, said
         assert f"(msbridge replay {run.run_dir} --to {sink} writes them again)" in said
         assert "No space left" not in said, "a removed folder is not called a full disk"
-    removed = [r.getMessage() for r in caplog.records if "was removed during the run (seen after step" in r.getMessage()]
+    removed = [r.getMessage() for r in caplog.records
+               if "was removed during the run (seen after step" in r.getMessage()]
     assert {m.split(":")[1].strip() for m in removed} == {"jsonl", "tensorboard", "mindinsight"}, removed
     assert "fsync of" not in caplog.text, "said as removed, not as a failed fsync at every flush"
     for sink in ("tensorboard", "mindinsight"):
