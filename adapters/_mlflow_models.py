@@ -13,7 +13,9 @@ True}])`` names the best checkpoint of a whole sweep. The weights are uploaded o
 ``log_checkpoints: upload``.
 
 A replay hands the same events again: a model whose key (``msbridge.checkpoint`` = run id, step, path) the
-store already has is not made twice.
+store already has is not made twice. One the store holds PENDING (a ``create_logged_model`` whose reply was lost:
+the client process died or was replaced after the store committed it) is finished, not made again;
+``ClientProcess.hurry`` never cuts a ``create_logged_model`` short.
 
 Example:
     >>> models = CheckpointModels(upload=False)
@@ -29,7 +31,7 @@ import math
 import os
 import re
 import tempfile
-from typing import Any, Deque, Dict, List, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from msbridge.names import EVAL_PREFIX, GLOBAL_LOSS, GRAD_NORM, LOSS
 from msbridge.sinks.base import Event, Record
@@ -115,9 +117,10 @@ class CheckpointModels:
             key = f"{run_id}:{event.step}:{event.detail['path']}"
             found = client.search_logged_models([experiment_id], filter_string=f"tags.`{KEY_TAG}` = '{_quote(key)}'",
                                                 max_results=1)
-            if not found:
-                try:
-                    made.append(self._make(client, experiment_id, run_id, run_name, event, linked, health, key))
+            if not found or str(found[0].status) != "READY":
+                try:  # made once: one the store holds PENDING (its reply lost, the process restarted) is finished
+                    made.append(self._make(client, experiment_id, run_id, run_name, event, linked, health, key,
+                                           found[0].model_id if found else None))
                 except Exception as exc:  # refused for good (a value MLflow rejects): the metrics go on without it
                     if getattr(exc, "error_code", None) != "INVALID_PARAMETER_VALUE":
                         raise
@@ -127,24 +130,27 @@ class CheckpointModels:
         return made
 
     def _make(self, client: Any, experiment_id: str, run_id: str, run_name: str, event: Event,
-              linked: Dict[str, Point], health: str, key: str) -> str:
+              linked: Dict[str, Point], health: str, key: str, pending: Optional[str]) -> str:
+        """The checkpoint's LoggedModel made (or the ``pending`` one the store holds finished): its metrics linked,
+        its file uploaded if asked, READY."""
         detail = event.detail
         step = int(detail.get("healthy_step", event.step))  # the step whose weights these are
         tags = {KEY_TAG: key, "msbridge.checkpoint.path": str(detail["path"]), "msbridge.step": str(step),
                 "msbridge.health": health, "msbridge.checkpoint.source": str(detail.get("source", "msbridge health"))}
         if step != event.step:
             tags["msbridge.checkpoint.saved_at_step"] = str(event.step)
-        model = client.create_logged_model(experiment_id, name=model_name(run_name, step), source_run_id=run_id,
-                                           tags=tags, model_type="checkpoint")
-        for name, (value, when, step) in sorted(linked.items()):
+        model_id = pending or client.create_logged_model(experiment_id, name=model_name(run_name, step),
+                                                         source_run_id=run_id, tags=tags,
+                                                         model_type="checkpoint").model_id
+        for name, (value, when, step) in sorted(linked.items()):  # a row logged again is the same row
             client.log_metric(run_id, name, value if math.isfinite(value) else math.nan,
-                              timestamp=int(when * 1000), step=step, model_id=model.model_id)
+                              timestamp=int(when * 1000), step=step, model_id=model_id)
         if self.upload and os.path.isfile(detail["path"]):
             with tempfile.TemporaryDirectory() as folder:  # MLflow uploads a folder: the file linked into one
                 os.symlink(os.path.abspath(detail["path"]), os.path.join(folder, os.path.basename(detail["path"])))
-                client.log_model_artifacts(model.model_id, folder)
-        client.finalize_logged_model(model.model_id, "READY")
-        return model.model_id
+                client.log_model_artifacts(model_id, folder)
+        client.finalize_logged_model(model_id, "READY")
+        return model_id
 
 
 def model_name(run_name: str, step: int) -> str:

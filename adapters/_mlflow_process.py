@@ -59,8 +59,8 @@ ACTIVE_ONLY, ALL_RUNS = 1, 3
 _CONNECT = "_connect"
 #: Seconds ``close`` gives the child to exit by itself once its input has ended.
 EXIT_WAIT = 1.0
-#: Calls ``hurry`` does not cut short: run twice, they would make two runs.
-NOT_REDONE = ("create_run",)
+#: Calls ``hurry`` does not cut short: run twice, they would make two runs, or two LoggedModels of one checkpoint.
+NOT_REDONE = ("create_run", "create_logged_model")
 
 
 #: Run first in the child: ``msbridge`` as a bare package (its ``__path__`` only), so that importing this module does

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import pytest
 from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
+from msbridge.adapters._mlflow_process import ClientProcess
 from msbridge.adapters._mlflow_sched import NICE
 from msbridge.sinks.base import Sink
 
@@ -162,3 +164,20 @@ def test_a_real_training_opens_its_sinks_as_a_live_training(tmp_path):
     train_regression([BridgeMonitor({"experiment": "live", "output_dir": str(tmp_path / "run"), "sinks": ["jsonl"]},
                                     sinks=[probe])], steps=4)
     assert probe.opened.training is True and probe.opened.run_dir == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize("in_flight", ["create_run", "create_logged_model"])
+def test_hurry_never_cuts_short_a_call_that_makes_something(in_flight, monkeypatch):
+    """A starved child in ``create_run`` or ``create_logged_model`` is left to answer: redone on a new child after
+    the store committed it, it would make a second run, or a second LoggedModel of one checkpoint (one stuck
+    PENDING). The same child in ``log_batch`` (a row sent again is the same row) is replaced. Starvation is set
+    here: causing it at the exact moment of a call is a race a test cannot win every time."""
+    client = ClientProcess()
+    try:
+        monkeypatch.setattr(ClientProcess, "_starved", lambda self: True)
+        client._slowed, client._in_flight = True, in_flight
+        assert client.hurry() is False and client._proc.poll() is None
+        client._beside_training, client._slowed, client._in_flight = True, True, "log_batch"
+        assert client.hurry() is True and client._proc.wait(10) == -signal.SIGKILL
+    finally:
+        client.close()

@@ -123,3 +123,26 @@ def test_log_checkpoints_uploads_the_file_or_makes_no_model(tmp_path, mode):
         assert files == [os.path.basename(model.tags["msbridge.checkpoint.path"])]
         assert all(a.file_size == os.path.getsize(model.tags["msbridge.checkpoint.path"])
                    for a in client.list_logged_model_artifacts(model.model_id))
+
+
+def test_a_logged_model_the_store_holds_pending_is_finished_not_made_again(tmp_path):
+    """What a ``create_logged_model`` whose reply was lost leaves (the store committed it, then the client process
+    died or was replaced): one PENDING model with the checkpoint's key. The next delivery (here a replay) finishes it;
+    no second model is made for that checkpoint."""
+    import sqlite3
+
+    from mlflow.entities.logged_model_status import LoggedModelStatus
+
+    monitor = _train(tmp_path, "orphan", ["jsonl", "mlflow"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    experiment_id = only_run(client, "ck").info.experiment_id
+    first = sorted(_models(client, experiment_id), key=lambda m: int(m.tags["msbridge.step"]))[0]
+    with sqlite3.connect(tmp_path / "ck" / "mlflow.db") as db:
+        db.execute("UPDATE logged_models SET status = ? WHERE model_id = ?",
+                   (LoggedModelStatus.PENDING.to_int(), first.model_id))
+    assert str(client.get_logged_model(first.model_id).status) == "PENDING"
+    assert main(["replay", monitor.run_dir, "--to", "mlflow"]) == 0
+    models = _models(client, experiment_id)
+    assert len(models) == STEPS // EVERY and len({m.tags[KEY_TAG] for m in models}) == STEPS // EVERY
+    assert {str(m.status) for m in models} == {"READY"}
+    assert str(client.get_logged_model(first.model_id).status) == "READY"
