@@ -126,3 +126,15 @@ def test_a_closed_terminal_closes_the_mlflow_run_killed_with_every_step(tmp_path
     assert run.info.status == "KILLED"
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted(m.step for m in history) == steps, "MLflow holds every step the jsonl holds"
+
+
+def test_sigkill_keeps_every_flushed_window_and_leaves_no_temp_file(tmp_path):
+    """The fourth signal, which no handler sees: every window flushed before it is whole in the jsonl (fsynced
+    at each flush, 25 steps here), nothing half-written is left, and run.json holds no outcome it did not reach."""
+    ended = signalled_job(tmp_path, signal.SIGKILL, at_step=60)
+    steps = [r.step for r in read_run(ended.out).ranks[0].records]
+    assert ended.code == -signal.SIGKILL
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 50, "steps 1-50 were flushed before it"
+    with open(os.path.join(ended.out, "run.json"), encoding="utf-8") as fh:
+        assert "outcome" not in json.load(fh), "no outcome is claimed: the run never reached its close"
+    assert_nothing_left_behind(ended.out)
