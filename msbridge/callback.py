@@ -38,13 +38,14 @@ from .masking import mask_text
 from .metrics.rank_timing import StepTimer, data_wait_values
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
-from .run.outcome import RunOutcome, RunTally
+from .run.outcome import PRUNED, RunOutcome, RunTally
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
 from .run.watchdog import AT_FLUSH, IN_COLLECTIVE, IN_STEP, StallWatchdog
 from .sinks.base import FAILED, FINISHED, KILLED, Event, Record, RunInfo, Sink
 from .sinks.dispatch import Dispatcher
+from .sweep.trial import SWEEP_METRIC, TrialLink, join_trial
 
 log = logging.getLogger("msbridge")
 
@@ -57,6 +58,9 @@ class BridgeMonitor(EvalHooks, Callback):
         overrides: ``key=value`` strings applied on top (YAML-typed).
         sinks: extra sink instances (third-party or test sinks), added to the configured ones.
         progress: print progress lines on the global rank.
+        trial: an Optuna trial (inside your own ``study.optimize``): its values become the run's params, and
+            each value of the objective is reported to it; when Optuna prunes, training stops and the run ends
+            PRUNED (``msbridge.sweep.trial``). In a trial of ``msbridge sweep`` the monitor joins it by itself.
 
     The config, the sink names and extras and the output dir are all checked here, before training.
 
@@ -68,14 +72,20 @@ class BridgeMonitor(EvalHooks, Callback):
     """
 
     def __init__(self, config: Union[str, Mapping[str, Any], Config, None] = None,
-                 overrides: Sequence[str] = (), sinks: Sequence[Sink] = (), progress: bool = True) -> None:
+                 overrides: Sequence[str] = (), sinks: Sequence[Sink] = (), progress: bool = True,
+                 trial: Any = None) -> None:
         super().__init__()
+        self.trial_link: Optional[TrialLink] = join_trial(trial)  # None outside a sweep
+        if self.trial_link is not None:
+            overrides = [*overrides, *self.trial_link.overrides()]
         self.config: Config = load_config(config, overrides=overrides)
         self.health = Health(self.config.health_spec)
         self.plan: Optional[RunPlan] = None
         if self.config.monitor_on:
             self.plan = plan_run(self.config, extra_sinks=sinks)
             self.plan.progress = progress
+            if self.trial_link is not None and self.plan.ranks.is_global:
+                self.trial_link.attach(self.plan.run_dir)
         self.dispatcher: Optional[Dispatcher] = None
         self.run: Optional[RunInfo] = None
         self._buffer: StepSource = StepBuffer()
@@ -341,8 +351,10 @@ class BridgeMonitor(EvalHooks, Callback):
             if event is not None:
                 self.events.append(event)
                 self.dispatcher.submit([], [event])
+            if status == FINISHED and self.trial_link is not None and self.trial_link.pruned_at is not None:
+                status = PRUNED
             dispatcher, self.dispatcher = self.dispatcher, None
-            dispatcher.close(status)
+            dispatcher.close(FINISHED if status == PRUNED else status)  # trackers: FINISHED, its `pruned` event a tag
             late = self._signals.interrupt_detail() if interrupted is None else None
             self._finish(status, dispatcher, late)
             self._signals.restore()
@@ -383,6 +395,21 @@ class BridgeMonitor(EvalHooks, Callback):
         dispatcher = self.dispatcher
         if dispatcher is not None:
             dispatcher.submit([], [event])
+
+    def _before_dispatch(self, records: Sequence[Record]) -> None:
+        """The objective's values reported to the Optuna trial (``trial_link``); when it says prune, training
+        stops after this step (``request_stop``, ``msbridge.track``'s ``should_stop``) and the run ends PRUNED."""
+        super()._before_dispatch(records)
+        link = self.trial_link
+        if link is None or self.run is None or not self.run.is_global:
+            return
+        metric = self.config.objective["metric"] or SWEEP_METRIC  # one metric a trial: Optuna compares it by step
+        if link.report(records, metric):
+            event = link.event(self.run.rank, metric)
+            self._pending_events.append(event)
+            self.events.append(event)
+            if self._train_context is not None:
+                self._train_context.request_stop()
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""

@@ -187,7 +187,8 @@ class TrackedRun:
         epochs: epochs the loop runs (with ``dataset``, the expected steps of the progress line).
         total_steps: the steps the loop runs, when there is no dataset to tell.
         batch_size: samples per step, when there is no dataset to tell.
-        overrides, sinks, progress: as ``BridgeMonitor`` takes them.
+        overrides, sinks, progress, trial: as ``BridgeMonitor`` takes them (an Optuna ``trial`` that prunes
+            sets ``should_stop``).
 
     Example:
         >>> run = TrackedRun({"sinks": ["jsonl"]}, total_steps=100).start()
@@ -198,8 +199,8 @@ class TrackedRun:
     def __init__(self, config: Union[str, Mapping[str, Any], Config, None] = None, *, network: Any = None,
                  optimizer: Any = None, dataset: Any = None, epochs: int = 1, total_steps: Optional[int] = None,
                  batch_size: Optional[int] = None, overrides: Sequence[str] = (), sinks: Sequence[Sink] = (),
-                 progress: bool = True) -> None:
-        self.monitor = _LoopMonitor(config, overrides=overrides, sinks=sinks, progress=progress)
+                 progress: bool = True, trial: Any = None) -> None:
+        self.monitor = _LoopMonitor(config, overrides=overrides, sinks=sinks, progress=progress, trial=trial)
         saving = self.monitor.health.spec.checks_with(CHECKPOINT_AND_STOP)
         if saving and network is None:
             raise ConfigError(f"health.{saving[0]}.action: checkpoint_and_stop saves the network's weights: "
@@ -222,7 +223,8 @@ class TrackedRun:
 
     @property
     def should_stop(self) -> bool:
-        """True once a health ``stop`` (or ``checkpoint_and_stop``) action fired: the loop should end."""
+        """True once a health ``stop`` (or ``checkpoint_and_stop``) action fired, or the Optuna trial was pruned
+        (``msbridge.sweep``): the loop should end."""
         return self._context.stop_requested
 
     @property

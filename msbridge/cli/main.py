@@ -23,6 +23,7 @@ from ..sinks.registry import names as sink_names
 from .alert_cmd import add_alert_commands, cmd_replay_alerts
 from .analyze import add_analysis_commands, add_strict
 from .config_cmd import add_config_commands
+from .sweep_cmd import add_sweep_command
 from .view import add_view_command
 
 #: Where the demo writes when neither --out nor --config says: the default experiment dirs' root.
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_alert_commands(sub)
     add_analysis_commands(sub)
     add_view_command(sub)
+    add_sweep_command(sub)
     return parser
 
 

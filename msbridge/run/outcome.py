@@ -8,6 +8,8 @@
 0   FINISHED, and every sink received everything
 3   FINISHED, but a sink did not receive everything (``undelivered``);
     ``msbridge replay RUN_DIR --to SINK`` fills it from the jsonl log
+0   PRUNED: an Optuna trial's pruner stopped training (``msbridge.sweep``),
+    and every sink received everything (else 3)
 4   FAILED: a health action stopped training, training raised, or the
     ranks' collective timed out
 5   KILLED: SIGTERM, SIGHUP or SIGINT (the process normally ends by the signal
@@ -43,14 +45,16 @@ EXIT_OK = 0
 EXIT_UNDELIVERED = 3
 EXIT_FAILED = 4
 EXIT_KILLED = 5
-_BY_STATUS = {FINISHED: EXIT_OK, FAILED: EXIT_FAILED, KILLED: EXIT_KILLED}
+#: The status of a run an Optuna pruner stopped; its trackers close FINISHED, with a ``pruned`` event.
+PRUNED = "PRUNED"
+_BY_STATUS = {FINISHED: EXIT_OK, PRUNED: EXIT_OK, FAILED: EXIT_FAILED, KILLED: EXIT_KILLED}
 #: The sink that is the write-ahead log: the others are rebuilt from it, it cannot be.
 WAL_SINK = "jsonl"
 
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """``status``: FINISHED, FAILED or KILLED; None while the run has not ended (or never started).
+    """``status``: FINISHED, PRUNED, FAILED or KILLED; None while the run has not ended (or never started).
     ``undelivered``: sink name -> what it may lack: its failed calls ("2 failed call(s)"), what it gave
     up delivering when it closed ("30 records and status FINISHED not delivered ...").
 
@@ -65,7 +69,7 @@ class RunOutcome:
     @property
     def exit_code(self) -> int:
         """0, 3, 4 or 5, see the module's table; 0 while the run has not ended."""
-        if self.status == FINISHED and self.undelivered:
+        if self.status in (FINISHED, PRUNED) and self.undelivered:
             return EXIT_UNDELIVERED
         return _BY_STATUS.get(self.status or FINISHED, EXIT_OK)
 

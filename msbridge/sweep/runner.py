@@ -1,0 +1,245 @@
+"""``msbridge sweep``'s loop: ask Optuna for a trial, run the training command as its own process, tell the result.
+
+``jobs`` threads each run one trial process at a time. A trial is its command with ``--name=value`` appended
+and the ``MSBRIDGE_SWEEP_*`` environment (``msbridge.sweep``); its output goes to
+``<experiment dir>/trials/trial-<number>.log``. When it exits, its run's run.json (the run dir the trial's monitor
+kept on the Optuna trial) says how it ended:
+
+- PRUNED: told PRUNED (the monitor reported each value and stopped training when Optuna said prune);
+- FINISHED with a finite objective: told its objective's best value (what ``msbridge compare`` ranks on);
+- anything else (the command failed, no msbridge run, no finite objective): told FAIL, with one line saying why;
+  the sweep goes on.
+
+``trials`` is the number the study holds when the sweep is done: a rerun of a killed sweep resumes it (trials
+left RUNNING by the killed sweep are told FAIL first). ``timeout`` stops new trials from starting.
+
+Example:
+    >>> summary = run_sweep(load_spec("sweep.yaml"))
+    >>> summary.counts
+    {'COMPLETE': 9, 'PRUNED': 3}
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, TextIO, Tuple
+
+from . import (ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL,
+               ENV_TRIAL_ID)
+from .spec import SweepSpec
+from .study import distribution, open_study, optuna_module
+from .trial import RUN_DIR_ATTR, finite, read_outcome
+
+#: A command word replaced by the Python running the sweep.
+PYTHON = "{python}"
+#: Characters of a failed trial's last output line quoted in its one-line reason.
+REASON_CHARS = 200
+
+
+@dataclass
+class SweepSummary:
+    """What a sweep did: the study's trials by state once it ended, the trials this sweep ran, the best.
+
+    Example:
+        >>> SweepSummary("s", {"COMPLETE": 3}, ran={"COMPLETE": 3}).line()
+        'study s: 3 trials (COMPLETE 3); this sweep ran 3'
+    """
+
+    study: str
+    counts: Dict[str, int] = field(default_factory=dict)
+    ran: Dict[str, int] = field(default_factory=dict)  # the trials this sweep ran, by state
+    best: Optional[Tuple[int, float, Dict[str, Any]]] = None  # (number, value, params)
+
+    def line(self) -> str:
+        states = ", ".join(f"{state} {n}" for state, n in sorted(self.counts.items()))
+        best = f"; best: trial {self.best[0]} = {self.best[1]:.6g} {json.dumps(self.best[2])}" if self.best else ""
+        return f"study {self.study}: {sum(self.counts.values())} trials ({states}); this sweep ran {sum(self.ran.values())}{best}"
+
+
+def trial_command(spec: SweepSpec, params: Dict[str, Any]) -> List[str]:
+    """The training command with the trial's values appended as ``--name=value`` (W&B's convention); the word
+    ``{python}`` is this Python (the sweep's own interpreter, as W&B's ``${interpreter}``).
+
+    Example:
+        >>> trial_command(spec, {"optimizer.learning_rate": 0.01, "model.hidden": 64})
+        ['python', 'train.py', '--optimizer.learning_rate=0.01', '--model.hidden=64']
+    """
+    words = [sys.executable if word == PYTHON else word for word in spec.command]
+    return [*words, *(f"--{name}={value}" for name, value in params.items())]
+
+
+def trial_env(spec: SweepSpec, trial: Any) -> Dict[str, str]:
+    """The trial's process environment: this one plus the ``MSBRIDGE_SWEEP_*`` variables."""
+    env = dict(os.environ)
+    env.update({ENV_STUDY: spec.study, ENV_STORAGE: spec.storage_url, ENV_TRIAL: str(trial.number),
+                ENV_TRIAL_ID: str(trial._trial_id), ENV_PARAMS: json.dumps(trial.params),
+                ENV_OBJECTIVE: json.dumps({"metric": spec.metric, "mode": spec.mode}),
+                ENV_PRUNER: json.dumps(dict(spec.pruner)), ENV_EXPERIMENT_DIR: spec.directory})
+    return env
+
+
+def _last_line(log_path: str) -> str:
+    """The last non-empty line of a trial's output, cut to ``REASON_CHARS``."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(os.path.getsize(log_path) - 8192, 0))
+            lines = [ln.strip() for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:REASON_CHARS] if lines else ""
+
+
+def judge(spec: SweepSpec, code: int, run_dir: Optional[str], log_path: str) -> Tuple[str, Optional[float], str]:
+    """``(state, value, reason)`` of an ended trial from its exit code and its run's outcome; state is
+    ``COMPLETE``, ``PRUNED`` or ``FAIL``."""
+    outcome = read_outcome(run_dir) if run_dir else {}
+    status = outcome.get("status")
+    if status == "PRUNED":
+        return "PRUNED", None, ""
+    if code != 0 and status != "FINISHED":
+        said = _last_line(log_path)
+        return "FAIL", None, f"the command exited {code}" + (f": {said}" if said else "") + f" (log: {log_path})"
+    if not run_dir:
+        return "FAIL", None, ("the command ran no msbridge monitor (no run dir on the trial): add BridgeMonitor or "
+                              f"msbridge.track to the training script (log: {log_path})")
+    if status != "FINISHED":
+        return "FAIL", None, f"the run ended {status or 'without an outcome'} (see {run_dir}/README.md)"
+    objective = outcome.get("objective") or {}
+    value = finite(objective.get("best"))
+    if value is None or objective.get("metric") != spec.metric:
+        return "FAIL", None, (f"the run recorded no finite {spec.metric} (objective.metric), its objective was "
+                              f"{objective.get('metric')!r} (see {run_dir}/README.md)")
+    return "COMPLETE", value, ""
+
+
+class Sweep:
+    """One ``msbridge sweep``: ``spec``'s study opened (created or resumed), its trials run ``jobs`` at a time.
+
+    Args:
+        spec: the checked sweep file.
+        out: where the one line per trial goes.
+        join: another worker runs the same study (``--join``): trials left RUNNING are theirs, not stale.
+
+    Example:
+        >>> Sweep(load_spec("sweep.yaml")).run().line()
+        'study demo-sweep: 12 trials (COMPLETE 9, PRUNED 3); this sweep ran 12; best: trial 7 = 2.03 {...}'
+    """
+
+    def __init__(self, spec: SweepSpec, out: TextIO = sys.stdout, join: bool = False) -> None:
+        self.spec, self.out, self.join = spec, out, join
+        self.study = open_study(spec)  # the sampler, pruner and storage checked here, before any trial
+        self.distributions = {name: distribution(param) for name, param in spec.params.items()}
+        self.states = optuna_module().trial.TrialState
+        self.ran: Dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._deadline: Optional[float] = None
+        self._stopping = False
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            print(f"[msbridge] sweep: {text}", file=self.out, flush=True)
+
+    def run(self) -> SweepSummary:
+        """Run trials until the study holds ``trials`` (or ``timeout`` passed); returns the summary."""
+        spec = self.spec
+        if not self.join:
+            self._fail_stale()
+        held = len(self.study.get_trials(deepcopy=False))
+        self.say(f"study {spec.study} in {spec.storage_url.split('@')[-1]}: {held} trial(s) held, up to "
+                 f"{max(spec.trials - held, 0)} to run, {spec.jobs} at once; runs in {spec.directory}")
+        self._deadline = time.monotonic() + spec.timeout if spec.timeout else None
+        workers = [threading.Thread(target=self._work, name=f"msbridge-sweep-{i}", daemon=True)
+                   for i in range(spec.jobs)]
+        for worker in workers:
+            worker.start()
+        try:
+            for worker in workers:
+                while worker.is_alive():
+                    worker.join(0.5)
+        except KeyboardInterrupt:  # the trials' processes got the Ctrl-C too: they end KILLED and are told FAIL
+            self._stopping = True
+            self.say("interrupted: no new trials; waiting for the running ones to end")
+            for worker in workers:
+                worker.join(120)
+            raise
+        return self.summary()
+
+    def _fail_stale(self) -> None:
+        """Trials a killed sweep left RUNNING (or WAITING) are told FAIL: this sweep is the study's only worker."""
+        for trial in self.study.get_trials(deepcopy=False, states=(self.states.RUNNING, self.states.WAITING)):
+            self.study.tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
+            self.say(f"trial {trial.number} was left {trial.state.name} by a sweep that ended: told FAIL")
+
+    def _next(self) -> Any:
+        """The next trial to run (asked under the lock, so ``trials`` is never passed on this host), or None."""
+        with self._lock:
+            if self._stopping or (self._deadline is not None and time.monotonic() >= self._deadline):
+                return None
+            if len(self.study.get_trials(deepcopy=False)) >= self.spec.trials:
+                return None
+            return self.study.ask(self.distributions)
+
+    def _work(self) -> None:
+        while True:
+            trial = self._next()
+            if trial is None:
+                return
+            try:
+                state = self._run_trial(trial)
+            except Exception as exc:  # never lose a trial: whatever failed here, Optuna hears FAIL
+                self.study.tell(trial, state=self.states.FAIL, skip_if_finished=True)
+                self.say(f"trial {trial.number} FAIL: {type(exc).__name__}: {exc}")
+                state = "FAIL"
+            with self._lock:
+                self.ran[state] = self.ran.get(state, 0) + 1
+
+    def _run_trial(self, trial: Any) -> str:
+        """Run one trial's process to its end, then tell Optuna how it went; returns the state told."""
+        spec, number = self.spec, trial.number
+        log_dir = os.path.join(spec.directory, "trials")
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, f"trial-{number}.log")
+        command = trial_command(spec, trial.params)
+        self.say(f"trial {number} started: {shlex.join(command[len(spec.command):])}")
+        started = time.monotonic()
+        try:
+            with open(log_path, "wb") as log:
+                code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=trial_env(spec, trial)).returncode
+        except OSError as exc:  # no such program, no permission
+            state, value, reason = "FAIL", None, f"cannot start {command[0]!r}: {exc.strerror or exc}"
+        else:
+            stored = self.study._storage.get_trial(trial._trial_id)
+            state, value, reason = judge(spec, code, stored.user_attrs.get(RUN_DIR_ATTR), log_path)
+            if state == "PRUNED" and stored.last_step is not None:
+                reason = f"at step {stored.last_step}, {spec.metric}={stored.intermediate_values[stored.last_step]:.6g}"
+        if state == "FAIL":
+            trial.set_user_attr("msbridge.fail_reason", reason)
+        told = {"COMPLETE": None, "PRUNED": self.states.PRUNED, "FAIL": self.states.FAIL}[state]
+        self.study.tell(trial, value if state == "COMPLETE" else None, state=told)
+        took = time.monotonic() - started
+        self.say(f"trial {number} {state}" + (f" {spec.metric}={value:.6g}" if value is not None else "") +
+                 (f": {reason}" if state == "FAIL" else f" {reason}" if reason else "") + f" ({took:.0f} s)")
+        return state
+
+    def summary(self) -> SweepSummary:
+        """The study's trials by state now, what this sweep ran, and the best complete trial."""
+        counts: Dict[str, int] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+        best = None
+        if counts.get("COMPLETE"):
+            top = self.study.best_trial
+            best = (top.number, float(top.value), dict(top.params))
+        return SweepSummary(self.spec.study, counts, dict(self.ran), best)
+
+
+def run_sweep(spec: SweepSpec, out: TextIO = sys.stdout, join: bool = False) -> SweepSummary:
+    """Run the sweep ``spec`` describes (``Sweep``) and return its summary."""
+    return Sweep(spec, out, join).run()
