@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 from helpers.training import train_regression
@@ -39,17 +40,27 @@ def config(tmp_path, sinks=("jsonl",)):
 
 
 def remove_run_dir(run_dir: str, how: str) -> None:
-    """``rm -r`` of the run dir, or of its metrics folder; with ``blocked``, a file takes the run dir's place, so
-    it cannot be made again."""
-    if how == "everything":  # the output root, trackers' files and all (twice: a sink's thread may write meanwhile)
+    """``rm -r`` of the run dir, or of its metrics folder (moved away first: the sinks' threads write meanwhile);
+    with ``blocked`` / ``lost``, a file takes the run dir's place, so it cannot be made again."""
+    if how == "everything":  # the output root, trackers' files and all
         root = os.path.dirname(os.path.dirname(run_dir))
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+        os.rename(root, root + ".gone")
+        shutil.rmtree(root + ".gone")
         return
-    shutil.rmtree(os.path.join(run_dir, "metrics") if how == "metrics" else run_dir)
+    target = os.path.join(run_dir, "metrics") if how == "metrics" else run_dir
+    os.rename(target, target + ".gone")
+    shutil.rmtree(target + ".gone")
     if how in ("blocked", "lost"):
-        with open(run_dir, "w", encoding="utf-8") as fh:
+        blocker = run_dir + ".blocker"
+        with open(blocker, "w", encoding="utf-8") as fh:
             fh.write("not a directory\n")
+        for attempt in range(100):  # the jsonl's thread may make the dir again first: move it away, and again
+            try:
+                os.rename(blocker, run_dir)
+                return
+            except OSError:
+                os.rename(run_dir, f"{run_dir}.again{attempt}")
+        raise AssertionError("the run dir kept coming back")
 
 
 def tracked(tmp_path, how: str, sinks=("jsonl",)):
@@ -57,8 +68,21 @@ def tracked(tmp_path, how: str, sinks=("jsonl",)):
         for step in range(1, STEPS + 1):
             run.step(loss=1.0 / step)
             if step == AT:
+                written(tmp_path, run.run_dir, sinks)
                 remove_run_dir(run.run_dir, how)
     return run
+
+
+def written(tmp_path, run_dir: str, sinks) -> None:
+    """Wait (bounded) until each sink's thread wrote a first window, so the removal takes steps with it."""
+    folders = {"tensorboard": tmp_path / "out" / "e" / "tensorboard", "mindinsight": tmp_path / "out" / "e" / "summary"}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        files = [f for sink in sinks if sink in folders for _, _, names in os.walk(folders[sink]) for f in names]
+        if len(steps_in(rank_file(run_dir, 0))) >= 10 and len(files) >= len(set(sinks) & set(folders)):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the sinks wrote nothing in 60 s")
 
 
 def steps_in(path: str) -> list:
