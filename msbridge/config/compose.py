@@ -24,6 +24,7 @@ import copy
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..masking import is_secret_key
 from ..options import did_you_mean
 from .dialects import VOCABULARY
 from .keys import Note, is_training_yaml, section_of
@@ -196,7 +197,8 @@ def set_path(data: Dict[Any, Any], path: Path, value: Any) -> Optional[str]:
         if nxt is None:
             nxt = node[key] = {}
         if not isinstance(nxt, (dict, list)):
-            return f"{format_path(path[:depth + 1])} is {nxt!r}, not a mapping"
+            held = "a value (not shown)" if any(is_secret_key(k) for k in path[:depth + 1]) else repr(nxt)
+            return f"{format_path(path[:depth + 1])} is {held}, not a mapping"
         node = nxt
     return None
 
@@ -257,7 +259,10 @@ def apply_overrides(tree: Tree, overrides: Sequence[str], composer: "_Composer")
         try:
             value = yaml_value(raw)
         except ValueError as exc:
-            composer.problems.append(f"--set {key}: the value {raw!r} is not valid YAML: {exc}")
+            shown = "the value (not shown)" if any(is_secret_key(part) for part in key.split(".")) else \
+                f"the value {raw!r}"
+            composer.problems.append(f"--set {key}: {shown} is not valid YAML" +
+                                     ("" if shown.endswith("(not shown)") else f": {exc}"))
             continue
         sinks_by_name(tree, path)
         problem = set_path(tree.data, path, value)

@@ -102,3 +102,15 @@ def test_a_secret_its_tag_cannot_hold_is_refused_unprinted(tmp_path):
     said = refused(tmp_path, "run.yaml")
     assert "run.yaml:3: params.api_key: the value (not shown) is not a valid !!int" in said and MARK not in said
     assert "run.yaml:1: flush_steps: 'many' is not a valid !!int" in said, "a value that is no secret is shown"
+
+
+def test_a_secret_given_with_set_is_never_printed_in_its_error(tmp_path):
+    (tmp_path / "run.yaml").write_text(f"flush_steps: 5\nparams:\n  hub_token: {MARK}-file\n")
+    done = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "config", "check", "run.yaml", "--set",
+                           f"params.api_key=[{MARK}-set", "--set", "params.hub_token.x=1", "--set", "params.lr=[0.1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, GLOG_v="3"))
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said and MARK not in said
+    assert "--set params.api_key: the value (not shown) is not valid YAML" in said
+    assert "--set params.hub_token.x: params.hub_token is a value (not shown), not a mapping" in said
+    assert "--set params.lr: the value '[0.1' is not valid YAML" in said, "a value that is no secret is shown"
