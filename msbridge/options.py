@@ -47,7 +47,20 @@ def expected(kind: str, value: Any) -> str:
         "expected a non-empty string, got 42 (quote it: '42')"
     """
     quote = isinstance(value, (int, float)) and not isinstance(value, bool) and kind.endswith("a non-empty string")
-    return f"expected {kind}, got {value!r}" + (f" (quote it: '{value}')" if quote else "")
+    return f"expected {kind}, got {_masked(value)!r}" + (f" (quote it: '{value}')" if quote else "")
+
+
+def _masked(value: Any) -> Any:
+    """A bad value as an error shows it: secrets masked, and a ``url`` inside a list or mapping (an alert
+    target's holds the bot's token)."""
+    from .masking import mask_secrets, mask_text
+
+    if isinstance(value, str):
+        return mask_text(value)
+    if isinstance(value, (Mapping, list, tuple)):
+        masked = mask_secrets(value, within=frozenset({"url"}))
+        return tuple(masked) if isinstance(value, tuple) else masked
+    return value
 
 
 def _bound(number: float) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
 from ..config.value_checks import address_problem
+from ..masking import mask_secrets
 from ..options import Option, check_options, did_you_mean
 
 Path = Tuple[Any, ...]
@@ -74,6 +75,11 @@ class Target:
         return f"target {self.index + 1} ({self.type})"
 
 
+
+def _shown(value: Any) -> str:
+    """``value`` as a problem shows it: a target's url (the bot's token) and every secret masked."""
+    return repr(mask_secrets(value, "alerts"))
+
 def plain_section(value: Any) -> Any:
     """The section with a YAML-1.1 ``on`` key (read as ``True``) named ``on`` again."""
     if isinstance(value, Mapping) and True in value:
@@ -84,7 +90,7 @@ def plain_section(value: Any) -> Any:
 def _check_target(i: int, target: Any) -> List[Tuple[Path, str]]:
     where: Path = ("alerts", "targets", i)
     if not isinstance(target, Mapping):
-        return [(where, f"expected a mapping like {{type: webhook, url: 'https://...'}}, got {target!r}")]
+        return [(where, f"expected a mapping like {{type: webhook, url: 'https://...'}}, got {_shown(target)}")]
     problems = [(where + (key,), f"expected {TARGET_OPTIONS[key].kind} (the value is not shown: it is a secret)"
                  if key in ("url", "secret") and not message.startswith("unknown") else message)
                 for key, message in check_options(TARGET_OPTIONS, target)]
@@ -118,7 +124,7 @@ def check_alerts(value: Any) -> List[Tuple[Path, str]]:
     on_key = True if isinstance(value, Mapping) and True in value else "on"
     value = plain_section(value)
     if not isinstance(value, Mapping):
-        return [(("alerts",), f"expected a mapping with targets: [...], got {value!r}")]
+        return [(("alerts",), f"expected a mapping with targets: [...], got {_shown(value)}")]
     problems: List[Tuple[Path, str]] = []
     for key in value:
         if key not in SECTION_KEYS:
@@ -126,7 +132,7 @@ def check_alerts(value: Any) -> List[Tuple[Path, str]]:
                                               f"(valid: {', '.join(SECTION_KEYS)})"))
     targets = value.get("targets", [])
     if not isinstance(targets, (list, tuple)):
-        problems.append((("alerts", "targets"), f"expected a list of targets, got {targets!r}"))
+        problems.append((("alerts", "targets"), f"expected a list of targets, got {_shown(targets)}"))
     else:
         for i, target in enumerate(targets):
             problems += _check_target(i, target)

@@ -114,3 +114,14 @@ def test_a_secret_given_with_set_is_never_printed_in_its_error(tmp_path):
     assert "--set params.api_key: the value (not shown) is not valid YAML" in said
     assert "--set params.hub_token.x: params.hub_token is a value (not shown), not a mapping" in said
     assert "--set params.lr: the value '[0.1' is not valid YAML" in said, "a value that is no secret is shown"
+
+
+@pytest.mark.parametrize("alerts", [
+    f"alerts:\n  - url: https://bot.example/hook/{MARK}-list\n    format: lark\n",
+    f"alerts:\n  targets:\n  - https://hooks.slack.com/services/{MARK}-slack\n",
+    f"alerts:\n  targets: {{url: https://bot.example/{MARK}-map}}\n",
+], ids=["alerts-as-a-list", "target-as-a-string", "targets-as-a-mapping"])
+def test_an_alert_target_in_the_wrong_shape_is_refused_without_its_url(tmp_path, alerts):
+    (tmp_path / "run.yaml").write_text(alerts)
+    said = refused(tmp_path, "run.yaml")
+    assert "run.yaml:" in said and "alerts" in said and "***" in said and MARK not in said
