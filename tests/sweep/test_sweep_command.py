@@ -1,0 +1,152 @@
+"""`msbridge sweep` end to end: a smaller examples/sweep (4 trials of the demo model, 2 at once, the median pruner),
+then what Optuna, every trial's jsonl and run.json, and MLflow hold; and the faults: a failing command, a
+killed sweep's trial left RUNNING."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+
+from msbridge.sinks.runlog import read_run
+from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome
+
+pytestmark = pytest.mark.slow  # each test starts processes (the fast tier: pytest -m 'not slow')
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 20
+GOOD_LRS, BAD_LR = (0.006, 0.01, 0.014), 1e-7
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def sweep(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    env = dict(os.environ, GLOG_v="3", MLFLOW_LOGGING_LEVEL="WARNING")
+    return subprocess.run([sys.executable, "-m", "msbridge.cli.main", "sweep", str(path), *extra], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def small_example(tmp_path: Path) -> str:
+    """examples/sweep/sweep.yaml made small: 4 trials of a 1-layer model, 20 steps, evaluated every 5. Random
+    sampling with seed 9 draws the learning rates 0.01, 0.014, 1e-7, 0.006: trial 2 does not learn and the
+    median pruner stops it at its first evaluation (step 5) against the complete trials; no two trials tie."""
+    return f"""\
+        study: small-sweep
+        command: "{{python}} {ROOT}/examples/sweep/train.py --steps {STEPS} --eval-every 5 --sinks jsonl,mlflow"
+        params:
+          optimizer.learning_rate: [{", ".join(map(str, GOOD_LRS))}, {BAD_LR}]
+          optimizer.warmup_steps: [1]
+          model.hidden_size: [16]
+          model.num_layers: [1]
+        trials: 4
+        jobs: 2
+        sampler: {{type: random, seed: 9}}
+        pruner: {{type: median, n_startup_trials: 1}}
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """
+
+
+def mlflow_runs(uri: str, experiment: str) -> dict:
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return {r.info.run_name: r for r in runs if "msbridge.sweep_parent" not in r.data.tags}
+
+
+def check_jsonl(trial: optuna.trial.FrozenTrial) -> int:
+    """The trial's jsonl holds every step from 1 to where it stopped, and run.json says the same; returns it."""
+    run_dir = trial.user_attrs[RUN_DIR_ATTR]
+    outcome = read_outcome(run_dir)
+    log = read_run(run_dir).ranks[0]
+    steps = [r.step for r in log.records if "train/loss" in r.values]
+    assert steps == list(range(1, outcome["last step"] + 1)), (trial.number, steps)
+    evaluated = [r.step for r in log.records if "eval/loss" in r.values]
+    assert evaluated == list(range(5, steps[-1] + 1, 5))
+    pruned = [e.step for e in log.events if e.kind == "pruned"]
+    if trial.state.name == "PRUNED":
+        assert (outcome["status"], pruned) == ("PRUNED", [steps[-1]]) and steps[-1] < STEPS
+        assert trial.last_step == steps[-1]
+    else:
+        assert (outcome["status"], pruned, steps[-1]) == ("FINISHED", [], STEPS)
+        assert trial.value == pytest.approx(outcome["objective"]["best"])
+    return steps[-1]
+
+
+def test_a_small_example_sweep_prunes_and_mlflow_holds_each_trial(tmp_path):
+    done = sweep(tmp_path, small_example(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    directory = tmp_path / "runs" / "small-sweep"
+    study = optuna.load_study(study_name="small-sweep", storage=f"sqlite:///{directory}/optuna.db")
+    trials = study.get_trials()
+    states = [t.state.name for t in trials]
+    assert len(trials) == 4 and states.count("PRUNED") >= 1 and "FAIL" not in states, states
+    assert states[2] == "PRUNED" and trials[2].params["optimizer.learning_rate"] == BAD_LR
+    for trial in trials:
+        check_jsonl(trial)
+        line = f"[msbridge] sweep: trial {trial.number} {trial.state.name}"
+        assert sum(ln.startswith(line) for ln in done.stdout.splitlines()) == 1, done.stdout
+    runs = mlflow_runs(f"sqlite:///{directory}/mlflow.db", "small-sweep")
+    assert sorted(runs) == sorted(f"trial-{t.number}" for t in trials)
+    for trial in trials:
+        run = runs[f"trial-{trial.number}"]
+        assert {k: float(run.data.params[k]) for k in trial.params} == trial.params
+        assert run.info.status == "FINISHED" and run.data.tags["msbridge.sweep_id"] == "small-sweep"
+        assert ("msbridge.event.pruned.last" in run.data.tags) == (trial.state.name == "PRUNED")
+        if trial.state.name == "COMPLETE":
+            assert run.data.metrics["objective/best"] == pytest.approx(trial.value)
+    best = [name for name, run in runs.items() if run.data.tags.get("msbridge.best")]
+    assert best == [f"trial-{study.best_trial.number}"]
+    assert f"best: trial {study.best_trial.number} = " in done.stdout.splitlines()[-2]
+
+    again = sweep(tmp_path, small_example(tmp_path))  # the study holds its 4 trials: a rerun runs none
+    assert again.returncode == 0 and "4 trial(s) held, up to 0 to run" in again.stdout
+    assert len(study.get_trials()) == 4
+
+
+def test_a_failing_command_fails_its_trial_in_one_line_and_the_sweep_goes_on(tmp_path):
+    """Trial 0 was left RUNNING by a killed sweep: told FAIL first. Then every trial's command exits 3: each is
+    FAIL with the reason in one line, and every trial still runs; the sweep exits 1 (none of its trials worked)."""
+    storage = f"sqlite:///{tmp_path}/runs/f/optuna.db"
+    os.makedirs(tmp_path / "runs" / "f")
+    optuna.create_study(study_name="f", storage=storage).ask()  # a trial a killed sweep left RUNNING
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('loading data')\nprint('FileNotFoundError: data/train.mindrecord')\n"
+                      "sys.exit(3)\n")
+    done = sweep(tmp_path, f"""\
+        study: f
+        command: "{{python}} {script}"
+        params:
+          lr: {{low: 0.001, high: 0.1, log: true}}
+        trials: 3
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "[msbridge] sweep: trial 0 was left RUNNING by a sweep that ended: told FAIL" in lines
+    failed = [ln for ln in lines if " FAIL: the command exited 3: FileNotFoundError: data/train.mindrecord" in ln]
+    assert [ln.split()[3] for ln in failed] == ["1", "2"], lines
+    study = optuna.load_study(study_name="f", storage=storage)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL", "FAIL", "FAIL"]
+    assert "FileNotFoundError" in study.get_trials()[1].user_attrs["msbridge.fail_reason"]
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_command_that_runs_no_monitor_is_said(tmp_path):
+    done = sweep(tmp_path, f"""\
+        study: n
+        params:
+          lr: [0.1]
+        trials: 1
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """, "--", sys.executable, "-c", "import sys; print(sys.argv[1:])")
+    assert done.returncode == 1
+    assert "trial 0 FAIL: the command ran no msbridge monitor" in done.stdout
+    log = (tmp_path / "runs" / "n" / "trials" / "trial-0.log").read_text()
+    assert json.loads(log.strip().replace("'", '"')) == ["--lr=0.1"]  # the trial's value, W&B's way
