@@ -79,10 +79,15 @@ def render_template(template: str, *scopes: Mapping[str, Any], what: str = "run_
 
     def fill(match: "re.Match[str]") -> str:
         try:
-            return str(lookup(match.group(1), *scopes))
+            value = str(lookup(match.group(1), *scopes))
         except KeyError:
             raise ConfigError(f"{what}: {template!r} references {{{match.group(1)}}}, "
                               "which is not a config value") from None
+        if mask_text(value) != value:  # a secret's value copied under another key (a YAML alias), or credentials
+            raise ConfigError(f"{what}: {template!r} references {{{match.group(1)}}}, which holds a secret (a copy "
+                              "of a secret-looking key's value, or credentials); a name is written unmasked into "
+                              "directory names, file headers and trackers, so it may not hold one")
+        return value
 
     return _FIELD.sub(fill, template)
 

@@ -111,12 +111,14 @@ def test_bearer_and_a_known_secret_in_an_exception_are_written_nowhere(tmp_path,
 NAMED = f"""params:
   hub:
     api_key: &k hf_{MARK}_alias_0001
+  note: *k
 experiment: hostile
 run_name: planted
 """
 
 
-@pytest.mark.parametrize("setting", ["run_name: *k", "experiment: *k", "run_name: r-{params.hub.api_key}"])
+@pytest.mark.parametrize("setting", ["run_name: *k", "experiment: *k", "run_name: r-{params.hub.api_key}",
+                                     "run_name: r-{params.note}"])
 def test_a_name_holding_a_secret_is_refused_before_anything_is_written(tmp_path, setting):
     key = setting.split(":")[0]
     text = "\n".join(setting if line.startswith(key + ":") else line for line in NAMED.splitlines())
