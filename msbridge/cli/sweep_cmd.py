@@ -48,12 +48,13 @@ def split_command(join: bool, words: List[str]) -> Tuple[bool, List[str]]:
 def add_sweep_command(sub: Any) -> None:
     """Register ``msbridge sweep`` on the subcommands ``sub``."""
     sweep = sub.add_parser("sweep", help="run a hyperparameter sweep on Optuna: trials launched, pruned, compared",
-                           description=__doc__.splitlines()[0])
+                           description="run a sweep on Optuna: each trial the training command with its values as "
+                                       "--name=value, pruned by the monitor, told to the study")
     sweep.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file: study, command, params, trials, jobs, "
                                                            "sampler, pruner, objective, storage (docs/sweeps.md)")
     sweep.add_argument("--join", action="store_true",
                        help="join a study other workers run too (a shared PostgreSQL storage): trials left "
                             "RUNNING are theirs, not a killed sweep's")
     sweep.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                       help="the training command, in place of the file's command:")
+                       help="the training command, in place of the file's command key")
     sweep.set_defaults(func=cmd_sweep)

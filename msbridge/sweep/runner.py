@@ -13,10 +13,10 @@ kept on the Optuna trial) says how it ended:
 ``trials`` is the number the study holds when the sweep is done: a rerun of a killed sweep resumes it (trials
 left RUNNING by the killed sweep are told FAIL first). ``timeout`` stops new trials from starting.
 
-Example:
-    >>> summary = run_sweep(load_spec("sweep.yaml"))
-    >>> summary.counts
-    {'COMPLETE': 9, 'PRUNED': 3}
+Example (``msbridge sweep sweep.yaml`` does this)::
+
+    summary = run_sweep(load_spec("sweep.yaml"))
+    print(summary.line())   # study demo-sweep: 12 trials (COMPLETE 9, PRUNED 3); this sweep ran 12; best: ...
 """
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def trial_command(spec: SweepSpec, params: Dict[str, Any]) -> List[str]:
     ``{python}`` is this Python (the sweep's own interpreter, as W&B's ``${interpreter}``).
 
     Example:
+        >>> spec = SweepSpec("sweep.yaml", "s1", ("python", "train.py"), {})
         >>> trial_command(spec, {"optimizer.learning_rate": 0.01, "model.hidden": 64})
         ['python', 'train.py', '--optimizer.learning_rate=0.01', '--model.hidden=64']
     """
@@ -126,9 +127,16 @@ class Sweep:
         out: where the one line per trial goes.
         join: another worker runs the same study (``--join``): trials left RUNNING are theirs, not stale.
 
-    Example:
-        >>> Sweep(load_spec("sweep.yaml")).run().line()
-        'study demo-sweep: 12 trials (COMPLETE 9, PRUNED 3); this sweep ran 12; best: trial 7 = 2.03 {...}'
+    Example (a command that runs no msbridge monitor: its one trial is FAIL, said in one line)::
+        >>> import io
+        >>> from msbridge.sweep.spec import load_spec
+        >>> _ = open("quick.yaml", "w").write('study: quick\\ncommand: "{python} -c pass"\\nparams: {lr: [0.1]}\\n'
+        ...                                   'trials: 1\\nexperiment_dir: ./runs/{study}\\n')
+        >>> out = io.StringIO()
+        >>> Sweep(load_spec("quick.yaml"), out=out).run().line()
+        'study quick: 1 trials (FAIL 1); this sweep ran 1'
+        >>> print(out.getvalue().splitlines()[-1][:75])
+        [msbridge] sweep: trial 0 FAIL: the command ran no msbridge monitor (no run
     """
 
     def __init__(self, spec: SweepSpec, out: TextIO = sys.stdout, join: bool = False) -> None:

@@ -6,9 +6,11 @@ is not imported here: a sweep file can be checked where Optuna is not installed 
 arguments are checked against their signatures by ``msbridge.sweep.study`` once it is).
 
 Example:
-    >>> spec = load_spec("examples/sweep/sweep.yaml")
+    >>> _ = open("sweep.yaml", "w").write("study: s1\\ncommand: python train.py\\nparams:\\n"
+    ...                                   "  optimizer.learning_rate: {low: 1.0e-4, high: 1.0, log: true}\\n")
+    >>> spec = load_spec("sweep.yaml")
     >>> spec.study, spec.trials, spec.params["optimizer.learning_rate"].log
-    ('demo-sweep', 12, True)
+    ('s1', 10, True)
 """
 from __future__ import annotations
 
@@ -111,9 +113,9 @@ class SweepSpec:
     """A checked ``SWEEP.yaml``. Build it with ``load_spec``.
 
     Example:
-        >>> spec = load_spec("sweep.yaml", command=["python", "train.py"])
-        >>> spec.command, spec.storage_url
-        (['python', 'train.py'], 'sqlite:////abs/msbridge_runs/demo-sweep/optuna.db')
+        >>> spec = SweepSpec("sweep.yaml", "s1", ("python", "train.py"), {}, experiment_dir="/runs/{study}")
+        >>> spec.directory, spec.storage_url
+        ('/runs/s1', 'sqlite:////runs/s1/optuna.db')
     """
 
     path: str

@@ -6,9 +6,12 @@ Optuna is imported here only, inside the functions that need it; without it they
 share one file.
 
 Example:
-    >>> study = open_study(load_spec("sweep.yaml"))
-    >>> study.study_name
-    'demo-sweep'
+    >>> from msbridge.sweep.spec import Param, SweepSpec
+    >>> spec = SweepSpec("sweep.yaml", "s1", ("python", "train.py"), {"lr": Param("lr", 0.001, 0.1, log=True)},
+    ...                  experiment_dir="./runs/{study}")
+    >>> study = open_study(spec)
+    >>> study.study_name, type(study.pruner).__name__, distribution(spec.params["lr"]).log
+    ('s1', 'MedianPruner', True)
 """
 from __future__ import annotations
 

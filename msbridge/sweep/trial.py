@@ -58,7 +58,9 @@ class TrialLink:
         experiment_dir: the sweep's experiment dir (a sweep's process).
 
     Example:
-        >>> link = TrialLink(trial)
+        >>> import optuna
+        >>> study = optuna.create_study(study_name="s1")
+        >>> link = TrialLink(study.ask({"optimizer.learning_rate": optuna.distributions.FloatDistribution(0.01, 0.01)}))
         >>> link.overrides()
         ['params.optimizer.learning_rate=0.01', 'sweep_id="s1"']
     """
