@@ -127,6 +127,7 @@ class JsonlSink(Sink):
         self._reason = ""
         self._moved = ""  # the log is not where it was opened: where it is now, or that it is lost
         self._written_step = 0  # the last step of a line in the file
+        self._unwritable = ""  # the run dir no longer takes new files (read-only, permissions): since which step
 
     def open(self, run: RunInfo) -> None:
         super().open(run)
@@ -218,6 +219,7 @@ class JsonlSink(Sink):
             return
         self._good += len(data)
         self._take(len(lines))
+        self._check_writable()
         if self._failing:
             self._failing = self._dropping = False
             log.warning("msbridge: jsonl: %s is writable again; every held line is written", self.path)
@@ -234,6 +236,21 @@ class JsonlSink(Sink):
         if self._cut:
             os.ftruncate(self._fd, self._good)
             self._cut = False
+
+    def _check_writable(self) -> None:
+        """Say at once when the run dir stops taking new files (remounted read-only, ``chmod``): the open log
+        keeps every step, but run.json, README.md and the outcome cannot be written there; and when it takes
+        them again. One ``access`` call a batch."""
+        assert self.run is not None
+        writable = os.access(self.run.run_dir, os.W_OK)
+        if not writable and not self._unwritable:
+            self._unwritable = f"step {self._written_step}"
+            log.error("msbridge: the run dir %s is no longer writable (seen after step %d): the jsonl log (open) "
+                      "keeps every step, but run.json, README.md and the run's outcome cannot be written there "
+                      "until it is", self.run.run_dir, self._written_step)
+        elif writable and self._unwritable:
+            self._unwritable = ""
+            log.warning("msbridge: the run dir %s is writable again", self.run.run_dir)
 
     def _orphaned(self) -> bool:
         """Whether the open file is no longer the one at its path (removed, or replaced)."""

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -42,6 +43,10 @@ def config(tmp_path, sinks=("jsonl",)):
 def remove_run_dir(run_dir: str, how: str) -> None:
     """``rm -r`` of the run dir, or of its metrics folder (moved away first: the sinks' threads write meanwhile);
     with ``blocked`` / ``lost``, a file takes the run dir's place, so it cannot be made again."""
+    if how == "readonly":  # remounted read-only (the open files stay writable, as after a chmod)
+        done = subprocess.run(["mount", "--bind", "-o", "ro", run_dir, run_dir], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return
     if how == "everything":  # the output root, trackers' files and all
         root = os.path.dirname(os.path.dirname(run_dir))
         os.rename(root, root + ".gone")
@@ -166,3 +171,22 @@ def test_the_whole_output_tree_removed_is_named_per_sink_and_the_replay_fills_it
     acc = EventAccumulator(str(tmp_path / "out" / "e" / "tensorboard" / "r" / "rank_0"), size_guidance={"scalars": 0})
     acc.Reload()
     assert sorted(e.step for e in acc.Scalars("train/loss")) == list(range(1, STEPS + 1)), "each step once"
+
+
+@pytest.fixture
+def can_mount(tmp_path):
+    """Skips unless this test may bind-mount; unmounts what the test mounted under tmp_path afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    yield
+    subprocess.run(["umount", "-l", str(tmp_path / "out" / "e" / "r")], capture_output=True, check=False)
+
+
+def test_a_run_dir_made_read_only_is_named_at_once_and_the_open_log_keeps_every_step(tmp_path, can_mount, caplog):
+    run = tracked(tmp_path, "readonly")
+    said = [r.getMessage() for r in caplog.records if "is no longer writable (seen after step" in r.getMessage()]
+    assert len(said) == 1 and run.run_dir in said[0], "named once, at the next flush"
+    assert f"cannot write {run.run_dir}/run.json: Read-only file system" in caplog.text
+    assert steps_in(rank_file(run.run_dir, 0)) == list(range(1, STEPS + 1))
+    with open(os.path.join(run.run_dir, "run.json"), encoding="utf-8") as fh:
+        assert "outcome" not in json.load(fh), "run.json claims no outcome it could not be given"
