@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from test_secret_faults import MARK, grep
 
 from msbridge import BridgeMonitor
+from msbridge.cli.main import main
 from msbridge.errors import ConfigError
 from msbridge.masking import mask_command, mask_text
 from msbridge.sinks.runlog import read_run
@@ -135,3 +136,13 @@ def test_the_command_line_and_text_shapes_are_masked():
     assert mask_text("HTTPError: 401 (Authorization: Bearer ghp_abc123XYZ)") == \
         "HTTPError: 401 (Authorization: Bearer ***)"
     assert mask_text("Bearer authentication failed") == "Bearer authentication failed", "prose stays"
+
+
+def test_a_value_a_secret_refers_to_is_masked_where_it_stands_too(tmp_path, capsys):
+    """``hub: {token: ${params.raw}}``: the token's source, under a key that does not look secret, is the secret."""
+    (tmp_path / "run.yaml").write_text(f"params:\n  raw: {MARK}-source-1\n  hub:\n    token: ${{params.raw}}\n"
+                                       f"  env:\n  - name: HF_TOKEN\n    value: {MARK}-env-2\n"
+                                       f"  copy: {MARK}-env-2\n")
+    assert main(["config", "show", str(tmp_path / "run.yaml")]) == 0
+    shown = capsys.readouterr().out
+    assert "raw: '***'" in shown and "copy: '***'" in shown and MARK not in shown
