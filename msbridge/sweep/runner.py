@@ -10,8 +10,12 @@ kept on the Optuna trial) says how it ended:
 - anything else (the command failed, no msbridge run, no finite objective): told FAIL, with one line saying why;
   the sweep goes on.
 
-``trials`` is the number the study holds when the sweep is done: a rerun of a killed sweep resumes it (trials
-left RUNNING by the killed sweep are told FAIL first). ``timeout`` stops new trials from starting.
+``trials`` is the number the study holds when the sweep is done. The sweep that starts a study reserves them at once
+as Optuna's WAITING trials; every worker (this host's ``jobs`` and each ``--join`` on other hosts, through one
+storage) takes the next WAITING trial atomically (Optuna's row lock) and samples its values then, so the study
+ends with exactly ``trials``, none run twice. A rerun of a killed sweep resumes the study (trials it left RUNNING
+are told FAIL first; the WAITING ones are run). ``timeout`` stops new trials from starting; those left WAITING
+run when the sweep is run again.
 
 Example (``msbridge sweep sweep.yaml`` does this)::
 
@@ -30,12 +34,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
+from ..errors import MsbridgeError
 from . import (ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL,
                ENV_TRIAL_ID)
 from .spec import SweepSpec
 from .study import distribution, open_study, optuna_module
 from .trial import RUN_DIR_ATTR, finite, read_outcome
 
+#: Seconds ``--join`` waits for the study's first worker to reserve its trials.
+JOIN_WAIT_S = 60
 #: A command word replaced by the Python running the sweep.
 PYTHON = "{python}"
 #: Characters of a failed trial's last output line quoted in its one-line reason.
@@ -125,7 +132,8 @@ class Sweep:
     Args:
         spec: the checked sweep file.
         out: where the one line per trial goes.
-        join: another worker runs the same study (``--join``): trials left RUNNING are theirs, not stale.
+        join: join a study another ``msbridge sweep`` started (``--join``): run its WAITING trials; the RUNNING ones
+            are the other workers', not stale.
 
     Example (a command that runs no msbridge monitor: its one trial is FAIL, said in one line)::
         >>> import io
@@ -141,7 +149,8 @@ class Sweep:
 
     def __init__(self, spec: SweepSpec, out: TextIO = sys.stdout, join: bool = False) -> None:
         self.spec, self.out, self.join = spec, out, join
-        self.study = open_study(spec)  # the sampler, pruner and storage checked here, before any trial
+        # the sampler, pruner and storage checked here, before any trial; a joining worker seeds its sampler apart
+        self.study = open_study(spec, seed_offset=os.getpid() if join else 0)
         self.distributions = {name: distribution(param) for name, param in spec.params.items()}
         self.states = optuna_module().trial.TrialState
         self.ran: Dict[str, int] = {}
@@ -154,13 +163,17 @@ class Sweep:
             print(f"[msbridge] sweep: {text}", file=self.out, flush=True)
 
     def run(self) -> SweepSummary:
-        """Run trials until the study holds ``trials`` (or ``timeout`` passed); returns the summary."""
+        """Run the study's WAITING trials (reserved up to ``trials``) until none is left or ``timeout`` passed."""
         spec = self.spec
-        if not self.join:
+        if self.join:
+            self._wait_for_trials()
+        else:
             self._fail_stale()
-        held = len(self.study.get_trials(deepcopy=False))
+            self._reserve()
+        waiting = len(self.study.get_trials(deepcopy=False, states=(self.states.WAITING,)))
+        held = len(self.study.get_trials(deepcopy=False)) - waiting
         self.say(f"study {spec.study} in {spec.storage_url.split('@')[-1]}: {held} trial(s) held, up to "
-                 f"{max(spec.trials - held, 0)} to run, {spec.jobs} at once; runs in {spec.directory}")
+                 f"{waiting} to run, {spec.jobs} at once; runs in {spec.directory}")
         self._deadline = time.monotonic() + spec.timeout if spec.timeout else None
         workers = [threading.Thread(target=self._work, name=f"msbridge-sweep-{i}", daemon=True)
                    for i in range(spec.jobs)]
@@ -179,19 +192,42 @@ class Sweep:
         return self.summary()
 
     def _fail_stale(self) -> None:
-        """Trials a killed sweep left RUNNING (or WAITING) are told FAIL: this sweep is the study's only worker."""
-        for trial in self.study.get_trials(deepcopy=False, states=(self.states.RUNNING, self.states.WAITING)):
+        """Trials a killed sweep left RUNNING are told FAIL: without ``--join`` this sweep is the study's only worker."""
+        for trial in self.study.get_trials(deepcopy=False, states=(self.states.RUNNING,)):
             self.study.tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
-            self.say(f"trial {trial.number} was left {trial.state.name} by a sweep that ended: told FAIL")
+            self.say(f"trial {trial.number} was left RUNNING by a sweep that ended: told FAIL")
+
+    def _reserve(self) -> None:
+        """Add WAITING trials (their values sampled when one is taken) until the study holds ``trials``."""
+        for _ in range(self.spec.trials - len(self.study.get_trials(deepcopy=False))):
+            self.study.enqueue_trial({})
+
+    def _wait_for_trials(self) -> None:
+        """``--join``: wait up to ``JOIN_WAIT_S`` for the starting sweep to reserve the study's trials."""
+        give_up = time.monotonic() + JOIN_WAIT_S
+        while not self.study.get_trials(deepcopy=False):
+            if time.monotonic() >= give_up:
+                raise MsbridgeError(f"--join: the study {self.spec.study} holds no trials after {JOIN_WAIT_S} s; "
+                                    f"start it first: msbridge sweep {self.spec.path} (without --join)")
+            time.sleep(1.0)
 
     def _next(self) -> Any:
-        """The next trial to run (asked under the lock, so ``trials`` is never passed on this host), or None."""
+        """The next WAITING trial, taken for this worker with its values sampled now, or None when none is left."""
         with self._lock:
             if self._stopping or (self._deadline is not None and time.monotonic() >= self._deadline):
                 return None
-            if len(self.study.get_trials(deepcopy=False)) >= self.spec.trials:
-                return None
-            return self.study.ask(self.distributions)
+            storage = self.study._storage
+            for waiting in self.study.get_trials(deepcopy=False, states=(self.states.WAITING,)):
+                try:  # True for exactly one worker: the row is locked, and a taken trial is no longer WAITING
+                    taken = storage.set_trial_state_values(waiting._trial_id, state=self.states.RUNNING)
+                except optuna_module().exceptions.UpdateFinishedTrialError:
+                    taken = False
+                if taken:
+                    trial = optuna_module().Trial(self.study, waiting._trial_id)
+                    for name, dist in self.distributions.items():
+                        trial._suggest(name, dist)  # what Study.ask(fixed_distributions) does
+                    return trial
+            return None
 
     def _work(self) -> None:
         while True:

@@ -63,9 +63,12 @@ def make_pruner(given: Mapping[str, Any], where: str = "pruner") -> Any:
     return _build(given["type"], _PRUNERS, optuna_module().pruners, given, where)
 
 
-def make_sampler(spec: SweepSpec) -> Any:
-    """The Optuna sampler of ``spec``; the grid sampler gets its grid from ``params``."""
+def make_sampler(spec: SweepSpec, seed_offset: int = 0) -> Any:
+    """The Optuna sampler of ``spec``; the grid sampler gets its grid from ``params``. ``seed_offset`` is added to
+    its ``seed`` (a ``--join`` worker's own, so two workers never draw the same values)."""
     given = dict(spec.sampler)
+    if seed_offset and given.get("seed") is not None:
+        given["seed"] = (int(given["seed"]) + seed_offset) % 2 ** 32
     if given["type"] == "grid":
         given["search_space"] = {name: param.grid() for name, param in spec.params.items()}
     if given["type"] == "cmaes":
@@ -87,11 +90,11 @@ def distribution(param: Param) -> Any:
                                    step=None if param.step is None else float(param.step))
 
 
-def open_study(spec: SweepSpec) -> Any:
+def open_study(spec: SweepSpec, seed_offset: int = 0) -> Any:
     """Create the study of ``spec``, or load it when it exists (a rerun resumes it); its direction must match."""
     optuna = optuna_module()
     direction = "minimize" if spec.mode == "min" else "maximize"
-    sampler, pruner = make_sampler(spec), make_pruner(spec.pruner, f"{spec.path}: pruner")
+    sampler, pruner = make_sampler(spec, seed_offset), make_pruner(spec.pruner, f"{spec.path}: pruner")
     study = optuna.create_study(storage=storage(spec.storage_url), sampler=sampler, pruner=pruner,
                                 study_name=spec.study, direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
