@@ -150,3 +150,31 @@ def test_a_command_that_runs_no_monitor_is_said(tmp_path):
     assert "trial 0 FAIL: the command ran no msbridge monitor" in done.stdout
     log = (tmp_path / "runs" / "n" / "trials" / "trial-0.log").read_text()
     assert json.loads(log.strip().replace("'", '"')) == ["--lr=0.1"]  # the trial's value, W&B's way
+
+
+def test_a_trial_killed_mid_run_is_fail_with_its_jsonl_intact(tmp_path):
+    """SIGTERM (a scheduler's kill) at step 6: the run ends KILLED with steps 1-6 in its jsonl; Optuna hears FAIL."""
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent("""\
+        import os, signal, msbridge
+        with msbridge.track({"sinks": ["jsonl"], "flush_steps": 4}, total_steps=20, progress=False) as run:
+            for step in range(1, 21):
+                run.step(loss=1.0 / step)
+                if step == 6:
+                    os.kill(os.getpid(), signal.SIGTERM)
+        """))
+    done = sweep(tmp_path, f"""\
+        study: k
+        command: "{{python}} {script}"
+        params:
+          lr: [0.1]
+        trials: 1
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """)
+    assert done.returncode == 1
+    assert "trial 0 FAIL: the command exited -15" in done.stdout, done.stdout
+    trial = optuna.load_study(study_name="k", storage=f"sqlite:///{tmp_path}/runs/k/optuna.db").trials[0]
+    assert trial.state.name == "FAIL"
+    run_dir = trial.user_attrs[RUN_DIR_ATTR]
+    assert read_outcome(run_dir)["status"] == "KILLED"
+    assert [r.step for r in read_run(run_dir).ranks[0].records if "train/loss" in r.values] == list(range(1, 7))

@@ -154,3 +154,13 @@ def test_the_example_sweep_file_is_valid():
     spec = load_spec(str(ROOT / "examples" / "sweep" / "sweep.yaml"))
     assert (spec.study, spec.trials, spec.jobs, spec.sampler["type"], spec.pruner["type"]) == \
         ("demo-sweep", 12, 2, "tpe", "median")
+
+
+def test_without_optuna_the_fix_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # what `import optuna` meets where it is not installed
+    path = write(tmp_path, f"study: s\ncommand: python t.py\nparams: {{lr: [0.1]}}\nexperiment_dir: {tmp_path}/r\n")
+    assert main(["sweep", path]) == 2
+    err = capsys.readouterr().err
+    assert "msbridge sweep needs the Python package 'optuna', which is not installed; fix: pip install " \
+           "'msbridge[sweep]'" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "r")
