@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from ..errors import MsbridgeError
+from ..errors import MsbridgeError, exception_text
 from . import (ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL,
                ENV_TRIAL_ID)
 from .spec import SweepSpec
@@ -199,8 +199,9 @@ class Sweep:
 
     def _reserve(self) -> None:
         """Add WAITING trials (their values sampled when one is taken) until the study holds ``trials``."""
+        waiting = optuna_module().trial.create_trial(state=self.states.WAITING)  # no fixed values: grid assigns
         for _ in range(self.spec.trials - len(self.study.get_trials(deepcopy=False))):
-            self.study.enqueue_trial({})
+            self.study.add_trial(waiting)
 
     def _wait_for_trials(self) -> None:
         """``--join``: wait up to ``JOIN_WAIT_S`` for the starting sweep to reserve the study's trials."""
@@ -223,15 +224,31 @@ class Sweep:
                 except optuna_module().exceptions.UpdateFinishedTrialError:
                     taken = False
                 if taken:
-                    trial = optuna_module().Trial(self.study, waiting._trial_id)
-                    for name, dist in self.distributions.items():
-                        trial._suggest(name, dist)  # what Study.ask(fixed_distributions) does
-                    return trial
+                    return self._sample(waiting)
             return None
+
+    def _sample(self, taken: Any) -> Any:
+        """The taken trial with its values sampled; a sampler that fails is FAIL, said, and ends this sweep."""
+        trial = optuna_module().Trial(self.study, taken._trial_id)
+        try:
+            for name, dist in self.distributions.items():
+                trial._suggest(name, dist)  # what Study.ask(fixed_distributions) does
+        except Exception as exc:
+            self.study.tell(trial, state=self.states.FAIL, skip_if_finished=True)
+            self._stopping = True
+            print(f"[msbridge] sweep: trial {taken.number} FAIL: the sampler could not sample it: "
+                  f"{exception_text(exc)}; no new trials", file=self.out, flush=True)
+            return None
+        return trial
 
     def _work(self) -> None:
         while True:
-            trial = self._next()
+            try:
+                trial = self._next()
+            except Exception as exc:  # the storage went away: said once per worker, no traceback
+                self._stopping = True
+                self.say(f"the study's storage failed: {exception_text(exc)}; no new trials")
+                return
             if trial is None:
                 return
             try:

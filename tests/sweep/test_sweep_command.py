@@ -178,3 +178,28 @@ def test_a_trial_killed_mid_run_is_fail_with_its_jsonl_intact(tmp_path):
     run_dir = trial.user_attrs[RUN_DIR_ATTR]
     assert read_outcome(run_dir)["status"] == "KILLED"
     assert [r.step for r in read_run(run_dir).ranks[0].records if "train/loss" in r.values] == list(range(1, 7))
+
+
+def test_grid_runs_each_point_once_and_timeout_leaves_the_rest_waiting(tmp_path):
+    """Grid: 2 x 2 points, 4 trials, 2 at once: each point once. Then a 1-s timeout on trials of 2 s: the trials
+    it did not start stay WAITING, and the next run (no timeout) runs exactly those."""
+    grid = f"""\
+        study: g
+        command: "{{python}} -c 'import time; time.sleep(2)'"
+        sampler: {{type: grid, seed: 1}}
+        params:
+          lr: [0.1, 0.2]
+          layers: {{low: 1, high: 2}}
+        trials: 4
+        jobs: 2
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """
+    done = sweep(tmp_path, grid.replace("jobs: 2", "jobs: 2\n        timeout: 1"))
+    storage = f"sqlite:///{tmp_path}/runs/g/optuna.db"
+    states = sorted(t.state.name for t in optuna.load_study(study_name="g", storage=storage).trials)
+    assert states == ["FAIL", "FAIL", "WAITING", "WAITING"], done.stdout  # no monitor in the command: FAIL
+    again = sweep(tmp_path, grid)
+    assert "2 trial(s) held, up to 2 to run" in again.stdout
+    trials = optuna.load_study(study_name="g", storage=storage).trials
+    assert sorted((t.params["lr"], t.params["layers"]) for t in trials) == [(0.1, 1), (0.1, 2), (0.2, 1), (0.2, 2)]
+    assert [t.state.name for t in trials] == ["FAIL"] * 4
