@@ -404,7 +404,7 @@ class BridgeMonitor(EvalHooks, Callback):
         if link is None or self.run is None or not self.run.is_global:
             return
         metric = self.config.objective["metric"] or SWEEP_METRIC  # one metric a trial: Optuna compares it by step
-        if link.report(records, metric):
+        if link.report(records, metric, ask=self.run.world_size == 1):  # one rank alone must not stop a job
             event = link.event(self.run.rank, metric)
             self._pending_events.append(event)
             self.events.append(event)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from ..errors import MsbridgeError, exception_text
+from ..masking import mask_text
 from . import (ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL,
                ENV_TRIAL_ID)
 from .spec import SweepSpec
@@ -172,7 +173,7 @@ class Sweep:
             self._reserve()
         waiting = len(self.study.get_trials(deepcopy=False, states=(self.states.WAITING,)))
         held = len(self.study.get_trials(deepcopy=False)) - waiting
-        self.say(f"study {spec.study} in {spec.storage_url.split('@')[-1]}: {held} trial(s) held, up to "
+        self.say(f"study {spec.study} in {mask_text(spec.storage_url)}: {held} trial(s) held, up to "
                  f"{waiting} to run, {spec.jobs} at once; runs in {spec.directory}")
         self._deadline = time.monotonic() + spec.timeout if spec.timeout else None
         workers = [threading.Thread(target=self._work, name=f"msbridge-sweep-{i}", daemon=True)

@@ -98,8 +98,9 @@ class TrialLink:
         """Keep the run's directory on the trial (``msbridge sweep`` reads the run's outcome there)."""
         self._call(lambda: self.trial.set_user_attr(RUN_DIR_ATTR, run_dir))
 
-    def report(self, records: Sequence[Record], metric: Optional[str]) -> bool:
-        """Report the last value of ``metric`` in ``records`` at its step; True when Optuna says prune (once)."""
+    def report(self, records: Sequence[Record], metric: Optional[str], ask: bool = True) -> bool:
+        """Report the last value of ``metric`` in ``records`` at its step; True when Optuna says prune (once).
+        ``ask=False`` reports without asking (a data-parallel trial: one rank alone must not stop)."""
         if self.pruned_at is not None or self._broken or metric is None:
             return False
         last = next(((r.step, r.values[metric]) for r in reversed(records) if metric in r.values), None)
@@ -110,6 +111,8 @@ class TrialLink:
         if self._call(lambda: self.trial.report(float(value), int(step))) is _FAILED:
             return False
         self.reported += 1
+        if not ask:
+            return False
         prune = self._call(self.trial.should_prune)
         if prune is not _FAILED and bool(prune):  # numpy's bool when the pruner compared with a percentile
             self.pruned_at, self.pruned_value = step, float(value)

@@ -82,23 +82,26 @@ def _config(tmp_path, name):
 @pytest.mark.slow
 def test_a_users_own_study_optimize_prunes_through_the_monitor(tmp_path):
     """Trial 0 learns; trial 1 (learning rate 0) does not and is pruned at its first report, step 4: training
-    stops there (MindSpore ran 4 steps of 24), run.json says PRUNED, Optuna PRUNED, the jsonl holds steps 1-4."""
+    stops there (MindSpore ran 4 steps of 24), run.json says PRUNED, Optuna PRUNED, the jsonl holds steps 1-4.
+    Trial 2's learning rate makes the loss blow up to inf/NaN: pruned too, never the best."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/optuna.db", study_name="own",
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
     study.enqueue_trial({"lr": 0.01})
     study.enqueue_trial({"lr": 0.0})
+    study.enqueue_trial({"lr": 1.0e4})
     seen = {}
 
     def objective(trial):
-        lr = trial.suggest_float("lr", 0.0, 0.1)
+        lr = trial.suggest_float("lr", 0.0, 1.0e4)
         monitor = BridgeMonitor(_config(tmp_path, f"t{trial.number}"), progress=False, trial=trial)
         recorder = OutputRecorder()
         seen[trial.number] = (monitor, recorder)
         train_regression([monitor, recorder], steps=24, learning_rate=lr)
         return trial_value(monitor)
 
-    study.optimize(objective, n_trials=2)
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED"]
+    study.optimize(objective, n_trials=3)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "PRUNED", "PRUNED"]
+    assert study.best_trial.number == 0 and len(seen[2][1].steps) < 24
     (good, good_steps), (pruned, pruned_steps) = seen[0], seen[1]
     assert len(good_steps.steps) == 24 and pruned_steps.steps == [1, 2, 3, 4]
     assert pruned.outcome.status == "PRUNED" and pruned.outcome.exit_code == 0
