@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Mapping
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError, MsbridgeError, exception_text
+from ..masking import mask_text
 from .spec import Param, SweepSpec
 
 #: Seconds a SQLite storage waits for another process's write before it fails.
@@ -95,8 +96,13 @@ def open_study(spec: SweepSpec, seed_offset: int = 0) -> Any:
     optuna = optuna_module()
     direction = "minimize" if spec.mode == "min" else "maximize"
     sampler, pruner = make_sampler(spec, seed_offset), make_pruner(spec.pruner, f"{spec.path}: pruner")
-    study = optuna.create_study(storage=storage(spec.storage_url), sampler=sampler, pruner=pruner,
-                                study_name=spec.study, direction=direction, load_if_exists=True)
+    try:
+        study = optuna.create_study(storage=storage(spec.storage_url), sampler=sampler, pruner=pruner,
+                                    study_name=spec.study, direction=direction, load_if_exists=True)
+    except Exception as exc:  # unreachable, refused, no driver, a directory that cannot be made: one line
+        key = "storage" if spec.storage else "experiment_dir (where optuna.db goes)"
+        raise MsbridgeError(f"{spec.path}: {key}: cannot open the Optuna storage {mask_text(spec.storage_url)}: "
+                            f"{mask_text(exception_text(exc))}") from None
     if study.direction.name.lower() != direction:
         raise ConfigError(f"{spec.path}: objective.mode: the study {spec.study!r} in {spec.storage_url} "
                           f"exists with direction {study.direction.name.lower()}; use mode "

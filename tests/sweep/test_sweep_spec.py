@@ -164,3 +164,16 @@ def test_without_optuna_the_fix_is_named(tmp_path, monkeypatch, capsys):
     assert "msbridge sweep needs the Python package 'optuna', which is not installed; fix: pip install " \
            "'msbridge[sweep]'" in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "r")
+
+
+@pytest.mark.parametrize("storage, said", [
+    ("postgresql+psycopg://me:hunter2@127.0.0.1:1/optuna", "Connection refused"),
+    ("notadb://x", "Can't load plugin"),
+])
+def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(tmp_path, capsys, storage, said):
+    path = write(tmp_path, f"study: s\ncommand: python t.py\nparams: {{lr: [0.1]}}\nstorage: {storage}\n"
+                           f"experiment_dir: {tmp_path}/r\n")
+    assert main(["sweep", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"msbridge: error: {path}: storage: cannot open the Optuna storage ") and said in err
+    assert "hunter2" not in err and "Traceback" not in err and not os.path.exists(tmp_path / "r" / "trials")
