@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shlex
 import subprocess
 import sys
@@ -36,8 +37,8 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from ..errors import MsbridgeError, exception_text
 from ..masking import mask_text
-from . import (ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY, ENV_TRIAL,
-               ENV_TRIAL_ID)
+from . import (ENV_DEVICE, ENV_EXPERIMENT_DIR, ENV_OBJECTIVE, ENV_PARAMS, ENV_PRUNER, ENV_STORAGE, ENV_STUDY,
+               ENV_TRIAL, ENV_TRIAL_ID)
 from .spec import SweepSpec
 from .study import distribution, open_study, optuna_module
 from .trial import RUN_DIR_ATTR, finite, read_outcome
@@ -67,7 +68,8 @@ class SweepSummary:
     def line(self) -> str:
         states = ", ".join(f"{state} {n}" for state, n in sorted(self.counts.items()))
         best = f"; best: trial {self.best[0]} = {self.best[1]:.6g} {json.dumps(self.best[2])}" if self.best else ""
-        return f"study {self.study}: {sum(self.counts.values())} trials ({states}); this sweep ran {sum(self.ran.values())}{best}"
+        ran = sum(self.ran.values())
+        return f"study {self.study}: {sum(self.counts.values())} trials ({states}); this sweep ran {ran}{best}"
 
 
 def trial_command(spec: SweepSpec, params: Dict[str, Any]) -> List[str]:
@@ -83,9 +85,13 @@ def trial_command(spec: SweepSpec, params: Dict[str, Any]) -> List[str]:
     return [*words, *(f"--{name}={value}" for name, value in params.items())]
 
 
-def trial_env(spec: SweepSpec, trial: Any) -> Dict[str, str]:
-    """The trial's process environment: this one plus the ``MSBRIDGE_SWEEP_*`` variables."""
+def trial_env(spec: SweepSpec, trial: Any, device: Optional[str] = None) -> Dict[str, str]:
+    """The trial's process environment: this one plus the ``MSBRIDGE_SWEEP_*`` variables; with a ``device``, the
+    only one the process sees (Ascend's and CUDA's visibility variables), which MindSpore then numbers 0."""
     env = dict(os.environ)
+    if device is not None:
+        env.update({"ASCEND_RT_VISIBLE_DEVICES": device, "CUDA_VISIBLE_DEVICES": device, "DEVICE_ID": "0",
+                    ENV_DEVICE: device})
     env.update({ENV_STUDY: spec.study, ENV_STORAGE: spec.storage_url, ENV_TRIAL: str(trial.number),
                 ENV_TRIAL_ID: str(trial._trial_id), ENV_PARAMS: json.dumps(trial.params),
                 ENV_OBJECTIVE: json.dumps({"metric": spec.metric, "mode": spec.mode}),
@@ -158,6 +164,9 @@ class Sweep:
         self._lock = threading.Lock()
         self._deadline: Optional[float] = None
         self._stopping = False
+        self._devices: "queue.Queue[str]" = queue.Queue()  # free devices: each running trial holds one
+        for device in spec.devices:
+            self._devices.put(device)
 
     def say(self, text: str) -> None:
         with self._lock:
@@ -193,7 +202,7 @@ class Sweep:
         return self.summary()
 
     def _fail_stale(self) -> None:
-        """Trials a killed sweep left RUNNING are told FAIL: without ``--join`` this sweep is the study's only worker."""
+        """Trials a killed sweep left RUNNING are told FAIL: without ``--join``, this is the study's only worker."""
         for trial in self.study.get_trials(deepcopy=False, states=(self.states.RUNNING,)):
             self.study.tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
             self.say(f"trial {trial.number} was left RUNNING by a sweep that ended: told FAIL")
@@ -267,15 +276,10 @@ class Sweep:
         log_dir = os.path.join(spec.directory, "trials")
         os.makedirs(log_dir, exist_ok=True)
         log_path = os.path.join(log_dir, f"trial-{number}.log")
-        command = trial_command(spec, trial.params)
-        self.say(f"trial {number} started: {shlex.join(command[len(spec.command):])}")
         started = time.monotonic()
-        try:
-            with open(log_path, "wb") as log:
-                code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=trial_env(spec, trial)).returncode
-        except OSError as exc:  # no such program, no permission
-            state, value, reason = "FAIL", None, f"cannot start {command[0]!r}: {exc.strerror or exc}"
+        code, why = self._process(trial, log_path)
+        if code is None:
+            state, value, reason = "FAIL", None, why
         else:
             stored = self.study._storage.get_trial(trial._trial_id)
             state, value, reason = judge(spec, code, stored.user_attrs.get(RUN_DIR_ATTR), log_path)
@@ -289,6 +293,24 @@ class Sweep:
         self.say(f"trial {number} {state}" + (f" {spec.metric}={value:.6g}" if value is not None else "") +
                  (f": {reason}" if state == "FAIL" else f" {reason}" if reason else "") + f" ({took:.0f} s)")
         return state
+
+    def _process(self, trial: Any, log_path: str) -> Tuple[Optional[int], str]:
+        """Run the trial's command to its end, holding a device of ``devices`` meanwhile; its exit code, or None and
+        why it could not start."""
+        spec = self.spec
+        command = trial_command(spec, trial.params)
+        device = self._devices.get() if spec.devices else None
+        self.say(f"trial {trial.number} started" + (f" on device {device}" if device is not None else "") +
+                 f": {shlex.join(command[len(spec.command):])}")
+        try:
+            with open(log_path, "wb") as log:
+                return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=trial_env(spec, trial, device)).returncode, ""
+        except OSError as exc:  # no such program, no permission
+            return None, f"cannot start {command[0]!r}: {exc.strerror or exc}"
+        finally:
+            if device is not None:
+                self._devices.put(device)
 
     def summary(self) -> SweepSummary:
         """The study's trials by state now, what this sweep ran, and the best complete trial."""

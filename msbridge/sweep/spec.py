@@ -67,6 +67,9 @@ KEYS: Dict[str, Option] = {
                                  "postgresql://... for many hosts)"),
     "experiment_dir": Option(str, DEFAULT_EXPERIMENT_DIR, "where the trials' runs, the MLflow store and optuna.db "
                                                           "go; `{study}` is the study's name"),
+    "devices": Option(list, None, "the devices trials run on, one each at a time (ASCEND_RT_VISIBLE_DEVICES, "
+                                  "CUDA_VISIBLE_DEVICES, DEVICE_ID 0 in the trial's process); at least `jobs` of them",
+                      what="a list of device ids such as [0, 1, 2, 3]"),
 }
 OBJECTIVE_KEYS = {"metric": Option(str, "eval/loss", "the recorded metric each trial is ranked and pruned on"),
                   "mode": Option(str, "min", "min or max: which value is better", choices=("min", "max"))}
@@ -131,6 +134,7 @@ class SweepSpec:
     mode: str = "min"
     storage: Optional[str] = None
     experiment_dir: str = DEFAULT_EXPERIMENT_DIR
+    devices: Tuple[str, ...] = ()
 
     @property
     def directory(self) -> str:
@@ -170,7 +174,8 @@ def _parse_param(check: _Checker, name: str, value: Any) -> Optional[Param]:
     found = len(check.problems)
     for key in value:
         if key not in RANGE_KEYS:
-            check.problem(path + (key,), f"unknown key{did_you_mean(str(key), RANGE_KEYS) or ' (valid: low, high, log, step)'}")
+            hint = did_you_mean(str(key), RANGE_KEYS) or " (valid: low, high, log, step)"
+            check.problem(path + (key,), f"unknown key{hint}")
     for key in ("low", "high"):
         number = value.get(key)
         if key not in value:
@@ -243,6 +248,24 @@ def _command(check: _Checker, value: Any, given: Sequence[str]) -> Tuple[str, ..
     return tuple(words)
 
 
+def _devices(check: _Checker, data: Mapping[str, Any]) -> Tuple[str, ...]:
+    """``devices``: distinct ids (numbers or names), at least ``jobs`` of them (each running trial holds one)."""
+    given = data.get("devices")
+    if not isinstance(given, list) or not given:
+        if given == []:
+            check.problem(("devices",), "is empty; leave it out to run trials without a device of their own")
+        return ()
+    ids = [str(d) for d in given if (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+           or (isinstance(d, str) and d.strip())]
+    if len(ids) != len(given) or len(set(ids)) != len(ids):
+        check.problem(("devices",), expected("a list of distinct device ids (integers >= 0 or names)", given))
+        return ()
+    jobs = data.get("jobs", 1)
+    if isinstance(jobs, int) and jobs > len(ids):
+        check.problem(("jobs",), f"must be <= the number of devices ({len(ids)}): each running trial holds one")
+    return tuple(ids)
+
+
 def check_spec(tree: Tree, shown: str, command: Sequence[str] = ()) -> Tuple[Optional[SweepSpec], List[str]]:
     """The ``SweepSpec`` of one parsed document, or None, and every problem found in it."""
     check = _Checker(tree, shown)
@@ -267,6 +290,7 @@ def check_spec(tree: Tree, shown: str, command: Sequence[str] = ()) -> Tuple[Opt
     objective = data.get("objective") if isinstance(data.get("objective"), dict) else {}
     metric, mode = _objective(check, objective)
     words = _command(check, data.get("command"), command)
+    devices = _devices(check, data)
     if sampler and sampler["type"] == "grid":
         for name, param in params.items():
             if param.grid() is None:
@@ -275,7 +299,7 @@ def check_spec(tree: Tree, shown: str, command: Sequence[str] = ()) -> Tuple[Opt
         return None, check.problems
     spec = SweepSpec(shown, data["study"], words, params, data.get("trials", 10), data.get("timeout"),
                      data.get("jobs", 1), sampler, pruner, metric, mode, data.get("storage"),
-                     data.get("experiment_dir", DEFAULT_EXPERIMENT_DIR))
+                     data.get("experiment_dir", DEFAULT_EXPERIMENT_DIR), devices)
     return spec, []
 
 

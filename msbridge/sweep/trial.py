@@ -7,9 +7,10 @@ trial=trial)`` inside a user's own ``study.optimize``) or runs in a trial's proc
 - adds the trial to the run's config (``overrides``): its values under ``params``, the study's name as
   ``sweep_id`` and, in a sweep's process, as ``experiment``, ``run_name`` ``trial-<number>``, the sweep's
   experiment dir and objective;
-- reports the objective's metric (``eval/loss`` when ``objective.metric`` is unset) to the trial at its step, at each flush and evaluation that recorded it, and
-  asks Optuna whether to prune; the monitor then stops training (``run_context.request_stop()``, which
-  ``msbridge.track`` reads as ``run.should_stop``) and the run ends ``PRUNED``.
+- reports the objective's metric (``eval/loss`` when ``objective.metric`` is unset) to the trial at its step, at
+  each flush and evaluation that recorded it, and asks Optuna whether to prune; the monitor then stops training
+  (``run_context.request_stop()``, which ``msbridge.track`` reads as ``run.should_stop``) and the run ends
+  ``PRUNED``.
 
 A storage that fails during training is said once; training goes on, unpruned.
 

@@ -203,3 +203,24 @@ def test_grid_runs_each_point_once_and_timeout_leaves_the_rest_waiting(tmp_path)
     trials = optuna.load_study(study_name="g", storage=storage).trials
     assert sorted((t.params["lr"], t.params["layers"]) for t in trials) == [(0.1, 1), (0.1, 2), (0.2, 1), (0.2, 2)]
     assert [t.state.name for t in trials] == ["FAIL"] * 4
+
+
+def test_each_running_trial_holds_one_device(tmp_path):
+    """devices: [3, 5], 2 at once: the two trials that start together see one device each, never the same, as
+    Ascend and CUDA number it (visible devices) and MindSpore reads it (DEVICE_ID 0)."""
+    script = tmp_path / "device.py"
+    script.write_text("import os, time\nprint(*(os.environ[k] for k in ('ASCEND_RT_VISIBLE_DEVICES', "
+                      "'CUDA_VISIBLE_DEVICES', 'DEVICE_ID', 'MSBRIDGE_SWEEP_DEVICE')))\ntime.sleep(1)\n")
+    done = sweep(tmp_path, f"""\
+        study: dev
+        command: "{{python}} {script}"
+        params:
+          lr: [0.1, 0.2, 0.3, 0.4]
+        trials: 4
+        jobs: 2
+        devices: [3, 5]
+        experiment_dir: {tmp_path}/runs/{{study}}
+        """)
+    logs = [(tmp_path / "runs" / "dev" / "trials" / f"trial-{n}.log").read_text().split() for n in range(4)]
+    assert all(log[:4] in (["3", "3", "0", "3"], ["5", "5", "0", "5"]) for log in logs), logs
+    assert {logs[0][0], logs[1][0]} == {"3", "5"}, done.stdout  # started together: one device each

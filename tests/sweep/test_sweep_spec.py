@@ -177,3 +177,13 @@ def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"msbridge: error: {path}: storage: cannot open the Optuna storage ") and said in err
     assert "hunter2" not in err and "Traceback" not in err and not os.path.exists(tmp_path / "r" / "trials")
+
+
+def test_devices_are_distinct_ids_at_least_jobs_of_them(tmp_path):
+    head = "study: d\ncommand: python t.py\nparams: {lr: [0.1]}\n"
+    assert load_spec(write(tmp_path, head + "jobs: 2\ndevices: [0, 3, npu5]\n")).devices == ("0", "3", "npu5")
+    path = write(tmp_path, head + "jobs: 3\ndevices: [0, 3]\n", "few.yaml")
+    assert problems(path) == [f"{path}:4: jobs: must be <= the number of devices (2): each running trial holds one"]
+    path = write(tmp_path, head + "devices: [1, 1]\n", "twice.yaml")
+    assert problems(path) == [f"{path}:4: devices: expected a list of distinct device ids (integers >= 0 or names), "
+                              "got [1, 1]"]
