@@ -38,6 +38,7 @@ from .masking import mask_text
 from .metrics.rank_timing import StepTimer, data_wait_values
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
+from .run.cost import KEY as COST_KEY, CostMeter
 from .run.outcome import PRUNED, RunOutcome, RunTally
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
@@ -81,7 +82,9 @@ class BridgeMonitor(EvalHooks, Callback):
         self.config: Config = load_config(config, overrides=overrides)
         self.health = Health(self.config.health_spec)
         self.plan: Optional[RunPlan] = None
+        self.cost = CostMeter()  # what monitoring costs this run, into its outcome (``run.cost``)
         if self.config.monitor_on:
+            self.cost.start()  # before the sinks are built: the MLflow child starts with its sink
             self.plan = plan_run(self.config, extra_sinks=sinks)
             self.plan.progress = progress
             if self.trial_link is not None and self.plan.ranks.is_global:
@@ -227,6 +230,8 @@ class BridgeMonitor(EvalHooks, Callback):
             self.close(self.health.stop.status)
         end = time.perf_counter()
         self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
+        self.cost.hooks_s += self._monitor_s
+        self.cost.steps += advanced
         self._last_end = end
         self._timer.hook_done(start, end)
 
@@ -331,6 +336,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self._signals.restore()
             return
         with self._signals.critical():
+            self.cost.closing()
             self._watchdog.stop()
             self._pending_events.extend(self._checkpoints.poll())  # the one ModelCheckpoint saved at train end
             try:
@@ -368,8 +374,9 @@ class BridgeMonitor(EvalHooks, Callback):
         try:
             self.tally.ended(status, dispatcher.undelivered, dispatcher.gaps)
             objective = self._objective.summary() if self.run is not None and self.run.is_global else None
-            self.plan.finish(self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late,
-                                                objective))
+            summary = self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late, objective)
+            cost = self.cost.finish()  # after the sinks closed: their close is counted
+            self.plan.finish({**summary, COST_KEY: cost} if cost is not None else summary)
         except Exception:
             log.exception("msbridge: could not write the outcome into run.json and README.md")
         release_rank_file(self.plan.run_dir, self.plan.ranks.rank)

@@ -30,6 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Set, Tuple
 from ..masking import mask_command, mask_secrets, mask_text
 from ..paths import free_space, view_commands
 from ..sinks.base import json_safe
+from .cost import KEY as COST_KEY, describe as describe_cost
 
 log = logging.getLogger("msbridge")
 
@@ -156,9 +157,16 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     lines += ["", "## Look at it", "", "```"] + view_commands(run_dir, sinks) + ["```"]
     if outcome:
         lines += ["", "## Outcome", ""]
-        lines += [f"- {key}: {value}" for key, value in outcome.items()]
+        lines += [f"- {key}: {_outcome_value(key, value)}" for key, value in outcome.items()]
     lines += ["", "## Resolved config", "", "```json", _strict_json(meta.get("config", {})), "```", ""]
     return mask_text("\n".join(lines))
+
+
+def _outcome_value(key: str, value: Any) -> Any:
+    """An outcome's value as the README says it: the monitoring cost as one sentence (run.json keeps its figures)."""
+    if key == COST_KEY and isinstance(value, Mapping):
+        return describe_cost(value)
+    return value
 
 
 def _replayed(info: Mapping[str, str]) -> str:
