@@ -98,19 +98,27 @@ class Backlog:
         self._joined = False  # the next drop continues the last span (nothing was stored since)
 
     def add(self, record: Record) -> bool:
-        """Queue ``record``; True if the oldest was dropped for it."""
+        """Queue ``record``; True if the oldest was dropped for it (``trim``)."""
         self.records.append(record)
-        if len(self.records) <= self.limit:
-            return False
-        old, sent = self.records.popleft(), int(self.tried > 0)
-        self.tried -= sent
-        last = self._dropped[-1] if self._dropped and self._joined else None
-        if last is not None and last[3] == sent:
-            last[1], last[2] = old.step, last[2] + 1
-        else:
-            self._dropped.append([old.step, old.step, 1, sent])
-        self._joined = True
-        return True
+        return self.trim()
+
+    def extend(self, records: Sequence[Record]) -> None:
+        """Queue ``records``, over the limit if they go past it: ``trim`` once they had a try."""
+        self.records.extend(records)
+
+    def trim(self) -> bool:
+        """Drop the oldest records past the limit, counted; True if any."""
+        dropped = False
+        while len(self.records) > self.limit:
+            old, sent = self.records.popleft(), int(self.tried > 0)
+            self.tried -= sent
+            last = self._dropped[-1] if self._dropped and self._joined else None
+            if last is not None and last[3] == sent:
+                last[1], last[2] = old.step, last[2] + 1
+            else:
+                self._dropped.append([old.step, old.step, 1, sent])
+            self._joined = dropped = True
+        return dropped
 
     def failed(self, count: int, error: BaseException) -> None:
         """The first ``count`` records went in a call that raised ``error``: unless it never left, maybe stored."""

@@ -52,7 +52,7 @@ from msbridge.masking import mask_secrets, mask_text
 from msbridge.names import objective_metric
 from msbridge.options import Option
 from msbridge.paths import free_space
-from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Event, Record, RunInfo, Series, Sink, json_safe
+from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series, Sink, json_safe
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file
 
@@ -103,8 +103,9 @@ class MlflowSink(Sink):
         "backoff_max": Option(float, 60.0, "the longest wait between attempts, in seconds", 0),
         "close_timeout": Option(float, 30.0, "seconds close keeps retrying to deliver what is left; the close "
                                              "ends within it plus 5 s", low=0, low_open=True, high=MAX_CLOSE_TIMEOUT),
-        "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it "
-                                           "the oldest are dropped (jsonl keeps every record)", 1),
+        "max_pending": Option(int, 50_000, "records kept in memory while MLflow is unreachable; beyond it MLflow "
+                                           "takes no more from memory and reads the rest from jsonl once it is "
+                                           "back", 1),
         "log_checkpoints": Option(str, "link", "each checkpoint as a LoggedModel of the run, its step's metrics "
                                                "linked (link); with its file uploaded (upload); none (off)",
                                   choices=("link", "upload", "off")),
@@ -150,15 +151,22 @@ class MlflowSink(Sink):
             self._events.skip_histograms()
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        for rec in records:
-            if self._pending.add(rec) and not self._warned_full:
-                self._warned_full = True
-                log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
-                            "(jsonl holds every record)", self._pending.limit)
+        waiting = len(self._pending.records)
+        if waiting and waiting + len(records) > self._pending.limit:
+            self.flush()  # one try, once its backoff ran out
+            waiting = len(self._pending.records)
+            if waiting and waiting + len(records) > self._pending.limit:
+                raise Behind(f"MLflow at {mask_text(self.uri)} has {waiting:,} records waiting, "
+                             f"max_pending={self._pending.limit:,}")
+        self._pending.extend(records)  # a batch larger than max_pending has its try before any of it is dropped
         self._tags.update(self._events.add(events))
         if self._models is not None:
             self._models.see(records, events)
         self.flush()
+        if self._pending.trim() and not self._warned_full:
+            self._warned_full = True
+            log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
+                        "(jsonl holds every record)", self._pending.limit)
 
     def flush(self) -> None:
         """Deliver everything waiting, unless the backoff after a failure has not run out yet."""

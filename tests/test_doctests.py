@@ -138,6 +138,7 @@ SKIP: Dict[str, str] = {
     "msbridge.sinks.columns.*": RUN_DIR,
     "msbridge.sinks.dispatch.*": LIVE_RUN,
     "msbridge.sinks.runlog": RUN_DIR,
+    "msbridge.sinks.runlog.read_from": RUN_DIR,
     "msbridge.sinks.host.*": LIVE_RUN,
     "msbridge.sinks.calls": LIVE_RUN,
     "msbridge.testing": GUIDE,

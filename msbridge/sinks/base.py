@@ -50,6 +50,18 @@ class WrongType(TypeError):
     """A sink call returned what the contract does not allow: the message names the call and both types."""
 
 
+class Behind(Exception):
+    """Raised by ``emit`` for a batch it cannot take now (its tracker is down and what waits for it is at its
+    bound): the sink took nothing of it. Its host then hands it no batch from memory, and reads the write-ahead log
+    from that batch on once a later try is taken (``SinkHost``): nothing waits in memory for an outage.
+
+    Example:
+        >>> raise Behind("MLflow at http://mlflow:5000 holds 50,000 records waiting")
+        Traceback (most recent call last):
+        msbridge.sinks.base.Behind: MLflow at http://mlflow:5000 holds 50,000 records waiting
+    """
+
+
 def json_safe(value: Any) -> Any:
     """A copy JSON can hold: event details may carry NaN, JSON may not; non-finite floats become "nan"/"inf"."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -232,6 +244,7 @@ class Sink:
 
     - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
     - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events of what it finally lost;
+    - behind: ``emit`` raises ``Behind`` for a batch it cannot take now; its host reads it from the log later;
     - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
     - observer: ``observer = True`` and ``observe(undelivered)``: the others' final ``undelivered``;
     - hurry: ``hurry()`` is called on a throwaway thread, never waited for, once training has ended and the
@@ -337,6 +350,7 @@ class Sink:
         of the last step, an evaluation's, is handed on when it names other metrics, ``names.restated`` aside) and every event not held;
         the times follow the times handed over. Returns what ``emit`` returns."""
         held = self._holding()
+        before = (self.__after, set(self.__names), self.__times)
         fresh = []
         for rec in records:
             if rec.step > max(self.__after, held.last_step):
@@ -352,7 +366,11 @@ class Sink:
             self.__times = (start or min(times), max(end, *times))
         if held.events:
             events = [ev for ev in events if (ev.kind, ev.step) not in held.events]
-        return self.emit(fresh, events)
+        try:
+            return self.emit(fresh, events)
+        except Behind:
+            self.__after, self.__names, self.__times = before  # not taken: handed again from the log
+            raise
 
     def _holding(self) -> Held:
         if self.__held is None:

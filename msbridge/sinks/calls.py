@@ -129,6 +129,7 @@ class Write(Call):
     records: Sequence[Record] = ()
     events: Sequence[Event] = ()
     relayed: bool = False  # another sink's gaps, handed to the trackers already
+    refused: bool = field(default=False, init=False, compare=False)  # the sink raised ``Behind``: not taken
     method = "write"
 
     def invoke(self, sink: Sink) -> Any:

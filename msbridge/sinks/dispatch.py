@@ -47,7 +47,8 @@ class Dispatcher:
         sinks: the one named jsonl is the write-ahead log.
         run: when given, every sink is opened with it now (queued); else call ``describe`` then ``open``.
         max_batches: jsonl's queue bound; a full one makes ``submit`` wait (at most jsonl's bound, once).
-        tracker_batches: each tracker's queue bound; past it the tracker misses the rest of the run.
+        tracker_batches: each tracker's queue bound; past it the tracker reads the write-ahead log (jsonl) from where
+            it stopped, once it keeps up (``SinkHost``).
 
     Example:
         >>> d = Dispatcher([JsonlSink(), TensorBoardSink()], run)
@@ -72,7 +73,9 @@ class Dispatcher:
         wal = next((s for s in hosted if s.name == WAL_NAME), None)
         self._wal = (SinkHost(wal, max_batches, lossless=True, on_gaps=self._relay, after_write=self._written)
                      if wal is not None else None)
-        self._trackers = [SinkHost(s, tracker_batches, on_gaps=self._relay) for s in hosted if s is not wal]
+        log_path = (lambda: str(getattr(wal, "path", ""))) if wal is not None else None
+        self._trackers = [SinkHost(s, tracker_batches, on_gaps=self._relay, wal=log_path) for s in hosted
+                          if s is not wal]
         self.sinks: List[Sink] = hosted
         self.wal: Optional[Sink] = wal
         self.close_bound = max([s.close_bound for s in hosted] or [0.0])

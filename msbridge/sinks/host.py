@@ -2,10 +2,15 @@
 
 The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``Describe``, ``Open`` and ``AskHeld``
 (queued: nobody waits for the open), then ``Write``/``Flush``, and last ``Close`` and ``Undelivered``. ``offer`` queues a batch and
-never waits: a full queue means the sink is far behind (stalled, starved or unreachable), so from that batch on
-it is handed nothing more for this run and counts what it missed, one tail that ``msbridge replay RUN_DIR --to
-NAME`` fills from jsonl. ``lossless`` (jsonl, the write-ahead log) makes ``offer`` wait instead, at most the
-sink's bound. ``ask`` waits for one call, at most its bound.
+never waits: a full queue means the sink is far behind (stalled, starved or unreachable). A tracker then reads the
+write-ahead log with a cursor of its own, as Prometheus remote write tails its WAL: it takes no more batches from
+memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks, each
+handed to ``write`` (which skips the steps it was handed already), then goes back to live batches once a read
+reached the end of the log with no batch left out meanwhile. No record waits in memory for a sink that is behind,
+and a sink is never left behind for the rest of a run; at the close it reads what is left within its close bound,
+and what it still lacks is named with the replay that fills it. Without a write-ahead log (``wal``), a full queue
+leaves the sink behind for the run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer``
+wait instead, at most the sink's bound. ``ask`` waits for one call, at most its bound.
 
 Whatever goes wrong with a call (a raise, a wrong return type, a call still running when its bound ran out
 while it was waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
@@ -30,22 +35,32 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Type
+from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Tuple, Type
 
 from ..errors import MsbridgeError
-from .base import Event, Record, RunInfo, Sink
+from .base import GAP, Behind, Event, Record, RunInfo, Sink
 from .calls import AskHeld, Call, Close, Failure, Flush, Gaps, Open, Undelivered, Write
+from .runlog import read_from
 
 log = logging.getLogger("msbridge")
+
+#: Lines of the write-ahead log a tracker that is behind reads and writes at a time.
+CATCH_UP_LINES = 5000
+#: Seconds between reads of the log while a read found it ends short of what was left out (lines jsonl holds).
+CATCH_UP_RETRY = 0.5
 
 
 class SinkHost:
     """Runs ``sink``'s calls on the daemon thread ``msbridge-<name>``.
 
+    Args:
+        wal: where the write-ahead log is now (jsonl's path), read when the sink falls behind; None: no log.
+
     Attributes:
         failures: every ``Failure`` of its calls, in order (the first one is what the outcome says).
         done_records / done_step: records, and the highest step, of the writes that returned.
-        missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full).
+        missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full, no log).
+        caught_up: times it read the log back to live.
         closed: set once its close and its final ``undelivered()`` returned (or failed).
         hung: a call it waited for overran: its thread is still held by it.
 
@@ -57,8 +72,12 @@ class SinkHost:
 
     def __init__(self, sink: Sink, max_batches: int = 256, lossless: bool = False,
                  on_gaps: Optional[Callable[[Sink, Gaps], None]] = None,
-                 after_write: Optional[Callable[[Write], None]] = None, quiet: bool = False) -> None:
+                 after_write: Optional[Callable[[Write], None]] = None, quiet: bool = False,
+                 wal: Optional[Callable[[], str]] = None) -> None:
         self.sink, self.max_batches, self.lossless, self.quiet = sink, max_batches, lossless, quiet
+        self._wal = wal
+        self._cursor = _Cursor()
+        self.caught_up = 0
         self.failures: List[Failure] = []
         self.done_records = self.done_step = 0
         self.missed_records = self.missed_steps = self.missed_events = 0
@@ -116,18 +135,30 @@ class SinkHost:
                 self._writes += 1
                 self._ready.notify_all()
                 return True
-            first = self.behind_from is None
-            if first:
-                steps = [r.step for r in records] + [e.step for e in events]
-                self.behind_from = min(steps) if steps else self.done_step + 1
-            self.missed_records += len(records)
-            self.missed_steps += len({r.step for r in records})
-            self.missed_events += len(events)
+            if self._wal is not None and not self._dead:  # in the log: read from there once it keeps up
+                first = self._cursor.left_out(records, events, self.done_step)
+                if first:
+                    self.behind_from = self._cursor.behind_from
+                    self._ready.notify_all()
+            else:
+                first = self._miss(records, events)
         if first and not self._dead:
-            log.warning("msbridge: sink %r is %d batches behind; from step %d it gets nothing more in this run "
-                        "(the run's outcome names the replay that fills it)", self.sink.name, self.max_batches,
-                        self.behind_from)
+            log.warning("msbridge: sink %r is %d batches behind; from step %d it %s", self.sink.name,
+                        self.max_batches, self.behind_from,
+                        "reads the write-ahead log (jsonl) as soon as it keeps up" if self._wal is not None else
+                        "gets nothing more in this run (the run's outcome names the replay that fills it)")
         return False
+
+    def _miss(self, records: Sequence[Record], events: Sequence[Event]) -> bool:
+        """Count a batch left out for good (no log to read it from); True for the first. The caller holds the lock."""
+        first = self.behind_from is None
+        if first:
+            steps = [r.step for r in records] + [e.step for e in events]
+            self.behind_from = min(steps) if steps else self.done_step + 1
+        self.missed_records += len(records)
+        self.missed_steps += len({r.step for r in records})
+        self.missed_events += len(events)
+        return first
 
     def put(self, call: Call) -> Call:
         """Queue ``call`` after everything queued (no bound: a flush, a close); returns it (wait on ``done``)."""
@@ -160,9 +191,13 @@ class SinkHost:
 
     @property
     def missed(self) -> str:
-        """What it was not handed, "" when nothing: "missed 40 records of 40 steps from step 61 and 2 events"."""
+        """What it was not handed, "" when nothing: "missed 40 records of 40 steps from step 61 and 2 events"; a sink
+        still behind the log: "behind from step 61: it read the write-ahead log up to step 80 of 100"."""
         if self.behind_from is None:
             return ""
+        if self._cursor.behind and not self._dead:
+            return (f"behind from step {self.behind_from}: it read the write-ahead log up to step {self.done_step} "
+                    f"of {self._cursor.until}")
         why = "its queue of %d batches was full" % self.max_batches if not self._dead else "a call of it failed"
         return (f"missed {self.missed_records} records of {self.missed_steps} steps from step {self.behind_from} "
                 f"and {self.missed_events} events ({why})")
@@ -176,12 +211,25 @@ class SinkHost:
     def _loop(self) -> None:
         while True:
             with self._ready:
-                while not self._items:
-                    self._ready.wait()
-                call = self._items.popleft()
+                while not self._items and not self._may_read():
+                    self._ready.wait(self._cursor.wait())
+                call = self._items.popleft() if self._items else None
                 if isinstance(call, Write):
                     self._writes -= 1
                     self._ready.notify_all()
+            if call is None:
+                self._read_log()
+                continue
+            if isinstance(call, Write) and self._cursor.behind and not self._dead:  # in the log: read in order
+                with self._ready:
+                    self._cursor.left_out(call.records, call.events, self.done_step)
+                call.done.set()
+                continue
+            if isinstance(call, (Flush, Close)) and self._cursor.behind and not self._dead:
+                self._read_log(to_end=True)  # a close within its bound: what it lacks then is named
+            if isinstance(call, Write) and self._cursor.offset:  # read the log once: a batch may be in both
+                call.records = [r for r in call.records if self._cursor.new_record(r, self.done_step)]
+                call.events = [e for e in call.events if self._cursor.new_event(e, self.sink.name)]
             if not self._dead or call is self._closing:
                 self._make(call)
             elif isinstance(call, Write):  # failed to open, or hung: nothing more reaches it
@@ -191,10 +239,54 @@ class SinkHost:
                 self.closed.set()
                 return
 
+    def _may_read(self) -> bool:
+        """Behind, able to read, not closing, and due for a read of the log. The caller holds the lock."""
+        return (self._cursor.behind and not self._dead and self._closing is None
+                and time.monotonic() >= self._cursor.next_read)
+
+    def _read_log(self, to_end: bool = False) -> None:
+        """Hand the sink the next lines of the write-ahead log from its cursor (``to_end``: every line left); back
+        to live batches once a read found no line left and no batch was left out meanwhile."""
+        cursor = self._cursor
+        while True:
+            left, start = cursor.left, cursor.offset
+            try:
+                records, events, cursor.offset = read_from(self._wal(), cursor.offset, CATCH_UP_LINES)
+            except OSError as exc:  # the log moved or is gone: tried again, named at the close if still behind
+                cursor.next_read = time.monotonic() + CATCH_UP_RETRY
+                log.debug("msbridge: sink %r cannot read the write-ahead log: %s", self.sink.name, exc)
+                return
+            records = [rec for rec in records if cursor.new_record(rec, self.done_step)]
+            events = [ev for ev in events if cursor.new_event(ev, self.sink.name)]
+            if records or events:
+                call = Write(records=records, events=events)
+                self._make(call)
+                if call.refused:  # still behind: the same lines again, after a pause
+                    cursor.offset = start
+                    return
+                if to_end and not self._dead:
+                    continue
+                return
+            with self._ready:
+                if cursor.left == left and self.done_step >= cursor.until:
+                    cursor.behind, self.behind_from = False, None
+                    self.caught_up += 1
+                    log.info("msbridge: sink %r read the write-ahead log up to step %d: live again", self.sink.name,
+                             self.done_step)
+                else:  # a batch left out meanwhile, or lines jsonl still holds (a full disk): read again soon
+                    cursor.next_read = time.monotonic() + CATCH_UP_RETRY
+            return
+
     def _make(self, call: Call) -> None:
         self._running, self._started_at = call, time.monotonic()
         try:
             call.result = call.check(call.invoke(self.sink))
+        except Behind as exc:
+            if self._wal is None or not isinstance(call, Write):
+                call.failure = Failure(call.method, f"{type(exc).__name__}: {exc}")
+            else:  # not taken: read from the log once it takes a batch again, not a failure
+                self._refused(call, exc)
+                return
         except Exception as exc:  # one broken sink never stops training or the others
             call.failure = Failure(call.method, f"{type(exc).__name__}: {exc}")
         finally:
@@ -209,11 +301,24 @@ class SinkHost:
         self.opened = self.opened or isinstance(call, Open)
         if isinstance(call, Write):
             self.done_records += len(call.records)
+            if self._wal is not None:
+                self._cursor.saw(call.records, call.events, self.done_step)
             self.done_step = max([self.done_step, *(r.step for r in call.records)])
             if self._after_write is not None:
                 self._after_write(call)
         if isinstance(call.result, Gaps) and call.result.events and self._on_gaps is not None:
             self._on_gaps(self.sink, call.result)
+
+    def _refused(self, call: "Write", why: Behind) -> None:
+        """The sink did not take ``call`` (``Behind``): it reads it from the log, after a pause."""
+        call.refused = True
+        with self._ready:
+            first = self._cursor.left_out(call.records, call.events, self.done_step)
+            self.behind_from = self._cursor.behind_from
+            self._cursor.next_read = time.monotonic() + CATCH_UP_RETRY
+        if first:
+            log.warning("msbridge: sink %r is behind (%s); from step %d it reads the write-ahead log (jsonl) once it "
+                        "takes a batch again", self.sink.name, why, self.behind_from)
 
     def _say_slow(self, call: Call, took: float) -> None:
         """A call that returned after its bound: nobody was kept waiting (a wait that ran out is a ``Failure``,
@@ -239,6 +344,57 @@ class SinkHost:
             first = len(self.failures) == 1
         if first and not self.quiet:  # quiet: its driver says it
             log.error("msbridge: sink %r failed in %s; other sinks and training carry on", self.sink.name, failure)
+
+
+def _event_key(ev: Event) -> Tuple[str, int, int, float]:
+    return ev.kind, ev.step, ev.rank, ev.time
+
+
+class _Cursor:
+    """A tracker's place in the write-ahead log: whether it is behind (taking no batch from memory), from which
+    step, the highest step of a batch left out (``until``), how many were (``left``), the byte ``offset`` it read
+    up to, the metrics handed at the last step and the events handed (each line of the log is handed once, even to
+    a plug-in that overrides ``write``)."""
+
+    def __init__(self) -> None:
+        self.behind = False
+        self.behind_from = 0
+        self.until = self.left = self.offset = 0
+        self.next_read = 0.0
+        self.names: Set[str] = set()  # the metrics handed at the highest step handed
+        self.handed: Set[Tuple[str, int, int, float]] = set()
+
+    def left_out(self, records: Sequence[Record], events: Sequence[Event], done_step: int) -> bool:
+        """A batch not taken (it is in the log); True for the first since the sink was last live."""
+        steps = [r.step for r in records] + [e.step for e in events]
+        first = not self.behind
+        if first:
+            self.behind, self.behind_from = True, min(steps, default=done_step + 1)
+        self.left += 1
+        self.until = max([self.until, *steps])
+        return first
+
+    def saw(self, records: Sequence[Record], events: Sequence[Event], done_step: int) -> None:
+        """A write handed ``records`` and ``events``; ``done_step`` is the highest step handed before it."""
+        for rec in records:
+            if rec.step > done_step:
+                done_step, self.names = rec.step, set(rec.values)
+            elif rec.step == done_step:
+                self.names.update(rec.values)
+        self.handed.update(map(_event_key, events))
+
+    def new_record(self, rec: Record, done_step: int) -> bool:
+        """Whether ``rec``, read from the log, is still to be handed: a later step, or the last step handed with a
+        metric it was not handed at that step (an evaluation's record after the training's)."""
+        return rec.step > done_step or (rec.step == done_step and not self.names.issuperset(rec.values))
+
+    def new_event(self, ev: Event, sink: str) -> bool:
+        """Whether ``ev``, read from the log, is still to be handed: not handed already, nor this sink's own gap."""
+        return _event_key(ev) not in self.handed and not (ev.kind == GAP and ev.detail.get("sink") == sink)
+
+    def wait(self) -> Optional[float]:
+        """Seconds to sleep before the next read while behind; None (until notified) when not behind."""
+        return max(0.01, self.next_read - time.monotonic()) if self.behind else None
 
 
 class _Retire(Call):

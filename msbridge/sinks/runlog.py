@@ -297,6 +297,29 @@ def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Reco
     into.header = scratch.header
 
 
+def read_from(path: str, offset: int, max_lines: int) -> Tuple[List[Record], List[Event], int]:
+    """The records and events of the complete lines of ``path`` from byte ``offset``, at most ``max_lines``, and the
+    offset after the last line read: what a tracker behind the log reads next (``SinkHost``). A line still being
+    written (no newline yet) is left for the next read; a bad line is skipped, as every reader does.
+
+    Example:
+        >>> records, events, offset = read_from("run/metrics/rank_0.jsonl", 0, 1000)
+    """
+    into = RankLog(path=path, header={})
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        for _ in range(max_lines):
+            raw = fh.readline()
+            if not raw.endswith(b"\n"):
+                break
+            offset += len(raw)
+            try:
+                _add(into, _decode(raw.decode("utf-8", "replace"), path, 0))
+            except _BadLine:
+                continue
+    return into.records, into.events, offset
+
+
 def finish_rank_log(log: Any, strict: bool) -> Any:
     """After ``iter_rank_lines``: a garbled header rebuilt from the lines after it, one warning for the bad lines."""
     if not log.header:

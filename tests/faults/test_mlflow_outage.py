@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -188,3 +189,35 @@ def test_a_batch_whose_reply_never_came_is_not_confirmed_unless_read_back():
     backlog.stored(3)
     backlog.add(Record(8, 0, 0.0, {}))
     assert backlog.text().endswith("steps 8-8 (1 records)")
+
+
+@pytest.mark.slow
+def test_a_frozen_server_past_max_pending_gets_every_step_from_jsonl_once_thawed(tmp_path):
+    """A team server frozen (SIGSTOP of its process group) while 300 steps are handed to MLflow, far past
+    max_pending=20, then thawed: MLflow reads what it did not take from jsonl, from its cursor, and holds every step
+    before the close, with no replay; nothing past max_pending waited in memory (the sink refused it: ``Behind``)."""
+    from msbridge.adapters.jsonl_sink import JsonlSink
+    from msbridge.sinks.dispatch import Dispatcher
+
+    with MlflowServer(str(tmp_path / "server")) as server:
+        sink = MlflowSink(tracking_uri=server.uri, max_pending=20, http_timeout=1, backoff_initial=0.2,
+                          backoff_max=1.0, close_timeout=60)
+        run = make_run(tmp_path, experiment=EXPERIMENT)
+        d = Dispatcher([JsonlSink(), sink], run, tracker_batches=4)
+        d.submit(make_records([1]))
+        assert d.flush(timeout=120), "MLflow reached before the freeze"
+        os.killpg(server.proc.pid, signal.SIGSTOP)  # the whole group: mlflow server, its workers
+        try:
+            for first in range(2, 302, 10):
+                d.submit(make_records(range(first, first + 10)))
+                time.sleep(0.05)
+            assert len(sink._pending.records) <= 20  # what waits in memory stays at its bound
+        finally:
+            os.killpg(server.proc.pid, signal.SIGCONT)
+        assert d.flush(timeout=120), "caught up from jsonl once thawed, before the close"
+        assert d.hosts[1].caught_up >= 1
+        d.close(FINISHED)
+        client = MlflowClient(server.uri)
+        mlrun = only_run(client, EXPERIMENT)
+        assert steps(client, mlrun.info.run_id) == list(range(1, 302)), "every step, each once"
+        assert mlrun.info.status == FINISHED and d.undelivered == {}

@@ -2,17 +2,20 @@
 plug-in's ``hurry`` or ``on_training_thread`` never holds the training thread."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
 from helpers.runs import make_records, make_run
 
+from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError
 from msbridge.options import Option
-from msbridge.sinks.base import CLOSE_GRACE, GAP, HURRY_AFTER, Event, Sink
+from msbridge.sinks.base import CLOSE_GRACE, GAP, HURRY_AFTER, Behind, Event, Sink
 from msbridge.sinks.dispatch import Dispatcher
+from msbridge.sinks.runlog import last_step
 
 RUN = make_run("/nonexistent")
 
@@ -88,22 +91,53 @@ def test_a_stalled_tracker_delays_neither_jsonl_nor_another_tracker():
 
 
 @pytest.mark.slow
-def test_a_full_tracker_queue_never_blocks_submit_and_the_tracker_is_undelivered():
+def test_a_full_tracker_queue_never_blocks_submit_and_the_tracker_reads_the_rest_from_jsonl(tmp_path):
     journal, held = [], threading.Event()
-    d = Dispatcher([Recording("jsonl", journal), Recording("slow", journal, gate=held)], RUN, tracker_batches=3)
+    wal, slow = JsonlSink(), Recording("slow", journal, gate=held)
+    d = Dispatcher([wal, slow], make_run(tmp_path), tracker_batches=3)
     started = time.monotonic()
     for i in range(1, 21):
         d.submit(make_records([i]))
     assert time.monotonic() - started < 5, "submit never waits for a tracker"
-    # jsonl has taken all 20 (and offered them on) within the 2 s; the stalled tracker has not flushed
-    assert d.flush(timeout=2) is False and steps_of(journal, "jsonl") == list(range(1, 21))
+    # jsonl has taken all 20 within the 2 s; the stalled tracker has not flushed
+    assert d.flush(timeout=2) is False and last_step(wal.path) == 20
     held.set()
     d.close()
-    got = steps_of(journal, "slow")
-    assert got == list(range(1, len(got) + 1)) and 3 <= len(got) < 20, "a prefix: what it misses is one tail"
-    first = len(got) + 1
-    assert d.undelivered == {"slow": f"missed {20 - len(got)} records of {20 - len(got)} steps from step {first} "
-                                     "and 0 events (its queue of 3 batches was full)"}
+    assert steps_of(journal, "slow") == list(range(1, 21)), "every step once: its queue, then the log from its cursor"
+    assert d.undelivered == {}
+
+
+class StallsOnce(Recording):
+    """A plug-in whose ``write`` blocks once (a tracker that froze), then keeps up."""
+
+    def write(self, records, events):
+        if self.gate is not None and records and records[0].step == 5:
+            self.gate.wait(timeout=60)
+        self.journal.append((self.name, [r.step for r in records], [(e.kind, e.step) for e in events]))
+
+
+@pytest.mark.slow
+def test_a_tracker_that_stalled_catches_up_from_jsonl_and_goes_back_to_live_batches(tmp_path):
+    journal, held = [], threading.Event()
+    wal = JsonlSink()
+    d = Dispatcher([wal, StallsOnce("stalls", journal, gate=held)], make_run(tmp_path), tracker_batches=2)
+    for i in range(1, 41):
+        d.submit(make_records([i]), [Event("anomaly", i, 0, time=float(i))] if i % 10 == 0 else [])
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(wal.path) and last_step(wal.path) == 40) and time.monotonic() < deadline:
+        time.sleep(0.01)  # jsonl holds all 40 while the tracker stalls
+    held.set()
+    assert d.flush(timeout=30), "caught up before the close"
+    host = d.hosts[1]
+    assert host.caught_up == 1 and host.behind_from is None
+    for i in range(41, 51):  # live again: each batch from memory, one write a batch
+        d.submit(make_records([i]))
+    d.close()
+    writes = [(steps, events) for who, steps, events in journal if who == "stalls"]
+    assert [s for steps, _ in writes for s in steps] == list(range(1, 51)), "every step once, in order"
+    assert [e for _, events in writes for e in events] == [("anomaly", s) for s in (10, 20, 30, 40)]
+    assert [steps for steps, _ in writes[-10:]] == [[i] for i in range(41, 51)]
+    assert d.undelivered == {}
 
 
 @pytest.mark.slow
@@ -323,3 +357,33 @@ def test_a_plug_ins_on_training_thread_is_ignored_its_sink_hosted_like_any_other
     gate.set()
     d.close()
     assert plugin.threads == {"msbridge-inline"} and steps_of(journal, "inline") == [1, 2, 3]
+
+
+class RefusesOnce(Sink):
+    """A tracker whose ``emit`` refuses one batch (``Behind``: its backlog at its bound), then takes every one."""
+
+    name = "refuses"
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.refused = [], False
+
+    def emit(self, records, events):
+        if not self.refused and any(r.step == 5 for r in records):
+            self.refused = True
+            raise Behind("its backlog is at its bound")
+        self.steps.extend(r.step for r in records)
+
+
+def test_a_refused_batch_is_read_from_jsonl_before_any_later_one(tmp_path):
+    """The batches queued after a refused one are not handed before it: every step once, in order."""
+    tracker = RefusesOnce()
+    d = Dispatcher([JsonlSink(), tracker], make_run(tmp_path))
+    for i in range(1, 21):
+        d.submit(make_records([i]))
+    assert d.flush(timeout=30)
+    for i in range(21, 26):
+        d.submit(make_records([i]))
+    d.close()
+    assert tracker.refused and tracker.steps == list(range(1, 26))
+    assert d.undelivered == {} and d.hosts[1].caught_up >= 1
