@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..adapters._mlflow_sweep import PARENT_TAG
-from ..adapters._mlflow_view import OBJECTIVE_TAG, differing_params
+from ..adapters._mlflow_view import OBJECTIVE_TAG, PRUNED_TAG, differing_params
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
 from ..names import DEFAULT_OBJECTIVES, MFU, SAMPLES_PER_S, TOKENS_PER_S, TOKENS_SEEN, objective_metric
@@ -92,7 +92,8 @@ def _row(client: Any, run: Any, metric: str, mode: str) -> RunRow:
     best_step, best = pick(finite, key=lambda p: p[1]) if finite else (None, NAN)
     speed = [v for _, v in _history(client, run.info.run_id, SAMPLES_PER_S) if math.isfinite(v)]
     return RunRow(run_name=run.info.run_name or run.info.run_id[:8], run_id=run.info.run_id,
-                  status=run.info.status, best=best, best_step=best_step,
+                  status="PRUNED" if PRUNED_TAG in run.data.tags else run.info.status,
+                  best=best, best_step=best_step,
                   final=series[-1][1] if series else NAN,
                   samples_per_s=statistics.median(speed) if speed else NAN, points=len(series),
                   params=dict(run.data.params), work=_work(client, run))
@@ -120,9 +121,11 @@ def compare(experiment: str, tracking_uri: str, metric: Optional[str] = None,
         raise MsbridgeError(f"no MLflow experiment {experiment!r} at {mask_text(tracking_uri)}; it has: {names}")
     runs = [r for r in client.search_runs([exp.experiment_id], max_results=5000) if PARENT_TAG not in r.data.tags]
     metric, mode = _objective(runs, metric, mode)
+    runs.sort(key=lambda r: r.info.start_time or 0)  # of equal values, the run started first ranks first
     rows = [_row(client, run, metric, mode) for run in runs]
     sign = -1 if mode == "max" else 1
-    rows.sort(key=lambda r: (not math.isfinite(r.best), sign * r.best if math.isfinite(r.best) else 0))
+    rows.sort(key=lambda r: (r.status != "FINISHED", not math.isfinite(r.best),  # completed runs first
+                             sign * r.best if math.isfinite(r.best) else 0))
     return Comparison(metric, mode, rows, differing_params([r.params for r in rows]))
 
 
