@@ -170,10 +170,9 @@ def _group_filter(sweep_id: Optional[str], children_only: bool = False) -> str:
 
 
 def sweep_runs(client: Any, experiment_id: str, sweep_id: Optional[str], mode: str) -> List[Any]:
-    """The runs compared with each other (the sweep's, else the experiment's; parents left out), best first; of
-    equal values, the one started first."""
-    order = [f"metrics.`{OBJECTIVE_BEST}` {'DESC' if mode == 'max' else 'ASC'}", "attributes.start_time ASC"]
-    runs = client.search_runs([experiment_id], _group_filter(sweep_id), max_results=MAX_RUNS, order_by=order)
+    """The runs compared with each other (the sweep's, else the experiment's; parents left out), best first."""
+    order = f"metrics.`{OBJECTIVE_BEST}` {'DESC' if mode == 'max' else 'ASC'}"
+    runs = client.search_runs([experiment_id], _group_filter(sweep_id), max_results=MAX_RUNS, order_by=[order])
     return [r for r in runs if PARENT_TAG not in r.data.tags]
 
 
@@ -185,11 +184,13 @@ def completed(run: Any) -> bool:
 def mark_best(client: Any, experiment_id: str, sweep_id: Optional[str], mode: str) -> Optional[str]:
     """Tag the best run by ``objective/best`` with ``BEST_TAG`` and take the tag off any other; returns its id.
     Only runs that completed compete, unless none did (a stopped or pruned run never takes the mark from one that
-    finished). Each run of a sweep does this as it ends, so once the last has ended the mark is on the best."""
+    finished); of equal values, the run started first. Each run of a sweep does this as it ends, so once the last
+    has ended the mark is on the best."""
     runs = sweep_runs(client, experiment_id, sweep_id, mode)
     scored = [r for r in runs if OBJECTIVE_BEST in r.data.metrics]
     scored = [r for r in scored if completed(r)] or scored
-    best = scored[0].info.run_id if scored else None
+    top = [r for r in scored if r.data.metrics[OBJECTIVE_BEST] == scored[0].data.metrics[OBJECTIVE_BEST]]
+    best = min(top, key=lambda r: r.info.start_time or 0).info.run_id if top else None  # a tie: the first started
     for run in runs:
         if run.info.run_id == best and run.data.tags.get(BEST_TAG) != BEST_MARK:
             client.set_tag(best, BEST_TAG, BEST_MARK)
