@@ -10,11 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-import optuna
 import pytest
 
 from msbridge.sinks.runlog import read_run
 from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome
+
+optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 
 pytestmark = pytest.mark.slow  # each test starts processes (the fast tier: pytest -m 'not slow')
 ROOT = Path(__file__).resolve().parents[2]

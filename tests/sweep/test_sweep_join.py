@@ -9,11 +9,12 @@ import sys
 import textwrap
 import time
 
-import optuna
 import pytest
 from helpers.postgres import postgres  # noqa: F401  (the fixture)
 
 from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome
+
+optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 
 pytestmark = pytest.mark.slow
 TRIALS = 10

@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import optuna
 import pytest
 
 from msbridge.cli.main import main
@@ -16,6 +15,8 @@ from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.sweep.runner import trial_command
 from msbridge.sweep.spec import PRUNER_ARGS, SAMPLER_ARGS, load_spec
 from msbridge.sweep.study import make_pruner, make_sampler, open_study
+
+optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import optuna
 import pytest
 from helpers.training import OutputRecorder, train_regression
 
@@ -17,6 +16,8 @@ from msbridge.sinks.base import Record
 from msbridge.sinks.runlog import read_run
 from msbridge.sweep import ENV_NAMES, current, with_values
 from msbridge.sweep.trial import RUN_DIR_ATTR, TrialLink, join_trial, read_outcome, trial_value
+
+optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
