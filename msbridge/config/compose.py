@@ -257,7 +257,7 @@ def apply_overrides(tree: Tree, overrides: Sequence[str], composer: "_Composer")
             composer.problems.append(f"--set {key}: {note}")
             continue
         try:
-            value = yaml_value(raw)
+            value = yaml_value(raw, key)
         except ValueError as exc:
             shown = "the value (not shown)" if any(is_secret_key(part) for part in key.split(".")) else \
                 f"the value {raw!r}"

@@ -159,6 +159,10 @@ _STD = "tag:yaml.org,2002:"
 #: The only tags msbridge reads: plain data. Any other (``!!python/...``, ``!Ref``) is refused.
 _SCALAR_TAGS = frozenset(_STD + t for t in ("null", "bool", "int", "float", "binary", "timestamp", "str"))
 _INT_TAG = _STD + "int"
+_NUMBER_TAGS = (_INT_TAG, _STD + "float")
+#: Keys whose value is an id or a name: a plain scalar keeps the text as written (``82e33229``, ``0012``, ``12e3``),
+#: never read as a number (mindformers' PyYAML reads ``82e33229`` as a string, and ``0012`` as 10).
+TEXT_KEYS = frozenset({"sweep_id", "run_name", "experiment", "study"})
 #: Characters an integer scalar may have before it is refused unconstructed (its digits are checked after).
 _MAX_INT_TEXT = 4 * MAX_INT_DIGITS
 _INVALID = object()  # a scalar its tag could not construct (already reported)
@@ -215,6 +219,8 @@ class _Walker:
         """The scalar's value; one its tag cannot hold (``!!int x``, ``2024-02-30``) is a problem and ``_INVALID``."""
         if not self.allowed(node, path):
             return _INVALID
+        if path and path[-1] in TEXT_KEYS and _number_as_written(self.loader, node):
+            return node.value
         if node.tag == _INT_TAG and len(node.value) > _MAX_INT_TEXT:
             self.problems.append(f"{self.where(node)}: {format_path(path) or 'value'}: "
                                  f"{huge_int_problem(len(node.value))}")
@@ -387,9 +393,20 @@ def parse_yaml(text: str, filename: str) -> Tuple[List[Tree], List[str]]:
     return docs, problems
 
 
-def yaml_value(text: str) -> Any:
+def _number_as_written(loader: _Loader, node: yaml.Node) -> bool:
+    """A plain scalar that YAML read as a number by its look alone (no quotes, no ``!!int`` tag)."""
+    return (isinstance(node, yaml.ScalarNode) and node.tag in _NUMBER_TAGS and not node.style
+            and loader.resolve(yaml.ScalarNode, node.value, (True, False)) == node.tag)
+
+
+def yaml_value(text: str, key: str = "") -> Any:
     """A ``--set`` value typed as YAML types it (``5`` -> 5, ``true`` -> True, ``[a, b]`` -> list),
-    within the limits of a file.
+    within the limits of a file; the value of an id or a name (``TEXT_KEYS``, the last part of ``key``) keeps the
+    text as written.
+
+    Example:
+        >>> yaml_value("0012"), yaml_value("0012", key="sweep_id")
+        (10, '0012')
 
     Raises:
         ValueError: the text is not valid YAML, or is over a limit.
@@ -401,6 +418,8 @@ def yaml_value(text: str) -> Any:
         if node is None:
             return None
         check_size(node)
+        if key.rsplit(".", 1)[-1] in TEXT_KEYS and _number_as_written(loader, node):
+            return node.value
         return loader.construct_document(node)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         reason = exc.problem if isinstance(exc, LimitError) else str(exc)

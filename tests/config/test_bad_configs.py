@@ -123,7 +123,7 @@ CASES = {
     "reduce-ranks-negative": ("reduce_ranks: [0, -1]\n", "run.yaml:1: reduce_ranks: expected null or a non-empty"),
     "monitor-on-text": ("monitor_on: 'yes please'\n", "run.yaml:1: monitor_on: expected true or false"),
     "experiment-empty": ("experiment: ''\n", "run.yaml:1: experiment: expected a non-empty string"),
-    "experiment-number": ("experiment: 123\n", "run.yaml:1: experiment: expected a non-empty string, got 123 (quote"),
+    "experiment-list": ("experiment: [123]\n", "run.yaml:1: experiment: expected a non-empty string, got [123]"),
     "run-name-unknown-field": ("run_name: 'lr{optimizer.lr}'\n", "run.yaml:1: run_name:"),
     "output-dir-unknown-field": ("output_dir: '/x/{nope}'\n", "run.yaml:1: output_dir:"),
     "unknown-sink": ("sinks: [tensorbord]\n", "run.yaml:1: sinks[0]: unknown sink 'tensorbord'; did you mean"),

@@ -58,7 +58,7 @@ def test_unknown_top_level_keys_of_a_pure_file(tmp_path):
 def test_every_problem_in_the_file_is_reported_at_once(tmp_path):
     path = write(tmp_path, """\
         monitor_on: 'True'
-        experiment: 42
+        experiment: [42]
         flush_steps: 0
         flush_seconds: -1
         overhead_budget: 2
@@ -73,7 +73,7 @@ def test_every_problem_in_the_file_is_reported_at_once(tmp_path):
     assert problems_of(path) == [
         "run.yaml:12: step_interval: key written twice (first at line 11); YAML would silently keep only the last",
         "run.yaml:1: monitor_on: expected true or false, got 'True'",
-        "run.yaml:2: experiment: expected a non-empty string, got 42 (quote it: '42')",
+        "run.yaml:2: experiment: expected a non-empty string, got [42]",
         "run.yaml:3: flush_steps: expected an integer >= 1 and <= 10_000_000, got 0",
         "run.yaml:4: flush_seconds: expected a number > 0 and <= 10_000_000, got -1",
         "run.yaml:7: layer_norms: 'layers.[0' is not a valid regular expression: unterminated character set "
@@ -276,3 +276,20 @@ def test_a_volatile_directory_is_said_once_per_process_and_shown_by_every_check(
         loaded = [log_notes(load_config(config)) for _ in range(3)]  # a sweep's three runs in one process
     assert len([r for r in caplog.records if "it may be wiped" in r.getMessage()]) == 1
     assert all(any("it may be wiped" in str(note) for note in c.provenance.notes) for c in loaded)
+
+
+def test_ids_and_names_keep_the_text_as_written(tmp_path):
+    """``sweep_id: 82e33229`` (the ids examples/sweep/run_sweep.py makes) was read as inf, ``0012`` as 10: the run
+    failed before training, and the hint quoted the parsed value. PyYAML (mindformers' reader) keeps 82e33229."""
+    path = write(tmp_path, """\
+        experiment: 0012
+        run_name: 12e3
+        sweep_id: 82e33229
+        params: {seed: 0012}
+        """)
+    config = load_config(path)
+    assert (config.experiment, config.run_name, config.sweep_id) == ("0012", "12e3", "82e33229")
+    assert config.params == {"seed": 10}  # any other key: a number, as YAML reads it
+    for override in ("sweep_id=0012", "sweep_id=1e5"):
+        assert load_config(path, [override]).sweep_id == override.split("=")[1]
+    assert load_config(path, ['sweep_id="7"']).sweep_id == "7"  # quoted: as before
