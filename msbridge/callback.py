@@ -39,7 +39,7 @@ from .metrics.rank_timing import StepTimer, data_wait_values
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.cost import KEY as COST_KEY, CostMeter
-from .run.outcome import PRUNED, RunOutcome, RunTally
+from .run.outcome import PRUNED, RUN_FILES, RunOutcome, RunTally
 from .run.plan import RunPlan, plan_run
 from .run.ranks import release_rank_file
 from .run.signals import SignalGuard, TrainingInterrupted
@@ -376,7 +376,8 @@ class BridgeMonitor(EvalHooks, Callback):
             objective = self._objective.summary() if self.run is not None and self.run.is_global else None
             summary = self.tally.summary(self._last_step, self.health.summary(), self.plan.run_dir, late, objective)
             cost = self.cost.finish()  # after the sinks closed: their close is counted
-            self.plan.finish({**summary, COST_KEY: cost} if cost is not None else summary)
+            if not self.plan.finish({**summary, COST_KEY: cost} if cost is not None else summary):
+                self.tally.undelivered[RUN_FILES] = f"the outcome could not be written to {self.plan.run_dir}"
         except Exception:
             log.exception("msbridge: could not write the outcome into run.json and README.md")
         release_rank_file(self.plan.run_dir, self.plan.ranks.rank)

@@ -50,6 +50,10 @@ PRUNED = "PRUNED"
 _BY_STATUS = {FINISHED: EXIT_OK, PRUNED: EXIT_OK, FAILED: EXIT_FAILED, KILLED: EXIT_KILLED}
 #: The sink that is the write-ahead log: the others are rebuilt from it, it cannot be.
 WAL_SINK = "jsonl"
+#: What ``undelivered`` names when the run's own files (run.json, README.md) could not take the outcome.
+RUN_FILES = "run.json"
+_NO_REPLAY = {WAL_SINK: "the write-ahead log itself: the records it lost are gone",
+              RUN_FILES: "the run dir could not take it: the outcome is in this exit code and the console only"}
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,7 @@ class RunOutcome:
         """For run.json and README: each sink that may lack records, and how to fill it."""
         out = {}
         for name, what in sorted(self.undelivered.items()):
-            fix = ("the write-ahead log itself: the records it lost are gone" if name == WAL_SINK
-                   else f"fill it: msbridge replay {shlex.quote(run_dir)} --to {name}")
+            fix = _NO_REPLAY.get(name) or f"fill it: msbridge replay {shlex.quote(run_dir)} --to {name}"
             out[name] = f"{what}; {fix}"
         return out
 

@@ -127,24 +127,26 @@ class RunPlan:
         dispatcher = getattr(self, "_dispatcher", None)
         return dict(dispatcher.failures) if dispatcher is not None else {}
 
-    def finish(self, outcome: Dict[str, Any]) -> None:
+    def finish(self, outcome: Dict[str, Any]) -> bool:
         """Add the outcome (status, steps, wall time, losses, anomalies) to README.md and run.json; a sink that
-        never opened leaves the list of where the sinks write."""
-        if hasattr(self, "_meta"):
-            release_space(self.run_dir)
-            unopened = self._dispatcher.unopened
-            self._where = {name: info for name, info in self._where.items() if name not in unopened}
-            self._meta["sinks"] = self._where
-            self._write(outcome)
+        never opened leaves the list of where the sinks write. False if the run dir could not take them."""
+        if not hasattr(self, "_meta"):
+            return True
+        release_space(self.run_dir)
+        unopened = self._dispatcher.unopened
+        self._where = {name: info for name, info in self._where.items() if name not in unopened}
+        self._meta["sinks"] = self._where
+        return self._write(outcome)
 
-    def _write(self, outcome: Optional[Dict[str, Any]] = None) -> None:
-        """run.json and README.md (global rank): the sinks that opened, the ones that failed, the outcome."""
+    def _write(self, outcome: Optional[Dict[str, Any]] = None) -> bool:
+        """run.json and README.md (global rank): the sinks that opened, the ones that failed, the outcome; False
+        if they could not be written (said once, ``write_run_files``)."""
         if not self.ranks.is_global:
-            return
+            return True
         failed = self.failed_sinks
         meta = dict(self._meta, failed_sinks=failed, **({"outcome": outcome} if outcome else {}))
-        write_run_files(self.run_dir, meta, render_readme(self.run_name, self.run_id, meta, self._where,
-                                                          self.run_dir, outcome=outcome, failed=failed))
+        return write_run_files(self.run_dir, meta, render_readme(self.run_name, self.run_id, meta, self._where,
+                                                                 self.run_dir, outcome=outcome, failed=failed))
 
 
 def plan_run(config: Config, extra_sinks: Sequence[Sink] = (), ranks: Optional[Ranks] = None,

@@ -190,3 +190,5 @@ def test_a_run_dir_made_read_only_is_named_at_once_and_the_open_log_keeps_every_
     assert steps_in(rank_file(run.run_dir, 0)) == list(range(1, STEPS + 1))
     with open(os.path.join(run.run_dir, "run.json"), encoding="utf-8") as fh:
         assert "outcome" not in json.load(fh), "run.json claims no outcome it could not be given"
+    assert run.outcome.exit_code == 3 and run.outcome.undelivered == {
+        "run.json": f"the outcome could not be written to {run.run_dir}"}, "the exit code says it"
