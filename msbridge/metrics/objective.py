@@ -17,11 +17,15 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Dict, Optional, Sequence
 
-from ..names import OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, objective_metric
+from ..names import (EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL,
+                     objective_metric)
 from ..sinks.base import Record
+
+log = logging.getLogger("msbridge")
 
 MODES = ("min", "max")
 
@@ -41,6 +45,7 @@ class Objective:
         self.best: Optional[float] = None
         self.best_step = 0
         self.final: Optional[float] = None
+        self._said_no_eval_loss = False
 
     def _better(self, value: float) -> bool:
         if self.best is None:
@@ -52,6 +57,8 @@ class Objective:
         metric = objective_metric(self.fixed, {n for rec in records for n in rec.values}, self.metric)
         if metric != self.metric:  # the first evaluation: from now on the run is compared on it
             self.metric, self.best, self.best_step, self.final = metric, None, 0, None
+        if metric is not None and not metric.startswith(EVAL_PREFIX) and not self._said_no_eval_loss:
+            self._say_no_eval_loss(records)
         changed = False
         for rec in records:
             value = rec.values.get(metric) if metric is not None else None
@@ -65,6 +72,17 @@ class Objective:
             if self.best is not None:
                 values.update({OBJECTIVE_BEST: self.best, OBJECTIVE_BEST_STEP: float(self.best_step)})
             values[OBJECTIVE_FINAL] = self.final
+
+    def _say_no_eval_loss(self, records: Sequence[Record]) -> None:
+        """An evaluation that records no loss (only ``eval/accuracy``, say) leaves the run compared on its best
+        single training step: said once, with the setting that compares it on its evaluation."""
+        evals = sorted({n for rec in records for n in rec.values if n.startswith(EVAL_PREFIX)}
+                       - {EVAL_SAMPLES, EVAL_TIME})
+        if evals:
+            self._said_no_eval_loss = True
+            log.warning("msbridge: the evaluation records %s but no loss: the run is compared on %s (its best "
+                        "single step); to compare it on the evaluation, set objective: {metric: %s, mode: max} "
+                        "(or min)", ", ".join(evals), self.metric, evals[0])
 
     def summary(self) -> Dict[str, Any]:
         """For run.json and the README: the metric, mode, best (and its step) and final value."""
