@@ -85,7 +85,9 @@ class Backlog:
 
     Example:
         >>> backlog = Backlog(3)
-        >>> for step in range(1, 6): _ = backlog.add(Record(step, 0, 0.0, {}))
+        >>> backlog.extend([Record(step, 0, 0.0, {}) for step in range(1, 6)])
+        >>> backlog.trim()
+        True
         >>> backlog.text()
         'steps 1-2 (2 records, dropped past max_pending=3), steps 3-5 (3 records)'
     """
@@ -96,11 +98,6 @@ class Backlog:
         self.tried = 0
         self._dropped: List[List[int]] = []
         self._joined = False  # the next drop continues the last span (nothing was stored since)
-
-    def add(self, record: Record) -> bool:
-        """Queue ``record``; True if the oldest was dropped for it (``trim``)."""
-        self.records.append(record)
-        return self.trim()
 
     def extend(self, records: Sequence[Record]) -> None:
         """Queue ``records``, over the limit if they go past it: ``trim`` once they had a try."""

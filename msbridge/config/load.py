@@ -169,7 +169,7 @@ def _check_stores(sinks: Mapping[str, Mapping[str, Any]], full: Dict[str, Any], 
     """Each tracker's store where its options leave it to the default (the experiment dir), checked as a given one
     is (an MLflow store this MLflow cannot use ...); a sink with ``on_fault: warn`` has all its faults as warnings."""
     from ..options import check_options
-    from ..sinks.registry import ON_FAULT, check_available, sink_class, with_store_defaults
+    from ..sinks.registry import OFF_FOR_RUN, ON_FAULT, check_available, sink_class, with_store_defaults
 
     experiment_dir = _experiment_dir(full)
     for name, options in sinks.items():
@@ -188,8 +188,8 @@ def _check_stores(sinks: Mapping[str, Mapping[str, Any]], full: Dict[str, Any], 
         for key, message in problems:
             if warn:
                 origin, source = checker.source(("sinks", name))
-                checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: off for this run "
-                                          f"(on_fault: warn): {message}; jsonl records every step", logging.WARNING))
+                checker.notes.append(Note(origin or Origin("default"), f"{format_path(source)}: {OFF_FOR_RUN}: "
+                                          f"{message}; jsonl records every step", logging.WARNING))
             else:
                 checker.problem(("sinks", name), f"{key} (by default {placed[key]!r}): {message}")
 

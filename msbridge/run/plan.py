@@ -32,7 +32,7 @@ from ..sinks.base import FAILED, RunInfo, Sink
 from ..sinks.console import ConsoleSink
 from ..sinks.dispatch import Dispatcher
 from ..sinks.host import Driver, SinkFailed
-from ..sinks.registry import fault_policy, resolve, with_store_defaults
+from ..sinks.registry import OFF_FOR_RUN, fault_policy, resolve, with_store_defaults
 from ..sinks.runlog import last_step, rank_file
 from .metadata import (collect_metadata, release_space, render_readme, reserve_space, run_id_for, stored_run_name,
                        write_run_files)
@@ -197,11 +197,10 @@ def build_sinks(config: Config, ranks: Ranks, experiment_dir: str) -> List[Sink]
         except (ConfigError, ImportError) as exc:
             if fault_policy(options) != "warn":
                 raise
-            log.warning("msbridge: sinks.%s: off for this run (on_fault: warn): %s; jsonl records every step",
-                        name, mask_text(str(exc)))
+            log.warning("msbridge: sinks.%s: %s: %s; jsonl records every step", name, OFF_FOR_RUN, mask_text(str(exc)))
     return sinks
 
 
 def _said_off(config: Config, name: str) -> bool:
     """The config check found sink ``name`` (``on_fault: warn``) unable to work, and said it is off for this run."""
-    return any(f"sinks.{name}: off for this run" in str(note) for note in config.provenance.notes)
+    return any(f"sinks.{name}: {OFF_FOR_RUN}" in str(note) for note in config.provenance.notes)

@@ -43,6 +43,9 @@ ON_FAULT = "on_fault"
 ON_FAULT_OPTION = Option(str, "fail", "a fault found before training: fail (training does not start) or warn (the "
                                       "sink is off for the run, said in one line)", choices=("fail", "warn"))
 
+#: What a "warn" sink that cannot work is said to be, by the config check; the run leaves such a sink out.
+OFF_FOR_RUN = "off for this run (on_fault: warn)"
+
 _REGISTERED: Dict[str, Type[Sink]] = {}
 S = TypeVar("S", bound=Type[Sink])
 

@@ -174,12 +174,12 @@ def test_a_store_lost_mid_run_is_read_back_and_what_the_backlog_dropped_is_count
 
 def test_a_batch_whose_reply_never_came_is_not_confirmed_unless_read_back():
     backlog = Backlog(3)
-    for step in range(1, 6):
-        backlog.add(Record(step, 0, 0.0, {"loss": 1.0}))
+    backlog.extend([Record(step, 0, 0.0, {"loss": 1.0}) for step in range(1, 6)])
+    backlog.trim()
     backlog.failed(2, ConnectionError("MLflow's client process ended"))  # steps 3-4 went; no reply
     backlog.failed(3, TrackerError("Failed to establish a new connection: [Errno 111] Connection refused"))
-    for step in (6, 7):  # 3 and 4 dropped: sent, maybe stored
-        backlog.add(Record(step, 0, 0.0, {"loss": 1.0}))
+    backlog.extend([Record(step, 0, 0.0, {"loss": 1.0}) for step in (6, 7)])
+    backlog.trim()  # 3 and 4 dropped: sent, maybe stored
     assert backlog.text() == ("steps 1-2 (2 records, dropped past max_pending=3), steps 3-4 (2 records, dropped "
                               "past max_pending=3, sent, but not confirmed: MLflow's reply never came), "
                               "steps 5-7 (3 records)")
@@ -187,7 +187,7 @@ def test_a_batch_whose_reply_never_came_is_not_confirmed_unless_read_back():
     assert backlog.text(held=2) == ("steps 1-2 (2 records, dropped past max_pending=3), steps 3-4 (2 records, "
                                     "dropped past max_pending=3), steps 5-7 (3 records)")
     backlog.stored(3)
-    backlog.add(Record(8, 0, 0.0, {}))
+    backlog.extend([Record(8, 0, 0.0, {})])
     assert backlog.text().endswith("steps 8-8 (1 records)")
 
 
