@@ -24,7 +24,7 @@ import urllib.parse
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from msbridge.config.directories import path_problem, writable_problem
-from msbridge.config.value_checks import address_problem
+from msbridge.addresses import address_problem
 from msbridge.options import did_you_mean
 
 #: The URI schemes MLflow 3 reads a tracking store from (``postgresql+psycopg2`` counts as ``postgresql``);

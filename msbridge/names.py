@@ -44,6 +44,8 @@ LM_LOSS = "train/lm_loss"
 AUX_LOSS = "train/aux_loss"
 MTP_LOSS = "train/mtp_loss"
 INDEXER_LOSS = "train/indexer_loss"
+#: mindformers' pipeline-parallel (and gradient-accumulation) train cell: its loss is scaled as MFLossMonitor scales it.
+PIPELINE_CELL = "MFPipelineWithLossScaleCell"
 STEP_TIME = "perf/step_time_ms"
 SAMPLES_PER_S = "perf/samples_per_s"
 TOKENS_PER_S = "perf/tokens_per_s"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError
-from ..config.value_checks import address_problem
+from ..addresses import address_problem
 from ..masking import mask_secrets
 from ..options import Option, check_options, did_you_mean
 

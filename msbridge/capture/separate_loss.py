@@ -43,6 +43,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from ..names import AUX_LOSS, INDEXER_LOSS, LM_LOSS, MTP_LOSS
+from .loss_factor import loss_factor, pipeline_cell
 
 log = logging.getLogger("msbridge")
 
@@ -87,9 +88,7 @@ class SeparateLoss:
                         "aux_loss, mtp_loss) at every step end, before this monitor runs; list MSBridgeMonitor "
                         "before MFLossMonitor in callbacks: to record train/lm_loss, train/aux_loss, train/mtp_loss")
             return None
-        from ..mindformers.pipeline import _loss_factor, _pipeline_cell  # mindformers is loaded: it registered them
-
-        factor, _ = _loss_factor(callbacks, _pipeline_cell(network))
+        factor, _ = loss_factor(callbacks, pipeline_cell(network))
         found = cls(register, owner=reader is None, factor=factor, last_step=first_step)
         log.info("msbridge: recording mindformers' separate losses (%s) at each flush, %s", ", ".join(found.names),
                  "as the mean per step of the window (msbridge zeroes them)" if found.owner

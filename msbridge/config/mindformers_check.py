@@ -23,12 +23,12 @@ import logging
 from importlib import metadata
 from typing import Any, List, Mapping, Tuple
 
+from ..names import PIPELINE_CELL
 from ..options import did_you_mean
 from ..sinks.registry import builtin_names
 from .dialects import HANDLERS
 from .keys import Note
 from .mindformers_rules import (
-    PIPELINE_CELL,
     RING_KEYS,
     TRAINER_ARGS,
     VALUE_RULES,

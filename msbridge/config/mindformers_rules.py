@@ -45,7 +45,6 @@ RING_KEYS = ("type", "wrapper", "ring_size", "auto_register")
 TRAINER_ARGS = ("network", "optimizer", "parallel_config", "calculate_per_token_loss", "global_norm_spike_threshold",
                 "print_separate_loss", "use_skip_data_by_global_norm", "lr_scheduler", "grouped_lr_scheduler",
                 "micro_batch_num")
-PIPELINE_CELL = "MFPipelineWithLossScaleCell"
 _SEMI_AUTO = (1, 2, "semi_auto_parallel", "auto_parallel")
 
 

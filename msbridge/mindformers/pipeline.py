@@ -22,19 +22,16 @@ Example:
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 from typing import Any, Callable, Optional, Sequence, Tuple
 
-import numpy as np
-
+from ..capture.loss_factor import loss_factor, pipeline_cell
 from ..capture.window import Window
-from ..names import LOSS
+from ..names import LOSS, PIPELINE_CELL
 
 log = logging.getLogger("msbridge")
 
 RING = "MSBridgeRing"
-PIPELINE_CELL = "MFPipelineWithLossScaleCell"
 _RESETS = ("_reset_wrapper_for_pipeline_parallel", "_reset_wrapper_for_grad_accu")
 
 
@@ -66,45 +63,6 @@ def _keeping_ring(original: Callable[..., Any]) -> Callable[..., Any]:
     return reset
 
 
-def _pipeline_cell(network: Any) -> Optional[Any]:
-    from mindspore import nn
-
-    if not isinstance(network, nn.Cell):
-        return None
-    return next((c for _, c in network.cells_and_names() if type(c).__name__ == PIPELINE_CELL), None)
-
-
-def _monitor_factor(monitor: Any) -> Optional[float]:
-    """MFLossMonitor's own ``_fix_loss_for_parallel`` applied to 1.0, without its one-time warnings (None: no
-    such method, or one this code cannot call)."""
-    fix = getattr(monitor, "_fix_loss_for_parallel", None)
-    if fix is None:
-        return None
-    try:
-        if "print_warning" in inspect.signature(fix).parameters:  # mindformers 1.9
-            return float(fix(np.float64(1.0), print_warning=False))
-        if not hasattr(monitor, "print_warning_flag"):
-            return float(fix(np.float64(1.0)))
-        flag, monitor.print_warning_flag = monitor.print_warning_flag, False  # 1.6: its warnings hang on this flag
-        try:
-            return float(fix(np.float64(1.0)))
-        finally:
-            monitor.print_warning_flag = flag
-    except (AttributeError, TypeError, ValueError):  # another mindformers version: fall back to the cell
-        return None
-
-
-def _loss_factor(callbacks: Sequence[Any], cell: Optional[Any]) -> Tuple[float, str]:
-    """What the recorded loss is multiplied by, and who said so: MFLossMonitor's own rule when it runs."""
-    monitor = next((cb for cb in callbacks or () if type(cb).__name__ == "MFLossMonitor"), None)
-    factor = _monitor_factor(monitor)
-    if factor is not None:
-        return factor, "MFLossMonitor's _fix_loss_for_parallel"
-    if cell is not None and not getattr(cell, "calculate_per_token_loss", False):
-        return 1.0 / max(int(getattr(cell, "micro_size", 1) or 1), 1), f"{PIPELINE_CELL}'s micro_batch_num"
-    return 1.0, ""
-
-
 def _stages() -> Tuple[int, bool]:
     import mindspore as ms
 
@@ -130,8 +88,8 @@ class PipelineLoss:
     def at_train_begin(cls, callbacks: Sequence[Any], network: Any, ring: bool, rank: int,
                        world_size: int) -> "PipelineLoss":
         """Work it out from mindformers' parallel context and callbacks; say once what is recorded."""
-        cell = _pipeline_cell(network)
-        factor, why = _loss_factor(callbacks, cell)
+        cell = pipeline_cell(network)
+        factor, why = loss_factor(callbacks, cell)
         stages, zero_bubble = _stages()
         ranks = None
         if stages > 1 and world_size >= stages:
