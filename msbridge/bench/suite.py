@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from ..errors import MsbridgeError
 from .costs import fixed_cost_row, fixed_costs_markdown
 from .servers import tracking_servers
+from .sidebyside import budget_targets, own_cost, side_by_side_markdown
 
 #: setup key -> what runs. ``a`` is the reference every ratio is taken against.
 SETUPS: Dict[str, str] = {
@@ -52,12 +53,17 @@ SETUPS: Dict[str, str] = {
     "e_srv": "msbridge, all sinks, every step, MLflow through `mlflow server` (sqlite)",
     "e_pg": "msbridge, all sinks, every step, MLflow through `mlflow server` (PostgreSQL)",
     "e_alert": "msbridge, all sinks, every step, alerts to a hung and a refusing webhook (the 2 s stall alerts)",
+    "p_mlflow": "peer: mlflow.log_metrics of 14 values every step, synchronous, sqlite",
+    "p_mlflow_async": "peer: mlflow.log_metrics of 14 values every step, synchronous=False, sqlite",
+    "p_tbx": "peer: tensorboardX SummaryWriter.add_scalar of 14 values every step",
+    "p_summary": "peer: MindSpore SummaryCollector(collect_freq=1) (loss, lr, graph: what it collects)",
+    "p_mf": "peer: mindformers MFLossMonitor, printing and its TensorBoard every step (loss, lr)",
     "long": "msbridge, all sinks, tiny model, long run",
     "long_a": "no monitoring, tiny model, long run",
 }
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
-BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts", "e_alert": "e"}
+BASELINE = {"d_mf": "a_mf", "p_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts", "e_alert": "e"}
 #: setups whose MLflow sink logs over HTTP to an ``mlflow server`` the bench starts, with this backend.
 SERVER_BACKEND = {"e_srv": "sqlite", "e_pg": "postgresql"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.
@@ -96,9 +102,12 @@ def run_one(setup: str, steps: int, seed: int, out: str, tag: str, stall_s: floa
 
 def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats: int = 3, seed: int = 7,
               out: str = "./bench_results", long_steps: int = 0, stall_s: float = 2.0, keep: bool = False,
-              echo: Any = print, hidden: int = DEFAULT_HIDDEN, server_nice: int = 0) -> Dict[str, Any]:
+              echo: Any = print, hidden: int = DEFAULT_HIDDEN, server_nice: int = 0, busy: int = 0) -> Dict[str, Any]:
     """Run every setup ``repeats`` times, interleaved; write ``bench.json`` and ``bench.md`` to ``out``.
-    The mlflow servers of ``SERVER_BACKEND`` setups run throughout, at nice ``server_nice``."""
+    The mlflow servers of ``SERVER_BACKEND`` setups run throughout, at nice ``server_nice``, and so do ``busy``
+    CPU-bound processes the bench starts and stops."""
+    from .firstpoint import hogs
+
     out = os.path.abspath(out)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     setups = list(dict.fromkeys(["a", *[s for s in setups if not s.startswith("long")], *_baselines(setups)]))
@@ -106,7 +115,7 @@ def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats:
     load = [os.getloadavg()[0]]
     started = time.time()
     backends = [SERVER_BACKEND[s] for s in setups if s in SERVER_BACKEND]
-    with tracking_servers(backends, os.path.join(out, "servers"), nice=server_nice) as uris:
+    with tracking_servers(backends, os.path.join(out, "servers"), nice=server_nice) as uris, hogs(busy):
         for rep in range(repeats):
             order = setups[rep % len(setups):] + setups[:rep % len(setups)]
             for setup in order:
@@ -122,7 +131,7 @@ def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats:
         "steps": steps, "repeats": repeats, "seed": seed, "hidden": hidden, "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "load_avg_1min": load,
         "minutes": (time.time() - started) / 60, "rows": [summarise(s, runs) for s in setups], "runs": runs,
-        "server_nice": server_nice, "fixed_costs": [fixed_cost_row(s, runs, BASELINE.get(s, "a")) for s in setups],
+        "server_nice": server_nice, "busy": busy, "fixed_costs": [fixed_cost_row(s, runs, BASELINE.get(s, "a")) for s in setups],
     }
     if long_steps:
         echo(f"[bench] long run: {long_steps} steps, every sink on")
@@ -179,9 +188,11 @@ def summarise(setup: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
     })
     for key in ("steps_per_s", "median_step_ms", "cpu_ms_per_step", "peak_rss_mb", "children_rss_mb", "idle_cpu_per_s",
                 "monitor_us_median", "monitor_us_mean", "threads_us_per_step", "children_us_per_step",
-                "steps_recorded", "flush_steps_final"):
+                "steps_recorded", "flush_steps_final", "hooks_us_per_step", "py_threads_us_per_step",
+                "training_thread_us_per_step"):
         values = [r[key] for r in mine if r.get(key) is not None]
         row[key] = median(values) if values else None
+    row.update(own_cost(setup, runs, base_key))
     if row.get("monitor_us_mean") is not None and row.get("threads_us_per_step") is not None:
         # all the CPU monitoring adds per step, as a share of the step: on a host whose cores training keeps
         # busy, each CPU-microsecond of it costs training about one (docs/benchmarks.md)
@@ -222,6 +233,7 @@ def check_targets(report: Dict[str, Any]) -> Dict[str, Any]:
                                 "start_mb": samples[0][1], "end_mb": samples[-1][1],
                                 "measured": samples[-1][1] - samples[0][1],
                                 "without_monitoring": _rss_line(report.get("long_a") or {})}
+    out.update(budget_targets(rows))
     for item in out.values():
         item["met"] = _met(item)
     return out
@@ -257,7 +269,7 @@ def markdown(report: Dict[str, Any]) -> str:
     lines = [f"## msbridge bench: {report['steps']} steps x {report['repeats']} repeats, seed {report['seed']}",
              "", f"{report['machine']}, Python {report['python']}, 1-min load average during the run "
              f"{min(report['load_avg_1min']):.1f}-{max(report['load_avg_1min']):.1f}; "
-             f"{report['minutes']:.1f} min.", "",
+             f"{report['minutes']:.1f} min; beside {report.get('busy', 0)} busy processes the bench started.", "",
              "| setup | what | steps/s | ratio to baseline (min-max) | ratio to (a) | median step ms "
              "(ratio) | host CPU ms/step | peak RSS MB (+children) | idle CPU s/s | msbridge us/step median (mean) | "
              "its threads + child processes, CPU us/step | all of it, share of the step | flush window |",
@@ -276,6 +288,7 @@ def markdown(report: Dict[str, Any]) -> str:
             f"({_fmt(row['ratio_median_step'], '.3f')}) | {_fmt(row['cpu_ms_per_step'], '.2f')} | "
             f"{row['peak_rss_mb']:.0f}{_children(row)} | {_fmt(row['idle_cpu_per_s'], '.3f')} | {msb} | "
             f"{_beside(row)} | {_fmt(row.get('cpu_share'), '.2%')} | {_fmt(row.get('flush_steps_final'), '')} |")
+    lines += side_by_side_markdown(report["rows"])
     lines += fixed_costs_markdown(report.get("fixed_costs", []))
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for name, item in report["targets"].items():
@@ -303,6 +316,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-nice", type=int, default=0,
                         help="nice value of the mlflow servers (and PostgreSQL) of setups e_srv, e_pg; "
                              "19 stands for a server on another machine")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="CPU-bound processes the bench starts beside every setup and stops at its end (default 0)")
     parser.add_argument("--hidden", type=int, default=DEFAULT_HIDDEN,
                         help=f"the model's hidden size (default {DEFAULT_HIDDEN}: a ~12 ms step here; 256: ~10x that)")
 
@@ -314,7 +329,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if unknown:
         raise MsbridgeError(f"bench: unknown setup(s) {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
     run_bench(setups, args.steps, args.repeats, args.seed, args.out, args.long_steps, args.stall_s, args.keep,
-              hidden=args.hidden, server_nice=args.server_nice)
+              hidden=args.hidden, server_nice=args.server_nice, busy=args.busy)
     return 0
 
 

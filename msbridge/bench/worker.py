@@ -22,23 +22,30 @@ from typing import Any, Callable, Dict, List, Tuple
 from mindspore.train import Callback
 
 from ..errors import exception_text
+from .hookclock import HookClock, grown, python_threads_cpu
 from .probes import live_children_cpu_s, mlflow_child_rss_mb, process_cpu_s, rss_mb, threads_cpu_s
 from .suite import DEFAULT_HIDDEN, SETUPS
 
 MODEL = {"vocab_size": 64, "num_layers": 2, "num_heads": 4, "seq_length": 32}
 BATCH = 8
 SINK_SIZE = 20
+#: The learning-rate schedule of every setup: ``nn.WarmUpLR(peak, warmup steps)``.
+LR_PEAK, LR_WARMUP = 0.003, 20
 #: Setups whose train cell is ``TrainStep`` (the device ring); the others train ``nn.TrainOneStepCell``
 #: or mindformers' cell.
 TRAIN_STEP_SETUPS = ("a_ts", "g", "ln", "hist")
+#: Setups that train mindformers' train cell (MFLossMonitor reads its overflow flag and gradient norm).
+MF_CELL_SETUPS = ("a_mf", "d_mf", "p_mf")
 
 
 class _Timer(Callback):
     """Step-end timestamps; optionally stalls once (training idle) and measures CPU over the stall."""
 
     def __init__(self, cpu_at: Tuple[int, int], stall_at: int = 0, stall_s: float = 2.0, settle_s: float = 1.0,
-                 rss_every: int = 0) -> None:
+                 rss_every: int = 0, clock: Any = None) -> None:
         super().__init__()
+        self.clock = clock or HookClock()
+        self.own: List[Tuple[float, Dict[int, float], float]] = []  # hooks', Python threads', training thread's CPU
         self.times: List[Tuple[int, float]] = []
         self.cpu_at = cpu_at  # steady state: from the end of warm-up to the last step
         self.cpu: List[float] = []
@@ -60,6 +67,7 @@ class _Timer(Callback):
         if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
             self.cpu.append(process_cpu_s())
             self.beside.append((threads_cpu_s("msbridge-"), live_children_cpu_s()))  # sinks, watchdog; MLflow's child
+            self.own.append((self.clock.spent_s, python_threads_cpu(), time.thread_time()))
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
         if step >= self.cpu_at[1]:
@@ -239,7 +247,20 @@ def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str
         "sys": lambda: [_with_fake_npu_smi(work)],
         "hist": lambda: [_msbridge(work, ["jsonl", "tensorboard"], histograms=".*", histogram_interval=100)],
         "e_alert": lambda: [_with_down_alerts(work)],
+        **_peers(work, steps, lr),
     }
+
+
+def _peers(work: str, steps: int, lr: Any) -> Dict[str, Callable[[], List[Any]]]:
+    """The peers' setups (``peers``): the 14 values a step to one tracker, as their users write it."""
+    from . import peers
+
+    values = {"lr_at": peers.warmup_lr(LR_PEAK, LR_WARMUP), "batch": BATCH, "seq_length": MODEL["seq_length"]}
+    return {"p_mlflow": lambda: [peers.MlflowPeer(work, synchronous=True, **values)],
+            "p_mlflow_async": lambda: [peers.MlflowPeer(work, synchronous=False, **values)],
+            "p_tbx": lambda: [peers.TensorboardXPeer(work, **values)],
+            "p_summary": lambda: [_summary(work, 1)],
+            "p_mf": lambda: peers.mindformers_loss_monitor(work, steps, _scalar_lr(lr), BATCH)}
 
 
 def callbacks_for(setup: str, work: str, steps: int, lr: Any, tracking_uri: str = "") -> List[Any]:
@@ -273,19 +294,20 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
         data = {"tokens": make_tokens(per_epoch * BATCH, MODEL["seq_length"], MODEL["vocab_size"], seed)}
         _, loss_net = build_model(hidden_size=hidden, **MODEL)
     dataset = ds.NumpySlicesDataset(data, shuffle=False).batch(BATCH, drop_remainder=True)
-    lr = nn.WarmUpLR(0.003, 20)
+    lr = nn.WarmUpLR(LR_PEAK, LR_WARMUP)
     optimizer = nn.AdamWeightDecay(loss_net.trainable_params(), learning_rate=lr, weight_decay=0.01)
     callbacks = callbacks_for(setup, work, steps, lr, tracking_uri)
     if setup in TRAIN_STEP_SETUPS:
         config = callbacks[0].config if callbacks else None
         size = ring_size_for(config, SINK_SIZE) if config else 256
         train_cell = TrainStep(loss_net, optimizer, ring_size=size)
-    elif setup in ("a_mf", "d_mf"):
+    elif setup in MF_CELL_SETUPS:
         train_cell = _mindformers_cell(loss_net, optimizer)
     else:
         train_cell = nn.TrainOneStepCell(loss_net, optimizer)
+    clock = HookClock()
     timer = _Timer((warmup_steps(steps), steps), stall_at=0 if long_run or not stall_s else steps // 2,
-                   stall_s=stall_s, rss_every=10_000 if long_run else 0)
+                   stall_s=stall_s, rss_every=10_000 if long_run else 0, clock=clock)
     sink = setup == "g"
     # CPU runs sink mode step by step and ignores sink_size (one epoch = the whole dataset); a device
     # runs sink_size steps per epoch, so it needs steps / sink_size epochs for the same steps.
@@ -293,7 +315,8 @@ def run(setup: str, steps: int, seed: int, work: str, stall_s: float, hidden: in
     if sink and ms.get_context("device_target") != "CPU":
         epochs = steps // SINK_SIZE
     cpu0, wall0 = process_cpu_s(), time.perf_counter()
-    Model(train_cell).train(epochs, dataset, callbacks=[timer, *callbacks], dataset_sink_mode=sink,
+    Model(train_cell).train(epochs, dataset, callbacks=[timer, clock.before(), *callbacks, clock.after()],
+                            dataset_sink_mode=sink,
                             sink_size=SINK_SIZE if sink else -1)
     wall = time.perf_counter() - wall0
     cpu_end = process_cpu_s()
@@ -341,10 +364,22 @@ def _summarise(setup: str, timer: _Timer, callbacks: List[Any], wall: float, cpu
         "idle_cpu_per_s": timer.idle_cpu_per_s, "children_rss_mb": timer.children_rss_mb,
         "rss_samples": timer.rss,
     }
+    out.update(_own_cpu(timer, steady))
     monitor = next((cb for cb in callbacks if hasattr(cb, "run_dir") and hasattr(cb, "steps_recorded")), None)
     if monitor is not None:
         out.update(_monitor_figures(monitor))
     return out
+
+
+def _own_cpu(timer: _Timer, steady: int) -> Dict[str, Any]:
+    """CPU us a steady-state step: the setup's hooks on the training thread (``HookClock``), every Python thread
+    but the training one, and the training thread in all (MindSpore's work on it included)."""
+    if len(timer.own) != 2 or not steady:
+        return {}
+    (hooks0, threads0, train0), (hooks1, threads1, train1) = timer.own
+    return {"hooks_us_per_step": (hooks1 - hooks0) / steady * 1e6,
+            "py_threads_us_per_step": grown(threads1, threads0) / steady * 1e6,
+            "training_thread_us_per_step": (train1 - train0) / steady * 1e6}
 
 
 def _monitor_figures(monitor: Any) -> Dict[str, Any]:
