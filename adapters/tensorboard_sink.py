@@ -36,7 +36,9 @@ events wait, bounded, and go into a fresh event file when space returns
   where the HPARAMS tab looks for them; tensorboardX's ``add_hparams`` would use
   a new timestamped subdirectory. Next to them go ``hparams/final_loss``,
   ``hparams/final_global_loss``, ``hparams/best_loss`` and the objective's ``hparams/objective_best``,
-  ``hparams/objective_best_step``, ``hparams/objective_final`` (metrics.md). No experiment
+  ``hparams/objective_best_step``, ``hparams/objective_final`` (metrics.md). A run of a sweep (``sweep_id`` set)
+  adds ``msbridge.state``, the trial's state: FINISHED, PRUNED (its ``pruned`` event), FAILED or KILLED; a pruned
+  run's session ends as a success, as its exit code does. No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
   session's start and end times are the training's (``Sink.start_time``/``end_time``).
@@ -75,6 +77,7 @@ from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NOR
                             WEIGHTS_HISTOGRAM_PREFIX, is_global_metric, rank_loss)
 from msbridge.options import Option
 from msbridge.paths import safe_component
+from msbridge.run.outcome import PRUNED
 from msbridge.sinks.base import (
     FAILED,
     FINISHED,
@@ -89,6 +92,7 @@ from msbridge.sinks.base import (
     flatten,
 )
 from msbridge.sinks.registry import register_sink
+from msbridge.sweep.trial import PRUNED_EVENT
 
 log = logging.getLogger("msbridge")
 
@@ -174,6 +178,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
         self._final: Dict[str, float] = {}
         self._best: Dict[str, float] = {}
         self._status_held: Optional[str] = None  # the last run/status its files hold
+        self._pruned = False  # a `pruned` event was written: the trial's state in the hparams
         self._held: Dict[str, Set[int]] = {}  # directory -> the steps whose scalars its event files hold
         self._held_events: Set[Tuple[str, int]] = set()  # (kind, step) of the events they hold
         self._wait = DiskWait(self.name)  # what a full disk keeps out of the files, until space returns
@@ -196,6 +201,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
     def open(self, run: RunInfo) -> None:
         super().open(run)
         self._closed = False
+        self._pruned = False
         self._held_events = set()
         self._wait.at(self.run_dir(run), run.run_dir)
         if self._shared is not None:
@@ -279,6 +285,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
                 target.scalars(rec.step, rec.time, values)
             self._track(rec)
         for ev in events:
+            self._pruned = self._pruned or ev.kind == PRUNED_EVENT
             if ev.kind == HISTOGRAM:  # the HISTOGRAMS tab, on this rank's directory
                 self._local.encoded(histogram_summary(clean_tag(ev.detail["tag"]), ev.detail), ev.step, ev.time,
                                     EVENT)
@@ -360,6 +367,11 @@ class TensorBoardSink(WaitsForSpace, Sink):
             if math.isfinite(value) and value < self._best.get(name, math.inf):
                 self._best[name] = value
 
+    def _state(self, status: str) -> str:
+        """The run's end as its sweep sees it: PRUNED when it wrote (or holds) a ``pruned`` event, else ``status``."""
+        pruned = self._pruned or any(kind == PRUNED_EVENT for kind, _ in self._held_events)
+        return PRUNED if pruned and status == FINISHED else status
+
     def _write_hparams(self, status: str) -> None:
         """The run's hparams and final metrics into its global dir, where the HPARAMS tab finds them."""
         assert self.run is not None and self._global is not None
@@ -368,6 +380,8 @@ class TensorBoardSink(WaitsForSpace, Sink):
         settings = {k: run.config.get(k) for k in _SETTINGS}
         settings.update(world_size=run.world_size, batch_size=run.metadata.get("batch_size"))
         hparams.update(_as_hparams(settings, "msbridge."))
+        if run.config.get("sweep_id"):
+            hparams["msbridge.state"] = self._state(status)
         metrics = {"hparams/final_loss": self._final.get(LOSS),
                    "hparams/final_global_loss": self._final.get(GLOBAL_LOSS),
                    "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS)),

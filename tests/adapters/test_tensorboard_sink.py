@@ -199,6 +199,51 @@ def test_the_hparams_tab_compares_a_sweep(tmp_path):
     assert best == [("lr0.01", [pytest.approx(0.05)]), ("lr0.1", [pytest.approx(0.5)])]
 
 
+def hparams_of(path):
+    """The HPARAMS tab's values of the run's last session (its last session-start summary; EventAccumulator keeps
+    a tag's first), read with TensorBoard's event file loader."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    contents = [v.metadata.plugin_data.content for f in sorted(glob.glob(os.path.join(path, "events.out.*")))
+                for e in EventFileLoader(f).Load() for v in e.summary.value
+                if v.tag == hp_metadata.SESSION_START_INFO_TAG]
+    start = hp_metadata.parse_session_start_info_plugin_data(contents[-1])
+    return {k: v.number_value if v.HasField("number_value") else v.string_value for k, v in start.hparams.items()}
+
+
+def test_a_sweeps_trial_state_is_an_hparam_and_a_single_run_has_none(tmp_path):
+    """A sweep's run (``sweep_id`` set) adds ``msbridge.state``: PRUNED when it holds the ``pruned`` event (the
+    trackers are closed FINISHED, its exit), else its status; a run outside a sweep has no such key."""
+    for name, sweep_id, kinds, status in (("pruned", "s1", ["pruned"], FINISHED), ("done", "s1", [], FINISHED),
+                                          ("killed", "s1", [], KILLED), ("single", None, ["pruned"], FINISHED)):
+        run = make_run(tmp_path, name=name, config={"params": {"lr": 0.1}, "sweep_id": sweep_id})
+        sink = TensorBoardSink()
+        sink.open(run)
+        sink.write([Record(5, 0, time.time(), {"train/loss": 1.0})],
+                   [Event(kind, 5, 0, time.time(), {"metric": "eval/loss"}) for kind in kinds])
+        sink.close(status)
+    got = {name: hparams_of(tb_root(tmp_path, name)).get("msbridge.state")
+           for name in ("pruned", "done", "killed", "single")}
+    assert got == {"pruned": "PRUNED", "done": FINISHED, "killed": KILLED, "single": None}
+    end = hp_metadata.parse_session_end_info_plugin_data(
+        load(tb_root(tmp_path, "pruned")).PluginTagToContent("hparams")[hp_metadata.SESSION_END_INFO_TAG])
+    assert end.status == 1  # STATUS_SUCCESS: a pruned trial ended as its sweep meant it to (exit code 0)
+
+
+def test_a_replayed_pruned_trial_keeps_its_state(tmp_path):
+    """A replay into a run whose event files hold the ``pruned`` event: the state read back is still PRUNED."""
+    run = make_run(tmp_path, name="t1", config={"sweep_id": "s1"})
+    sink = TensorBoardSink()
+    sink.open(run)
+    sink.write([Record(5, 0, time.time(), {"train/loss": 1.0})], [Event("pruned", 5, 0, time.time(), {})])
+    sink.close(FINISHED)
+    again = TensorBoardSink()
+    again.open(run)
+    again.write([Record(6, 0, time.time(), {"train/loss": 0.9})], [])
+    again.close(FINISHED)
+    assert hparams_of(tb_root(tmp_path, "t1"))["msbridge.state"] == "PRUNED"
+
+
 def test_nonfinite_values_are_stored_as_they_are(tmp_path):
     sink = TensorBoardSink()
     sink.open(tb_run(tmp_path))
