@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from .names import GLOBAL_LOSS, GRAD_NORM, LOSS, LR, SAMPLES_PER_S
 from .sinks.base import FAILED, FINISHED, KILLED, WAL_NAME, Event, Record, RunInfo, Series, Sink
-from .sinks.calls import Describe, ReadBack
+from .sinks.calls import Call
 from .sinks.host import Driver, SinkHost
 
 #: float32 keeps 7 significant digits: a value read back is this close to the one handed over.
@@ -107,14 +107,14 @@ class Driven(Driver):
             raise ContractError(f"{cls.__name__}(**{options!r}) raised {type(exc).__name__}: {exc}") from None
         super().__init__(sink, limit=timeout, max_batches=1_000_000)
         self.run = run
-        self.ask(Describe(run=run))
+        self.ask(Call("describe", run=run))
         self.open(run)
 
     def read_back(self) -> Series:
         """``read_back(run)`` after the close, on a thread of its own, bounded too."""
         host = SinkHost(self.sink, quiet=True)
         try:
-            return self.ask(ReadBack(run=self.run), host)
+            return self.ask(Call("read_back", run=self.run), host)
         finally:
             host.retire()
 

@@ -1,21 +1,22 @@
-"""The calls a sink host makes, one dataclass each, and the checks of what each call returns.
+"""The calls a sink host makes: one ``Call`` type, and one table (``CALLS``) of what each call passes, how long it
+may take and what it must return.
 
-A ``SinkHost`` (``host.py``) runs these on its sink's own thread. Each call names its ``method`` (for messages),
-its time limit (``bound``) and what it must return (``check``): a wrong type is a ``Failure`` as a raise is.
-What a sink hands back of its own accord (the ``gap`` events of what it finally lost) is a ``Gaps``; what went
-wrong with a call is a ``Failure``: two things, two names.
+A ``SinkHost`` (``host.py``) runs calls on its sink's own thread. A call names its ``method``; the table gives the
+sink's method it invokes, the call's fields it passes, its time limit (``bound``) and the check of what it returns:
+a wrong type is a ``Failure`` as a raise is. What a sink hands back of its own accord (the ``gap`` events of what it
+finally lost) is a ``Gaps``; what went wrong with a call is a ``Failure``: two things, two names.
 
 Example:
-    >>> call = Describe(run)
+    >>> call = Call("describe", run=run)
     >>> call.check(call.invoke(sink))      # {"where": ...}; a str instead raises WrongType
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from .base import Event, Held, Record, RunInfo, Sink, WrongType
+from .base import FINISHED, Event, Held, Record, RunInfo, Sink, WrongType
 
 #: Seconds a quick question may take: ``held``, ``undelivered``, ``observe`` (each answers from memory or a
 #: file; past this the sink is taken to be stuck).
@@ -48,8 +49,13 @@ class Gaps:
     events: Sequence[Event]
 
 
+def _nothing(method: str, returned: Any) -> None:
+    if returned is not None:
+        raise WrongType(f"{method}() returned {type(returned).__name__}, not None")
+
+
 def _gaps(method: str, returned: Any) -> Gaps:
-    """``returned`` (None or a list of Events) as ``Gaps``; anything else is ``WrongType``."""
+    """``returned`` (None or a list of Events) as ``Gaps``."""
     if returned is None:
         return Gaps(())
     if isinstance(returned, (list, tuple)) and all(isinstance(ev, Event) for ev in returned):
@@ -57,164 +63,99 @@ def _gaps(method: str, returned: Any) -> Gaps:
     raise WrongType(f"{method}() returned {type(returned).__name__}, not None or a list of Events")
 
 
+def _where(method: str, returned: Any) -> Mapping[str, str]:
+    if not isinstance(returned, Mapping) or not all(isinstance(v, str) for v in returned.values()):
+        raise WrongType(f"{method}() returned {type(returned).__name__}, not a dict of str (\"where\": ...)")
+    return dict(returned)
+
+
+def _held(method: str, returned: Any) -> Held:
+    if not isinstance(returned, Held):
+        raise WrongType(f"{method}() returned {type(returned).__name__}, not Held")
+    return returned
+
+
+def _text(method: str, returned: Any) -> str:
+    if not isinstance(returned, str):
+        raise WrongType(f"{method}() returned {type(returned).__name__}, not str")
+    return returned
+
+
+def _series(method: str, returned: Any) -> Mapping[str, Any]:
+    if not isinstance(returned, Mapping):
+        raise WrongType(f"{method}() returned {type(returned).__name__}, not a dict of series")
+    for name, points in returned.items():
+        if not isinstance(points, (list, tuple)):
+            raise WrongType(f"{method}()[{name!r}] is {type(points).__name__}, not a list of (step, value)")
+    return returned
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One row of ``CALLS``: the sink's method (``""``: none), the ``Call`` fields it is passed, the seconds it may
+    take (None: the sink's ``close_bound``, its ``close_timeout`` + 5 s) and the check of what it returns."""
+
+    target: str
+    passes: Tuple[str, ...]
+    bound: Optional[float]
+    check: Callable[[str, Any], Any]
+
+
+#: Every call a host makes. ``held`` asks ``holding()`` (``held()``, once per open); ``retire`` ends a host's
+#: thread without a call of the sink; ``hurry`` is made on a throwaway thread, never waited for (``Dispatcher``).
+CALLS: Dict[str, Shape] = {
+    "open": Shape("open", ("run",), None, _nothing),
+    "describe": Shape("describe", ("run",), DESCRIBE_BOUND, _where),
+    "held": Shape("holding", (), QUICK_BOUND, _held),
+    "write": Shape("write", ("records", "events"), None, _gaps),
+    "flush": Shape("flush", (), None, _gaps),
+    "close": Shape("close", ("status",), None, _gaps),
+    "undelivered": Shape("undelivered", (), QUICK_BOUND, _text),
+    "observe": Shape("observe", ("others",), QUICK_BOUND, _nothing),
+    "hurry": Shape("hurry", (), None, _nothing),
+    "read_back": Shape("read_back", ("run",), None, _series),
+    "retire": Shape("", (), None, _nothing),
+}
+
+
 @dataclass
 class Call:
-    """One call of a sink, run on its host's thread. ``done`` is set once it returned (or failed)."""
+    """One call of a sink, run on its host's thread; ``done`` is set once it returned (or failed).
 
+    ``records``/``events`` for ``write`` (``relayed``: another sink's gaps, handed to the trackers already;
+    ``refused``: the sink raised ``Behind``, nothing taken), ``run`` for ``open``/``describe``/``read_back``,
+    ``status`` for ``close``, ``others`` (each other sink's final ``undelivered``) for an observer's ``observe``.
+
+    Example:
+        >>> Call("close", status="KILLED").bound(sink)       # the sink's close_bound
+        15.0
+    """
+
+    method: str
+    run: Optional[RunInfo] = None
+    records: Sequence[Record] = ()
+    events: Sequence[Event] = ()
+    status: str = FINISHED
+    others: Mapping[str, str] = field(default_factory=dict)
+    relayed: bool = False
+    refused: bool = field(default=False, init=False, compare=False)
     done: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)
     result: Any = field(default=None, init=False, repr=False, compare=False)
     failure: Optional[Failure] = field(default=None, init=False, repr=False, compare=False)
-    method = "call"
+
+    def __post_init__(self) -> None:
+        self.shape = CALLS[self.method]
 
     def bound(self, sink: Sink) -> float:
-        """Seconds this call may take: the sink's ``close_bound`` (its ``close_timeout`` + 5 s)."""
-        return sink.close_bound
+        """Seconds this call may take."""
+        return sink.close_bound if self.shape.bound is None else self.shape.bound
 
     def invoke(self, sink: Sink) -> Any:
-        raise NotImplementedError
+        """Make the call of ``sink``; what it returned, unchecked."""
+        if not self.shape.target:
+            return None
+        return getattr(sink, self.shape.target)(*(getattr(self, name) for name in self.shape.passes))
 
     def check(self, returned: Any) -> Any:
-        """What ``invoke`` returned, checked; raises ``WrongType``. By default it must be None."""
-        if returned is not None:
-            raise WrongType(f"{self.method}() returned {type(returned).__name__}, not None")
-        return None
-
-
-@dataclass
-class Open(Call):
-    run: Optional[RunInfo] = None
-    method = "open"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.open(self.run)
-
-
-@dataclass
-class Describe(Call):
-    run: Optional[RunInfo] = None
-    method = "describe"
-
-    def bound(self, sink: Sink) -> float:
-        return DESCRIBE_BOUND
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.describe(self.run)
-
-    def check(self, returned: Any) -> Mapping[str, str]:
-        if not isinstance(returned, Mapping) or not all(isinstance(v, str) for v in returned.values()):
-            raise WrongType(f"describe() returned {type(returned).__name__}, not a dict of str (\"where\": ...)")
-        return dict(returned)
-
-
-@dataclass
-class AskHeld(Call):
-    """``held()``, asked once after ``open``; ``write`` then skips what it holds."""
-
-    method = "held"
-
-    def bound(self, sink: Sink) -> float:
-        return QUICK_BOUND
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.holding()
-
-    def check(self, returned: Any) -> Held:
-        if not isinstance(returned, Held):
-            raise WrongType(f"held() returned {type(returned).__name__}, not Held")
-        return returned
-
-
-@dataclass
-class Write(Call):
-    records: Sequence[Record] = ()
-    events: Sequence[Event] = ()
-    relayed: bool = False  # another sink's gaps, handed to the trackers already
-    refused: bool = field(default=False, init=False, compare=False)  # the sink raised ``Behind``: not taken
-    method = "write"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.write(self.records, self.events)
-
-    def check(self, returned: Any) -> Gaps:
-        return _gaps(self.method, returned)
-
-
-@dataclass
-class Flush(Call):
-    method = "flush"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.flush()
-
-    def check(self, returned: Any) -> Gaps:
-        return _gaps(self.method, returned)
-
-
-@dataclass
-class Close(Call):
-    status: str = "FINISHED"
-    method = "close"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.close(self.status)
-
-    def check(self, returned: Any) -> Gaps:
-        return _gaps(self.method, returned)
-
-
-@dataclass
-class Undelivered(Call):
-    method = "undelivered"
-
-    def bound(self, sink: Sink) -> float:
-        return QUICK_BOUND
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.undelivered()
-
-    def check(self, returned: Any) -> str:
-        if not isinstance(returned, str):
-            raise WrongType(f"undelivered() returned {type(returned).__name__}, not str")
-        return returned
-
-
-@dataclass
-class Observe(Call):
-    """An observer's (``Sink.observer``) final facts: each other sink's final ``undelivered``, after every
-    one of them closed or hit its bound."""
-
-    undelivered: Mapping[str, str] = field(default_factory=dict)
-    method = "observe"
-
-    def bound(self, sink: Sink) -> float:
-        return QUICK_BOUND
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.observe(dict(self.undelivered))
-
-
-@dataclass
-class Hurry(Call):
-    """``hurry()``: made on a throwaway thread beside the sink's own close, never waited for (``Dispatcher``)."""
-
-    method = "hurry"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.hurry()
-
-
-@dataclass
-class ReadBack(Call):
-    run: Optional[RunInfo] = None
-    method = "read_back"
-
-    def invoke(self, sink: Sink) -> Any:
-        return sink.read_back(self.run)
-
-    def check(self, returned: Any) -> Mapping[str, List[Any]]:
-        if not isinstance(returned, Mapping):
-            raise WrongType(f"read_back() returned {type(returned).__name__}, not a dict of series")
-        for name, points in returned.items():
-            if not isinstance(points, (list, tuple)):
-                raise WrongType(f"read_back()[{name!r}] is {type(points).__name__}, not a list of (step, value)")
-        return returned
+        """What ``invoke`` returned, checked (``Gaps`` for ``write``/``flush``/``close``); raises ``WrongType``."""
+        return self.shape.check(self.method, returned)

@@ -1,6 +1,6 @@
 """Hands each batch to the write-ahead log (jsonl) first, then to every tracker: each sink on its own host.
 
-Every sink is run by a ``SinkHost`` (``host.py``): its own thread, its own queue, every call a typed ``Call``
+Every sink is run by a ``SinkHost`` (``host.py``): its own thread, its own queue, every call a ``Call``
 (``calls.py``) bounded in time. ``submit`` (safe from any thread) queues the batch on jsonl's host, which waits
 only while jsonl's queue is full (at most its bound, once: jsonl loses nothing it can help); once jsonl wrote it,
 jsonl's host offers it to each tracker's host, which never waits. A slow, stalled or broken tracker delays only
@@ -34,7 +34,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .base import FINISHED, HURRY_AFTER, KILLED, WAL_NAME, Event, Record, RunInfo, Sink
-from .calls import DESCRIBE_BOUND, Call, Close, Describe, Failure, Flush, Gaps, Hurry, Observe, Open, Write
+from .calls import DESCRIBE_BOUND, Call, Failure, Gaps
 from .host import SinkHost
 
 log = logging.getLogger("msbridge")
@@ -90,11 +90,11 @@ class Dispatcher:
     def describe(self, run: RunInfo) -> Dict[str, Dict[str, str]]:
         """Each sink's ``describe(run)`` (where it writes), asked in parallel, each on its sink's thread, waited for
         ``DESCRIBE_BOUND`` s in all; one not back by then is a failure, and its sink gets nothing."""
-        asked = [(host, host.put(Describe(run=run))) for host in self.hosts]
+        asked = [(host, host.put(Call("describe", run=run))) for host in self.hosts]
         deadline = time.monotonic() + DESCRIBE_BOUND
         where: Dict[str, Dict[str, str]] = {}
         for sink in self.inline:
-            info = self._inline(sink, Describe(run=run))
+            info = self._inline(sink, Call("describe", run=run))
             if info:
                 where[sink.name] = info
         for host, call in asked:
@@ -108,7 +108,7 @@ class Dispatcher:
         """Open every sink with ``run``: the inline ones now, the others queued on their hosts (no wait)."""
         self.run = run
         for sink in self.inline:
-            self._inline(sink, Open(run=run))
+            self._inline(sink, Call("open", run=run))
         for host in self.hosts:
             host.open(run)
         atexit.register(self._atexit)
@@ -124,7 +124,7 @@ class Dispatcher:
             if self._closed:
                 return
             for sink in self.inline:
-                self._inline(sink, Write(records=records, events=events))
+                self._inline(sink, Call("write", records=records, events=events))
             self.submitted += len(records)
             if self._wal is None or not self._wal.offer(records, events):
                 for host in self._trackers:  # no jsonl, or jsonl behind: the trackers still get it
@@ -136,10 +136,10 @@ class Dispatcher:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         for sink in self.inline:
-            self._inline(sink, Flush())
-        if self._wal is not None and not self._wal.put(Flush()).done.wait(_left(deadline)):
+            self._inline(sink, Call("flush"))
+        if self._wal is not None and not self._wal.put(Call("flush")).done.wait(_left(deadline)):
             return False
-        asked = [host.put(Flush()) for host in self._trackers]
+        asked = [host.put(Call("flush")) for host in self._trackers]
         return all(call.done.wait(_left(deadline)) for call in asked)
 
     def close(self, status: str = FINISHED, timeout: Optional[float] = None) -> None:
@@ -149,7 +149,7 @@ class Dispatcher:
             first, self._closed = not self._closed, True
             if first:
                 for sink in self.inline:
-                    self._inline(sink, Close(status=status))
+                    self._inline(sink, Call("close", status=status))
                 atexit.unregister(self._atexit)
         if not first:
             self._close_done.wait(self.close_bound if timeout is None else timeout)
@@ -201,7 +201,7 @@ class Dispatcher:
             watching = {host.sink.name for host in observers}
             facts = {name: what for name, what in self.undelivered.items() if name not in watching}
             for host in observers:
-                host.put(Observe(undelivered=facts))
+                host.put(Call("observe", others=facts))
             self._close_each(observers, status, time.monotonic(), timeout)
 
     def _close_each(self, hosts: Sequence[SinkHost], status: str, start: float, timeout: Optional[float]) -> None:
@@ -233,7 +233,7 @@ class Dispatcher:
         self.close(KILLED, timeout=30.0)
 
     # -- the sinks' threads ----------------------------------------------------------
-    def _written(self, call: Write) -> None:
+    def _written(self, call: Call) -> None:
         """jsonl's thread, once jsonl wrote a batch: offer it to every tracker (never waits)."""
         if not call.relayed:
             for host in self._trackers:
@@ -270,7 +270,7 @@ def _hurry(sink: Sink) -> None:
     """``hurry()`` on a throwaway daemon thread of its own (it interrupts the sink's close, on the sink's thread),
     never waited for: one that blocks holds only that thread. A raise or a wrong type is logged."""
     def run() -> None:
-        call = Hurry()
+        call = Call("hurry")
         try:
             call.check(call.invoke(sink))
         except Exception as exc:

@@ -1,7 +1,7 @@
-"""One sink on a thread of its own: every call of it is a typed ``Call`` (``calls.py``), made there, bounded.
+"""One sink on a thread of its own: every call of it is a ``Call`` (``calls.py``), made there, bounded.
 
-The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``Describe``, ``Open`` and ``AskHeld``
-(queued: nobody waits for the open), then ``Write``/``Flush``, and last ``Close`` and ``Undelivered``. ``offer`` queues a batch and
+The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``describe``, ``open`` and ``held``
+(queued: nobody waits for the open), then ``write``/``flush``, and last ``close`` and ``undelivered``. ``offer`` queues a batch and
 never waits: a full queue means the sink is far behind (stalled, starved or unreachable). A tracker then reads the
 write-ahead log with a cursor of its own, as Prometheus remote write tails its WAL: it takes no more batches from
 memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks, each
@@ -39,7 +39,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Tuple, T
 
 from ..errors import MsbridgeError
 from .base import GAP, Behind, Event, Record, RunInfo, Sink
-from .calls import AskHeld, Call, Close, Failure, Flush, Gaps, Open, Undelivered, Write
+from .calls import Call, Failure, Gaps
 from .runlog import read_from
 
 log = logging.getLogger("msbridge")
@@ -72,7 +72,7 @@ class SinkHost:
 
     def __init__(self, sink: Sink, max_batches: int = 256, lossless: bool = False,
                  on_gaps: Optional[Callable[[Sink, Gaps], None]] = None,
-                 after_write: Optional[Callable[[Write], None]] = None, quiet: bool = False,
+                 after_write: Optional[Callable[[Call], None]] = None, quiet: bool = False,
                  wal: Optional[Callable[[], str]] = None) -> None:
         self.sink, self.max_batches, self.lossless, self.quiet = sink, max_batches, lossless, quiet
         self._wal = wal
@@ -86,7 +86,7 @@ class SinkHost:
         self.opened = self.hung = False
         self._on_gaps, self._after_write = on_gaps, after_write
         self._items: Deque[Call] = collections.deque()
-        self._writes = 0  # Write calls in ``_items``: what the bound counts
+        self._writes = 0  # write calls in ``_items``: what the bound counts
         self._ready = threading.Condition()
         self._running: Optional[Call] = None
         self._started_at = 0.0
@@ -99,16 +99,16 @@ class SinkHost:
     def open(self, run: RunInfo) -> None:
         """Queue ``open(run)``, ``held()`` and a first ``flush`` (first contact: MLflow makes its run at once);
         returns at once (writes queue behind them)."""
-        for call in (Open(run=run), AskHeld(), Flush()):
+        for call in (Call("open", run=run), Call("held"), Call("flush")):
             self.put(call)
 
     def close(self, status: str) -> Call:
         """Queue ``close(status)``, then ``undelivered()``, the host's last call; ``closed`` is set once that
-        returned (or failed). Returns the ``Undelivered`` call: its result is the sink's final word."""
+        returned (or failed). Returns the ``undelivered`` call: its result is the sink's final word."""
         with self._ready:
             if self._closing is None:
-                self._closing = Undelivered()
-                self._items.extend([Close(status=status), self._closing])
+                self._closing = Call("undelivered")
+                self._items.extend([Call("close", status=status), self._closing])
                 self._ready.notify_all()
             return self._closing
 
@@ -116,7 +116,7 @@ class SinkHost:
         """End the thread after what is queued, without closing the sink (a host made for one call)."""
         with self._ready:
             if self._closing is None:
-                self._closing = _Retire()
+                self._closing = Call("retire")
                 self._items.append(self._closing)
                 self._ready.notify_all()
 
@@ -124,7 +124,7 @@ class SinkHost:
     def offer(self, records: Sequence[Record], events: Sequence[Event], relayed: bool = False) -> bool:
         """Queue a batch; never waits (``lossless``: waits while the queue is full, at most the sink's bound,
         once). ``relayed``: another sink's gaps, which ``after_write`` does not pass on again."""
-        call = Write(records=list(records), events=list(events), relayed=relayed)
+        call = Call("write", records=list(records), events=list(events), relayed=relayed)
         with self._ready:
             if self._closing is not None:  # closed: what comes after its close is in ``gaps`` only
                 return False
@@ -214,25 +214,25 @@ class SinkHost:
                 while not self._items and not self._may_read():
                     self._ready.wait(self._cursor.wait())
                 call = self._items.popleft() if self._items else None
-                if isinstance(call, Write):
+                if call is not None and call.method == "write":
                     self._writes -= 1
                     self._ready.notify_all()
             if call is None:
                 self._read_log()
                 continue
-            if isinstance(call, Write) and self._cursor.behind and not self._dead:  # in the log: read in order
+            if call.method == "write" and self._cursor.behind and not self._dead:  # in the log: read in order
                 with self._ready:
                     self._cursor.left_out(call.records, call.events, self.done_step)
                 call.done.set()
                 continue
-            if isinstance(call, (Flush, Close)) and self._cursor.behind and not self._dead:
+            if call.method in ("flush", "close") and self._cursor.behind and not self._dead:
                 self._read_log(to_end=True)  # a close within its bound: what it lacks then is named
-            if isinstance(call, Write) and self._cursor.offset:  # read the log once: a batch may be in both
+            if call.method == "write" and self._cursor.offset:  # read the log once: a batch may be in both
                 call.records = [r for r in call.records if self._cursor.new_record(r, self.done_step)]
                 call.events = [e for e in call.events if self._cursor.new_event(e, self.sink.name)]
             if not self._dead or call is self._closing:
                 self._make(call)
-            elif isinstance(call, Write):  # failed to open, or hung: nothing more reaches it
+            elif call.method == "write":  # failed to open, or hung: nothing more reaches it
                 self._count_missed(call)
             call.done.set()
             if call is self._closing:
@@ -259,7 +259,7 @@ class SinkHost:
             records = [rec for rec in records if cursor.new_record(rec, self.done_step)]
             events = [ev for ev in events if cursor.new_event(ev, self.sink.name)]
             if records or events:
-                call = Write(records=records, events=events)
+                call = Call("write", records=records, events=events)
                 self._make(call)
                 if call.refused:  # still behind: the same lines again, after a pause
                     cursor.offset = start
@@ -282,7 +282,7 @@ class SinkHost:
         try:
             call.result = call.check(call.invoke(self.sink))
         except Behind as exc:
-            if self._wal is None or not isinstance(call, Write):
+            if self._wal is None or call.method != "write":
                 call.failure = Failure(call.method, f"{type(exc).__name__}: {exc}")
             else:  # not taken: read from the log once it takes a batch again, not a failure
                 self._refused(call, exc)
@@ -295,11 +295,11 @@ class SinkHost:
             self._say_slow(call, took)
         if call.failure is not None:
             self._fail(call.failure)
-            if isinstance(call, (Open, AskHeld)):  # not open, or cannot say what it holds: nothing more
+            if call.method in ("open", "held"):  # not open, or cannot say what it holds: nothing more
                 self._dead = True
             return
-        self.opened = self.opened or isinstance(call, Open)
-        if isinstance(call, Write):
+        self.opened = self.opened or call.method == "open"
+        if call.method == "write":
             self.done_records += len(call.records)
             if self._wal is not None:
                 self._cursor.saw(call.records, call.events, self.done_step)
@@ -309,7 +309,7 @@ class SinkHost:
         if isinstance(call.result, Gaps) and call.result.events and self._on_gaps is not None:
             self._on_gaps(self.sink, call.result)
 
-    def _refused(self, call: "Write", why: Behind) -> None:
+    def _refused(self, call: Call, why: Behind) -> None:
         """The sink did not take ``call`` (``Behind``): it reads it from the log, after a pause."""
         call.refused = True
         with self._ready:
@@ -329,7 +329,7 @@ class SinkHost:
         log.warning("msbridge: sink %r: %s() took %.1f s, over its bound of %g s; it is behind (its queue holds "
                     "what comes meanwhile)", self.sink.name, call.method, took, call.bound(self.sink))
 
-    def _count_missed(self, call: Write) -> None:
+    def _count_missed(self, call: Call) -> None:
         with self._ready:
             if self.behind_from is None:
                 steps = [r.step for r in call.records] + [e.step for e in call.events]
@@ -397,15 +397,6 @@ class _Cursor:
         return max(0.01, self.next_read - time.monotonic()) if self.behind else None
 
 
-class _Retire(Call):
-    """The last item of a host that ``retire`` ends: no call of the sink."""
-
-    method = "retire"
-
-    def invoke(self, sink: Sink) -> None:
-        return None
-
-
 class SinkFailed(MsbridgeError):
     """A call that a ``Driver`` waited for failed: the message is its ``Failure``, "write(): OSError: ..."."""
 
@@ -442,25 +433,25 @@ class Driver:
     def open(self, run: RunInfo) -> None:
         """``open(run)``, ``held()`` and the first ``flush``, queued as production queues them, then waited for."""
         self.host.open(run)
-        self.ask(Flush())
+        self.ask(Call("flush"))
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         """Queue a batch; while the queue is full, wait at most the sink's bound (then its call overran). A call
         that failed since raises here."""
         if not self.host.offer(records, events) and not self.host.failures:
-            self.host.overran(Write(), self.sink.close_bound)
+            self.host.overran(Call("write"), self.sink.close_bound)
         self.check(self.host)
 
     def flush(self) -> None:
-        self.ask(Flush())
+        self.ask(Call("flush"))
 
     def close(self, status: str, since: Optional[float] = None) -> str:
         """``close(status)`` and the final ``undelivered()``, waited for the close's bound from ``since`` (default:
         now); returns the latter's text. A host whose call hung is not waited for again."""
         final = self.host.close(status)
-        waited, start = self.wait(Close()), time.monotonic() if since is None else since
+        waited, start = self.wait(Call("close")), time.monotonic() if since is None else since
         if not self.host.hung and not self.host.closed.wait(max(0.0, start + waited - time.monotonic())):
-            self.host.overran(Close(), waited)
+            self.host.overran(Call("close"), waited)
         self.check(self.host)
         return final.result or ""
 
