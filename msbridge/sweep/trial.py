@@ -8,9 +8,10 @@ trial=trial)`` inside a user's own ``study.optimize``) or runs in a trial's proc
   ``sweep_id`` and, in a sweep's process, as ``experiment``, ``run_name`` ``trial-<number>``, the sweep's
   experiment dir and objective;
 - reports the objective's metric (``eval/loss`` when ``objective.metric`` is unset) to the trial at its step, at
-  each flush and evaluation that recorded it, and asks Optuna whether to prune; the monitor then stops training
-  (``run_context.request_stop()``, which ``msbridge.track`` reads as ``run.should_stop``) and the run ends
-  ``PRUNED``.
+  each flush and evaluation that recorded it, and asks Optuna whether to prune (a NaN or inf value is pruned
+  without asking: no pruner ranks it, and the first trials have nothing to compare it with); the monitor then
+  stops training (``run_context.request_stop()``, which ``msbridge.track`` reads as ``run.should_stop``) and the
+  run ends ``PRUNED``.
 
 A storage that fails during training is said once; training goes on, unpruned.
 
@@ -114,7 +115,9 @@ class TrialLink:
         self.reported += 1
         if not ask:
             return False
-        prune = self._call(self.trial.should_prune)
+        # a NaN or inf objective cannot recover and no pruner can rank it (the first trials have none to compare
+        # with): pruned at once, so it never completes with a value from before it diverged
+        prune = True if not math.isfinite(float(value)) else self._call(self.trial.should_prune)
         if prune is not _FAILED and bool(prune):  # numpy's bool when the pruner compared with a percentile
             self.pruned_at, self.pruned_value = step, float(value)
             return True

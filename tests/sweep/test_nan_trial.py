@@ -1,0 +1,70 @@
+"""A learning rate that makes the loss NaN never wins a sweep: a user's own ``study.optimize`` with
+``BridgeMonitor(config, trial=trial)`` over MindSpore's tutorial loop (``Model.fit`` with a validation set each
+epoch), real Optuna on sqlite, real MLflow on sqlite. The bad trial ends FAIL or PRUNED and MLflow's best mark goes
+to a trial that learned, also when it runs first (no pruner has anything to compare it with yet) and its first
+evaluations were finite (its objective's best is a number from before it diverged)."""
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import pytest
+from helpers.training import regression_data
+from mindspore import nn
+from mindspore.train import Model
+from mlflow.tracking import MlflowClient
+
+from msbridge import BridgeMonitor
+from msbridge.adapters._mlflow_sweep import PARENT_TAG
+from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG
+from msbridge.sweep.trial import read_outcome, trial_value
+
+optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+EPOCHS, STEPS = 6, 10
+#: Measured on this regressor (MindSpore 2.9.0, CPU): lr 1e4 gives a NaN loss from the first evaluation on; lr 1.0
+#: evaluates to 6e10, 2e18, 3e28, 2e36, then inf; lr 0.01 and 0.003 learn.
+NAN_AT_ONCE, DIVERGES_LATE = 1.0e4, 1.0
+
+
+def _fit(monitor, lr):
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    net = nn.Dense(16, 1)
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=lr), metrics={"loss": nn.Loss()})
+    model.fit(EPOCHS, regression_data(STEPS), valid_dataset=regression_data(3, seed=1), valid_frequency=1,
+              callbacks=[monitor], dataset_sink_mode=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order, bad", [((DIVERGES_LATE, 0.01, 0.003), 0), ((0.01, NAN_AT_ONCE, 0.003), 1)],
+                         ids=["diverges-late-first", "nan-second"])
+def test_a_nan_learning_rate_is_fail_or_pruned_and_never_marked_best(tmp_path, order, bad):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/optuna.db", study_name="nan",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    for lr in order:
+        study.enqueue_trial({"lr": lr})
+
+    def objective(trial):
+        lr = trial.suggest_float("lr", 1.0e-4, NAN_AT_ONCE, log=True)
+        cfg = {"experiment": "nan", "run_name": f"t{trial.number}", "experiment_dir": str(tmp_path / "nan"),
+               "flush_steps": 5, "sinks": ["jsonl", "mlflow"]}
+        monitor = BridgeMonitor(cfg, progress=False, trial=trial)
+        _fit(monitor, lr)
+        steps[trial.number] = read_outcome(monitor.run_dir)["last step"]
+        return trial_value(monitor)
+
+    steps = {}
+    study.optimize(objective, n_trials=len(order), catch=(ValueError,))
+    states = [t.state.name for t in study.trials]
+    assert len(states) == 3 and states[bad] in ("FAIL", "PRUNED"), states
+    assert all(states[i] == "COMPLETE" for i in range(3) if i != bad), states
+    assert study.best_trial.number != bad and math.isfinite(study.best_value)
+    assert steps[bad] < EPOCHS * STEPS == steps[(bad + 1) % 3]  # the bad one stopped early, the others trained
+    client = MlflowClient(f"sqlite:///{tmp_path / 'nan' / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("nan").experiment_id])
+            if PARENT_TAG not in r.data.tags}  # the sweep's parent run holds the trials
+    assert set(runs) == {"t0", "t1", "t2"}
+    marked = [name for name, r in runs.items() if r.data.tags.get(BEST_TAG) == BEST_MARK]
+    assert marked == [f"t{study.best_trial.number}"]
