@@ -49,8 +49,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 log = logging.getLogger("msbridge")
 
@@ -138,17 +137,19 @@ class SignalGuard:
             return None
         return {"signal": signal.Signals(self.received).name}
 
-    @contextmanager
-    def critical(self) -> Iterator[None]:
-        """Hold a signal that arrives inside the block; raise it when the block is done."""
+    def critical(self) -> "SignalGuard":
+        """Hold a signal that arrives inside the ``with`` block; raise it when the block is done (plain
+        ``__enter__``/``__exit__``, not a generator: the step hook enters it at every step)."""
+        return self
+
+    def __enter__(self) -> None:
         self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if not self._depth and self._pending is not None:
-                signum, self._pending = self._pending, None
-                _interrupt(signum)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._depth -= 1
+        if not self._depth and self._pending is not None:
+            signum, self._pending = self._pending, None
+            _interrupt(signum)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received is not None:

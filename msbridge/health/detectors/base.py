@@ -25,10 +25,12 @@ Example:
 """
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Type, TypeVar
+from collections import deque
+from typing import Any, Callable, ClassVar, Deque, Dict, List, Mapping, Optional, Type, TypeVar
 
 from ...names import GRAD_NORM, LOSS
 from ...options import Option
@@ -167,3 +169,36 @@ def reorder() -> None:
 def finite(value: Optional[float]) -> bool:
     """``value`` is a number and not NaN/inf."""
     return value is not None and math.isfinite(value)
+
+
+class RollingMedian:
+    """The last ``size`` values, kept in order of arrival and sorted: the median is read, not sorted, at every
+    step (the flush checks every step on the training thread).
+
+    Example:
+        >>> recent = RollingMedian(3)
+        >>> for v in (5.0, 1.0, 3.0, 9.0): recent.append(v)
+        >>> recent.median(), list(recent.arrived)
+        (3.0, [1.0, 3.0, 9.0])
+    """
+
+    def __init__(self, size: int) -> None:
+        self.arrived: Deque[float] = deque(maxlen=size)
+        self.ordered: List[float] = []
+
+    def __len__(self) -> int:
+        return len(self.arrived)
+
+    def append(self, value: float) -> None:
+        if len(self.arrived) == self.arrived.maxlen:
+            del self.ordered[bisect.bisect_left(self.ordered, self.arrived[0])]
+        self.arrived.append(value)
+        bisect.insort(self.ordered, value)
+
+    def clear(self) -> None:
+        self.arrived.clear()
+        self.ordered.clear()
+
+    def median(self) -> float:
+        n, ordered = len(self.ordered), self.ordered
+        return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2

@@ -13,12 +13,12 @@ Example:
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from statistics import median as _median
-from typing import Deque, Optional
+from typing import Optional
 
-from .base import DUMP, LOG, MIN_BASELINE, RECOVERY, Detector, Finding, Option, StepView, finite, register_detector
+from .base import (DUMP, LOG, MIN_BASELINE, RECOVERY, Detector, Finding, Option, RollingMedian, StepView, finite,
+                   register_detector)
 
 #: 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_STD = 1.4826
@@ -58,7 +58,7 @@ class LossSpike(Detector):
         self.sigmas = sigmas
         self.recover_sigmas = recover_sigmas
         self.min_rise = min_rise
-        self._normal: Deque[float] = deque(maxlen=window)
+        self._normal = RollingMedian(window)
         self._spike: Optional[_Spike] = None
 
     def observe(self, view: StepView) -> Optional[Finding]:
@@ -75,11 +75,11 @@ class LossSpike(Detector):
         return None
 
     def _spike_at(self, step: int, loss: float) -> Optional[Finding]:
-        median = float(_median(self._normal))
+        median = self._normal.median()
         floor = self.min_rise * abs(median)
         if loss - median <= floor:  # the margin is never below the floor: most steps need no MAD
             return None
-        sigma = MAD_TO_STD * float(_median([abs(v - median) for v in self._normal]))
+        sigma = MAD_TO_STD * float(_median([abs(v - median) for v in self._normal.arrived]))
         margin = max(self.sigmas * sigma, floor)
         if loss - median <= margin:
             return None
