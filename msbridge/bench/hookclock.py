@@ -73,6 +73,11 @@ def python_threads_cpu() -> Dict[int, float]:
     return tasks_cpu(os.getpid(), ids)
 
 
+def thread_names() -> Dict[int, str]:
+    """Thread id -> name of every live Python thread of this process."""
+    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+
 def grown(now: Dict[int, float], before: Dict[int, float]) -> float:
     """CPU seconds the threads of ``now`` spent since ``before`` (a thread new since then: all of its CPU)."""
     return sum(max(cpu - before.get(tid, 0.0), 0.0) for tid, cpu in now.items())

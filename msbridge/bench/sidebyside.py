@@ -48,10 +48,21 @@ def own_cost(setup: str, runs: Mapping[str, List[Dict[str, Any]]], baseline: str
     hooks = _paired(mine, base, lambda r: r.get("hooks_us_per_step"))
     total = _paired(mine, base, _own)
     cpu_ms = _paired(mine, base, lambda r: r.get("cpu_ms_per_step"))
-    return {"own_on_us": hooks, "own_us": total,
+    names = {n for r in mine for n in r.get("thread_us_per_step") or {}}
+    threads = {n: median([r["thread_us_per_step"].get(n, 0.0) for r in mine if r.get("thread_us_per_step")])
+               for n in sorted(names)}
+    return {"own_on_us": hooks, "own_us": total, "threads_by_name_us": threads,
             "own_off_us": None if None in (hooks, total) else total - hooks,
             "process_added_us": None if cpu_ms is None else cpu_ms * 1e3,
             "training_thread_added_us": _paired(mine, base, lambda r: r.get("training_thread_us_per_step"))}
+
+
+def where_it_goes(row: Mapping[str, Any]) -> str:
+    """One line: a setup's CPU us a step by place: its hooks, each Python thread by name, its child processes."""
+    parts = [f"hooks on the training thread {_cell(row.get('hooks_us_per_step'))}"]
+    parts += [f"{name} {us:.0f}" for name, us in (row.get("threads_by_name_us") or {}).items() if us >= 0.5]
+    parts.append(f"child processes {_cell(row.get('children_us_per_step'))}")
+    return f"({row['setup']}): " + ", ".join(parts)
 
 
 def budget_targets(rows: Mapping[str, Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
@@ -86,4 +97,6 @@ def side_by_side_markdown(rows: Sequence[Mapping[str, Any]]) -> List[str]:
                      f"{row['median_step_ms']:.2f} | {_cell(row.get('own_on_us'))} | {_cell(row.get('own_off_us'))} | "
                      f"**{_cell(row.get('own_us'))}** | {_cell(row.get('process_added_us'))} | "
                      f"{_cell(row.get('training_thread_added_us'))} |")
+    lines += ["", "Where it goes, CPU us a step (medians, not less the baseline):", ""]
+    lines += [f"- {where_it_goes(r)}" for r in rows if r["setup"] in SHOWN and "error" not in r]
     return lines

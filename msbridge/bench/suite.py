@@ -63,7 +63,7 @@ SETUPS: Dict[str, str] = {
 }
 DEFAULT_SETUPS = ("a", "a_ts", "b", "c", "d", "e", "f", "g")
 #: setups compared with another baseline than ``a`` (same train cell, no monitoring).
-BASELINE = {"d_mf": "a_mf", "p_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts", "e_alert": "e"}
+BASELINE = {"d_mf": "a_mf", "g": "a_ts", "ln": "a_ts", "hist": "a_ts", "e_alert": "e"}
 #: setups whose MLflow sink logs over HTTP to an ``mlflow server`` the bench starts, with this backend.
 SERVER_BACKEND = {"e_srv": "sqlite", "e_pg": "postgresql"}
 #: The bench model's hidden size: a step of about 12 ms on 2 CPUs.

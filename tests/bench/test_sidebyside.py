@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from msbridge.bench.sidebyside import BUDGET_US, ONE_TRACKER_PEERS, budget_targets, own_cost, side_by_side_markdown
+from msbridge.bench.sidebyside import (BUDGET_US, ONE_TRACKER_PEERS, budget_targets, own_cost, side_by_side_markdown,
+                                      where_it_goes)
 from msbridge.bench.suite import SETUPS, check_targets, markdown, summarise
 
 
@@ -82,3 +83,15 @@ def test_the_peers_run_beside_msbridge_and_each_gets_a_row(tmp_path):
     for setup in ("e", *ONE_TRACKER_PEERS):
         assert f"| ({setup}) | {SETUPS[setup]} |" in table.split("Side by side")[1], setup
     assert "msbridge_over_cheapest_peer" in markdown(report)
+
+
+def test_where_it_goes_names_each_thread_and_the_children():
+    runs = {"a": [_run(0, 1.0, 0.0, 0.0)],
+            "e": [dict(_run(r, 14.0, 50.0, 20.0), thread_us_per_step={"msbridge-jsonl": 20.0 + r,
+                                                                       "msbridge-mlflow": 30.0})
+                  for r in range(3)]}
+    row = summarise("e", runs)
+    assert row["threads_by_name_us"] == {"msbridge-jsonl": 21.0, "msbridge-mlflow": 30.0}
+    line = where_it_goes(row)
+    assert line == ("(e): hooks on the training thread 14, msbridge-jsonl 21, msbridge-mlflow 30, "
+                    "child processes 20")
