@@ -1,7 +1,7 @@
 """The CPU a setup's callbacks spend on the training thread, and its Python threads' CPU beside it.
 
 Two bracketing callbacks, one before a setup's callbacks and one after them (MindSpore calls a list in order),
-read the training thread's CPU clock (``time.thread_time``, to the nanosecond) at each step's begin and end: what
+read the training thread's CPU clock (``time.thread_time``, to the nanosecond) and the wall clock at each step's begin and end: what
 lies between is the setup's hooks, whoever wrote them (msbridge, MLflow, SummaryCollector ...), measured the same
 way for each. ``python_threads_cpu`` reads schedstat (``msbridge.run.cost``) of every Python thread but the
 training one: the trackers' writer threads, msbridge's sink hosts; MindSpore's own threads are native, not Python.
@@ -46,16 +46,17 @@ class HookClock:
     """
 
     def __init__(self) -> None:
-        self.spent_s = 0.0
-        self._opened = 0.0
+        self.spent_s = self.wall_s = 0.0  # CPU, and wall time (waits included: a write, a lock, a sleep)
+        self._opened = (0.0, 0.0)
 
     def edge(self, opening: bool) -> None:
         """Called by the bracketing callbacks: open or close one stretch of hooks."""
-        now = time.thread_time()
+        now = (time.thread_time(), time.perf_counter())
         if opening:
             self._opened = now
         else:
-            self.spent_s += now - self._opened
+            self.spent_s += now[0] - self._opened[0]
+            self.wall_s += now[1] - self._opened[1]
 
     def before(self) -> Callback:
         """The callback to put before the setup's callbacks."""

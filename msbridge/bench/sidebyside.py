@@ -86,17 +86,18 @@ def side_by_side_markdown(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     lines = ["", "Side by side: the CPU a step each setup adds over its baseline (no monitoring, same repeat; "
              "medians), us:", "",
              "| setup | what | ratio (min-max) | median step ms | on the training thread (its hooks) | off it "
-             "(threads + children) | all it adds | whole process over baseline | training thread over baseline |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "(threads + children) | all it adds | whole process over baseline | training thread over baseline | its hooks' "
+             "wall time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted((r for r in rows if r["setup"] in SHOWN), key=lambda r: SHOWN.index(r["setup"])):
         if "error" in row:
-            lines.append(f"| ({row['setup']}) | {row['label']} | n/a: {row['error']} | | | | | | |")
+            lines.append(f"| ({row['setup']}) | {row['label']} | n/a: {row['error']} | | | | | | | |")
             continue
         lines.append(f"| ({row['setup']}) | {row['label']} | {_cell(row['ratio'], '.3f')} "
                      f"({_cell(row['ratio_min'], '.2f')}-{_cell(row['ratio_max'], '.2f')}) | "
                      f"{row['median_step_ms']:.2f} | {_cell(row.get('own_on_us'))} | {_cell(row.get('own_off_us'))} | "
                      f"**{_cell(row.get('own_us'))}** | {_cell(row.get('process_added_us'))} | "
-                     f"{_cell(row.get('training_thread_added_us'))} |")
+                     f"{_cell(row.get('training_thread_added_us'))} | {_cell(row.get('hooks_wall_us_per_step'))} |")
     lines += ["", "Where it goes, CPU us a step (medians, not less the baseline):", ""]
     lines += [f"- {where_it_goes(r)}" for r in rows if r["setup"] in SHOWN and "error" not in r]
     return lines

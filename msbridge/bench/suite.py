@@ -189,7 +189,7 @@ def summarise(setup: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
     for key in ("steps_per_s", "median_step_ms", "cpu_ms_per_step", "peak_rss_mb", "children_rss_mb", "idle_cpu_per_s",
                 "monitor_us_median", "monitor_us_mean", "threads_us_per_step", "children_us_per_step",
                 "steps_recorded", "flush_steps_final", "hooks_us_per_step", "py_threads_us_per_step",
-                "training_thread_us_per_step"):
+                "training_thread_us_per_step", "hooks_wall_us_per_step"):
         values = [r[key] for r in mine if r.get(key) is not None]
         row[key] = median(values) if values else None
     row.update(own_cost(setup, runs, base_key))

@@ -46,7 +46,8 @@ class _Timer(Callback):
                  rss_every: int = 0, clock: Any = None) -> None:
         super().__init__()
         self.clock = clock or HookClock()
-        self.own: List[Tuple[float, Dict[int, float], float]] = []  # hooks', Python threads', training thread's CPU
+        self.own: List[Tuple[float, Dict[int, float], float, float]] = []  # CPU: hooks', Python threads', training
+        # thread's; the hooks' wall time
         self.names: Dict[int, str] = {}  # thread id -> name, at the last mark
         self.times: List[Tuple[int, float]] = []
         self.cpu_at = cpu_at  # steady state: from the end of warm-up to the last step
@@ -69,7 +70,7 @@ class _Timer(Callback):
         if len(self.cpu) < 2 and step >= self.cpu_at[len(self.cpu)]:
             self.cpu.append(process_cpu_s())
             self.beside.append((threads_cpu_s("msbridge-"), live_children_cpu_s()))  # sinks, watchdog; MLflow's child
-            self.own.append((self.clock.spent_s, python_threads_cpu(), time.thread_time()))
+            self.own.append((self.clock.spent_s, python_threads_cpu(), time.thread_time(), self.clock.wall_s))
             self.names = thread_names()
         if self.rss_every and (step % self.rss_every == 0 or step == 1000):
             self.rss.append((step, rss_mb()))
@@ -399,12 +400,13 @@ def _own_cpu(timer: _Timer, steady: int) -> Dict[str, Any]:
     but the training one, and the training thread in all (MindSpore's work on it included)."""
     if len(timer.own) != 2 or not steady:
         return {}
-    (hooks0, threads0, train0), (hooks1, threads1, train1) = timer.own
+    (hooks0, threads0, train0, wall0), (hooks1, threads1, train1, wall1) = timer.own
     by_name: Dict[str, float] = {}
     for tid, cpu in threads1.items():
         name = timer.names.get(tid, "?")
         by_name[name] = by_name.get(name, 0.0) + grown({tid: cpu}, threads0) / steady * 1e6
     return {"hooks_us_per_step": (hooks1 - hooks0) / steady * 1e6, "thread_us_per_step": by_name,
+            "hooks_wall_us_per_step": (wall1 - wall0) / steady * 1e6,
             "py_threads_us_per_step": grown(threads1, threads0) / steady * 1e6,
             "training_thread_us_per_step": (train1 - train0) / steady * 1e6}
 
