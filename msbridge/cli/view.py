@@ -3,9 +3,10 @@
 A run dir (it holds ``run.json``) opens on that run, on its loss: MLflow in its
 model-training view on the run's charts (loss first), TensorBoard on the run's own
 event files with the training curves pinned first, MindInsight on the run's dashboard.
-An experiment dir opens on every run in it. With no flag, every viewer the run
-has a sink for is started; ``--mlflow``/``--tensorboard``/``--mindinsight``
-pick some. One line each says what is starting; one line each, as it answers,
+An experiment dir opens on every run in it. A sweep's experiment dir (or a trial's run dir) also opens
+optuna-dashboard on the study, from its ``optuna.db`` (``--optuna URL``: another storage, PostgreSQL's).
+With no flag, every viewer the run has a sink (or a study) for is started;
+``--mlflow``/``--tensorboard``/``--mindinsight``/``--optuna`` pick some. One line each says what is starting; one line each, as it answers,
 its URL and how long it took. A run tracked on an MLflow server (``http://...``) gets that
 server's URL; nothing is started for it. On Ctrl-C (SIGINT), SIGTERM or SIGHUP
 every server is stopped with every process it started.
@@ -13,6 +14,7 @@ every server is stopped with every process it started.
 Example:
     $ msbridge view msbridge_runs/msbridge-demo/tiny-lm-lr0.003-20250101-120000
     $ msbridge view msbridge_runs/msbridge-demo --tensorboard
+    $ msbridge view msbridge_runs/demo-sweep --optuna
 """
 from __future__ import annotations
 
@@ -40,19 +42,23 @@ from ..run.metadata import RUN_JSON
 from ..sinks.registry import store_defaults, with_store_defaults
 from ..sinks.runlog import rank_file
 from .viewers import (
+    OPTUNA_MISSING,
     Viewer,
     build_mindinsight,
     mindinsight_missing,
     mindinsight_venv,
     mindinsight_viewer,
     mlflow_viewer,
+    optuna_viewer,
     tensorboard_viewer,
 )
 
-VIEWERS = VIEWED_SINKS
+#: The sinks' viewers, then the sweep's: optuna-dashboard on the study (``OPTUNA_DB`` in the experiment dir).
+VIEWERS = VIEWED_SINKS + ("optuna",)
+OPTUNA_DB = "optuna.db"
 #: What each viewer is, in the line that says it is starting.
 SERVERS = {"mlflow": "MLflow's server (mlflow server)", "tensorboard": "TensorBoard",
-           "mindinsight": "MindInsight (mindinsight start)"}
+           "mindinsight": "MindInsight (mindinsight start)", "optuna": "optuna-dashboard"}
 TENSORBOARD_PINNED = (LOSS, GLOBAL_LOSS, GRAD_NORM, LR, SAMPLES_PER_S, MFU, TOKENS_SEEN)
 STORE_KEYS = ("tracking_uri", "logdir", "summary_base_dir")
 #: After a viewer's URL, once it answers: the seconds since the viewers were started.
@@ -75,6 +81,7 @@ class Target:
     stores: Dict[str, str] = field(default_factory=dict)  # viewer -> tracking URI or directory
     pages: Dict[str, str] = field(default_factory=dict)  # viewer -> page to open, when not its front page
     run_dir: Optional[str] = None  # the run (an experiment dir's newest) whose log names what is recorded
+    study: Optional[str] = None  # the Optuna study of a sweep (its ``sweep_id``)
 
 
 def _read_json(path: str) -> Dict[str, Any]:
@@ -122,7 +129,18 @@ def _run_target(run_dir: str) -> Target:
         target.stores["mindinsight"] = base
         train_id = "./" + os.path.basename(rank_dir(base, run_name, 0))
         target.pages["mindinsight"] = "/#/train-manage/training-dashboard?" + urllib.parse.urlencode({"id": train_id})
+    _add_study(target, config.get("sweep_id"), recorded_experiment_dir(meta, run_dir))
     return target
+
+
+def _add_study(target: Target, sweep_id: Optional[str], experiment_dir: str) -> None:
+    """The sweep's study (its ``sweep_id``, else the experiment's name) and its default storage, ``optuna.db`` in
+    the experiment dir (``msbridge sweep`` names the study, the experiment and the ``sweep_id`` alike)."""
+    target.study = sweep_id
+    db = os.path.join(experiment_dir, OPTUNA_DB)
+    if os.path.isfile(db):
+        target.study = sweep_id or target.experiment
+        target.stores["optuna"] = "sqlite:///" + db
 
 
 def _experiment_target(path: str) -> Target:
@@ -135,6 +153,7 @@ def _experiment_target(path: str) -> Target:
         store = next(iter(options.values()))
         if os.path.exists(store[len("sqlite:///"):] if store.startswith("sqlite:///") else store):
             target.stores[name] = store
+    _add_study(target, config.get("sweep_id"), path)
     if not runs and not target.stores:
         raise MsbridgeError(f"{path} is neither a run dir (no {RUN_JSON}) nor an experiment dir (no run dirs, "
                             "no mlflow.db, tensorboard/ or summary/ in it)")
@@ -218,6 +237,16 @@ def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str]
         return {"run": "/"}
 
 
+def optuna_page(base_url: str, study: Optional[str]) -> str:
+    """optuna-dashboard's page of ``study`` (found by name in its ``/api/studies``); its list of studies else."""
+    try:
+        studies = _request(base_url + "/api/studies")["study_summaries"]
+        found = [s["study_id"] for s in studies if s.get("study_name") == study]
+    except (OSError, ValueError, KeyError, TypeError):
+        found = []
+    return f"/dashboard/studies/{found[0]}" if found else "/dashboard"
+
+
 def recorded_names(run_dir: Optional[str], lines: int = 5) -> List[str]:
     """The metric names of the first metrics line of a run's rank 0 log (the first ``lines`` lines only)."""
     if run_dir is None:
@@ -247,7 +276,7 @@ def _line(name: str, text: str) -> None:
 
 
 def _store_exists(name: str, store: str) -> bool:
-    if name == "mlflow" and "://" in store:
+    if name in ("mlflow", "optuna") and "://" in store:
         return not store.startswith("sqlite:///") or os.path.isfile(store[len("sqlite:///"):])
     return os.path.isdir(store)
 
@@ -267,6 +296,11 @@ def _viewer(name: str, target: Target, scratch: str, build: bool = False) -> "Vi
         return None
     if name == "mlflow":
         return mlflow_viewer(store, scratch)
+    if name == "optuna":
+        viewer = optuna_viewer(store, scratch)
+        if viewer is None:
+            _line(name, OPTUNA_MISSING)
+        return viewer
     if name == "tensorboard":
         viewer = tensorboard_viewer(store, scratch)
         viewer.page = tensorboard_page(recorded_names(target.run_dir))
@@ -311,6 +345,8 @@ def _wait_ready(viewers: List[Viewer], target: Target, stop: _Stop, timeout: flo
                 if viewer.name == "mlflow":
                     pages = mlflow_pages(viewer.base_url, target.experiment, target.run_id, charts=True)
                     viewer.page = pages.get("sweep", pages.get("charts", pages["run"]))
+                if viewer.name == "optuna":
+                    viewer.page = optuna_page(viewer.base_url, target.study)
                 _line(viewer.name, f"{viewer.url} {ANSWERED.format(time.monotonic() - began)}")
                 for name in [n for n in ("charts", "run") if n in pages and pages[n] != viewer.page]:
                     _line(f"mlflow {name}", viewer.base_url + pages[name])
@@ -352,9 +388,13 @@ def _stop_all(viewers: List[Viewer]) -> None:
 def cmd_view(args: argparse.Namespace) -> int:
     """Start the viewers, print their URLs, wait for Ctrl-C, stop them all."""
     target = find_target(args.path)
+    if isinstance(args.optuna, str):  # --optuna URL: the study's storage (a sweep on PostgreSQL)
+        target.stores["optuna"] = args.optuna
+        target.study = target.study or target.experiment
     wanted = [name for name in VIEWERS if getattr(args, name)] or [name for name in VIEWERS if name in target.stores]
     if not wanted:
-        raise MsbridgeError(f"{target.path} has no tracker to view (no mlflow, tensorboard or mindinsight sink); "
+        raise MsbridgeError(f"{target.path} has no tracker to view (no mlflow, tensorboard or mindinsight sink, "
+                            "no Optuna study); "
                             f"msbridge plot {target.path} draws its jsonl")
     stop = _Stop()
     handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -386,11 +426,15 @@ def add_view_command(sub: "argparse._SubParsersAction") -> None:
     Example:
         >>> add_view_command(argparse.ArgumentParser().add_subparsers())
     """
-    view = sub.add_parser("view", help="start a run's viewers (MLflow, TensorBoard, MindInsight) on 127.0.0.1 "
+    view = sub.add_parser("view", help="start a run's viewers (MLflow, TensorBoard, MindInsight, optuna-dashboard) "
+                                       "on 127.0.0.1 "
                                        "and print their URLs; Ctrl-C stops them")
     view.add_argument("path", help="a run dir (it holds run.json) or an experiment dir")
-    for name in VIEWERS:
+    for name in VIEWED_SINKS:
         view.add_argument(f"--{name}", action="store_true", help=f"start {name} (default: every viewer the run has)")
+    view.add_argument("--optuna", nargs="?", const=True, default=False, metavar="STORAGE",
+                      help="start optuna-dashboard on the sweep's study (pip install optuna-dashboard); STORAGE: "
+                           "its Optuna storage when not the experiment dir's optuna.db, e.g. postgresql://...")
     view.add_argument("--build-mindinsight", action="store_true",
                       help="build MindInsight's venv first when it is missing (bash .ci/mindinsight_venv.sh)")
     view.add_argument("--timeout", type=float, default=180.0,

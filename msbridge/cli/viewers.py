@@ -1,4 +1,5 @@
-"""The servers ``msbridge view`` starts (MLflow, TensorBoard, MindInsight), each on 127.0.0.1 and a free port.
+"""The servers ``msbridge view`` starts (MLflow, TensorBoard, MindInsight, optuna-dashboard), each on 127.0.0.1 and a
+free port.
 
 Each server runs in a session of its own: it and every process it starts form
 one process group, which ``stop`` ends as a whole (SIGTERM, then SIGKILL), and
@@ -148,6 +149,23 @@ def tensorboard_viewer(logdir: str, scratch: str) -> Viewer:
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", HOST, "--port", str(port),
                "--load_fast", "false"]
     return Viewer("tensorboard", command, port, "/data/logdir", scratch)
+
+
+def optuna_viewer(storage: str, scratch: str) -> Optional[Viewer]:
+    """``optuna-dashboard`` on a sweep's Optuna storage; None when it is not installed (``OPTUNA_MISSING``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        return None
+    port = free_port()
+    run = ("import sys; from importlib.metadata import entry_points; "  # its console script, in this Python
+           "(script,) = entry_points(group='console_scripts', name='optuna-dashboard'); sys.exit(script.load()())")
+    command = [sys.executable, "-c", run, storage, "--host", HOST, "--port", str(port)]
+    return Viewer("optuna", command, port, "/api/meta", scratch)
+
+
+#: The line for a sweep whose viewer is not installed (not in the ``sweep`` extra: PyPI, not the project's mirror).
+OPTUNA_MISSING = "not started: optuna-dashboard is not installed; install it with: pip install optuna-dashboard"
 
 
 def mindinsight_viewer(venv: Path, summary_base_dir: str, scratch: str, page: str = "/") -> Viewer:

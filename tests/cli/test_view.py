@@ -264,3 +264,60 @@ def test_a_sweeps_first_mlflow_screen_ranks_its_runs_on_the_objective(tmp_path):
         assert marks == ["★ best", None, None]
         assert any(line.startswith("  mlflow charts: ") and "compareRunsMode=CHART" in line for line in view.lines)
         assert view.interrupt() == 0, view.lines
+
+
+def sweep_dir(tmp_path):
+    """A sweep's experiment dir as ``msbridge sweep`` leaves it: a real Optuna study ``sw`` in its optuna.db (a
+    complete, a pruned and a failed trial) and one trial's run (jsonl) with the study as its ``sweep_id``."""
+    import msbridge
+
+    optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
+    directory = tmp_path / "sw"
+    directory.mkdir()
+    study = optuna.create_study(study_name="sw", storage=f"sqlite:///{directory}/optuna.db")
+    for lr, state in ((0.01, "COMPLETE"), (0.3, "PRUNED"), (1e-6, "FAIL")):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-6, 1.0, log=True)})
+        trial.report(lr * 10, 5)
+        study.tell(trial, lr if state == "COMPLETE" else None, state=getattr(optuna.trial.TrialState, state))
+    with msbridge.track({"experiment": "sw", "sweep_id": "sw", "run_name": "trial-0", "sinks": ["jsonl"],
+                         "experiment_dir": str(directory), "params": {"lr": 0.01}}, progress=False) as run:
+        run.step(loss=1.0)
+    return directory, study
+
+
+@pytest.mark.slow
+def test_view_optuna_opens_the_dashboard_on_the_sweeps_study(tmp_path):
+    """`msbridge view SWEEP_DIR --optuna` starts the real optuna-dashboard; the URL it prints is the study's page,
+    and the dashboard's API lists the study's trials as Optuna holds them. A trial's run dir with the storage named
+    (``--optuna URL``, as for a sweep on PostgreSQL) opens the same."""
+    pytest.importorskip("optuna_dashboard", reason="pip install optuna-dashboard")
+    directory, study = sweep_dir(tmp_path)
+    for path, storage in ((directory, ""), (directory / "trial-0", f"sqlite:///{directory}/optuna.db")):
+        with ViewProcess(f"{MSBRIDGE} view {path} --optuna {storage}") as view:
+            url = view.wait_serving()["optuna"]
+            assert {address for address, _, _ in listening(view.processes)} == {"127.0.0.1"}
+            study_id = int(url.rsplit("/", 1)[1])
+            assert url == f"{base(url)}/dashboard/studies/{study_id}"
+            detail = get(f"{base(url)}/api/studies/{study_id}")
+            got = [(t["number"], t["state"], t["params"][0]["param_external_value"]) for t in detail["trials"]]
+            assert got == [(t.number, t.state.name.capitalize(), str(t.params["lr"])) for t in study.trials]
+            assert [t["number"] for t in detail["best_trials"]] == [study.best_trial.number]
+            assert view.interrupt() == 0, view.lines
+            assert not alive(view.processes)
+
+
+@pytest.mark.slow
+def test_view_optuna_without_the_dashboard_says_the_pip_line(tmp_path, capsys, monkeypatch):
+    """Where optuna-dashboard is not installed (faked here: its module hidden from the import system), one line
+    says the pip install that fixes it; exit code 1, no traceback."""
+    import importlib.util
+
+    directory, _ = sweep_dir(tmp_path)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna_dashboard"
+                        else find_spec(name, *a))
+    assert main(["view", str(directory), "--optuna"]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines()[1] == ("  optuna       : not started: optuna-dashboard is not installed; install it "
+                                       "with: pip install optuna-dashboard")
+    assert "Traceback" not in out.out + out.err

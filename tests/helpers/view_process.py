@@ -31,7 +31,7 @@ from helpers.processes import family, stop_group
 ROOT = Path(__file__).resolve().parents[2]
 #: A fresh login shell's environment: no venv on PATH, nothing of the test run's.
 FRESH_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
-_URL_LINE = re.compile(r"^\s+(mlflow|tensorboard|mindinsight)\s*: (http://\S+) \(answered after \d+ s\)$")
+_URL_LINE = re.compile(r"^\s+(mlflow|tensorboard|mindinsight|optuna)\s*: (http://\S+) \(answered after \d+ s\)$")
 
 
 def get(url: str, timeout: float = 30.0) -> Any:
