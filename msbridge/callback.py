@@ -189,6 +189,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._watchdog.rank = self.run.rank
         self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
 
+        self.model_evals.attach(cb)  # a user's model.eval(ds) during training is recorded too
     def on_train_step_begin(self, run_context: Any) -> None:
         self._timer.begin(time.perf_counter())  # the data wait: this stamp minus the last step-end hook's return
 
@@ -339,6 +340,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self.cost.closing()
             self._watchdog.stop()
             self._pending_events.extend(self._checkpoints.poll())  # the one ModelCheckpoint saved at train end
+            self.model_evals.detach()
             try:
                 # Only a normal end meets the other ranks in the collective: after an exception here
                 # the others are still training, and a collective would pair with theirs or block.

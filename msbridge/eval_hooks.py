@@ -9,6 +9,12 @@ values (``metrics.evaluation``) at the last training step, written after that st
 Model.fit's evaluation runs inside a callback manager of its own, which enters and exits the monitor a second
 time: only the outermost exit is the end of the run (``BridgeMonitor.__exit__`` reads ``nested_exit``).
 
+A user's callback that calls ``model.eval(ds)`` without ``callbacks=[monitor]`` (as MindSpore's tutorials write
+their ``EvalCallBack``) would pass the monitor by: while the run trains, ``ModelEvals`` wraps ``eval`` on the
+training ``Model`` and on every ``Model`` a callback of the training holds, so such a call takes the monitor
+as one of its callbacks; the wrap is taken off when the run closes. ``eval/loss`` is the whole validation
+set's loss (``metrics.evaluation``): the loss output the evaluating ``Model``'s ``eval_indexes`` point at.
+
 Example:
     >>> model.fit(3, train, valid_dataset=valid, valid_frequency=1, callbacks=[monitor])
     >>> [r.step for r in read_run(monitor.run_dir).ranks[0].records if "eval/loss" in r.values]
@@ -16,9 +22,13 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
+
+from mindspore.train import Model
 
 from .capture.cb_params import param
 from .metrics.evaluation import EvalRound, global_eval
@@ -27,6 +37,74 @@ from .names import EVAL_TIME
 from .sinks.base import Record
 
 log = logging.getLogger("msbridge")
+
+
+def _running_model(depth: int = 8) -> Optional[Any]:
+    """The ``Model`` whose method called the hook this is called from (``Model._train`` / ``_eval_process``
+    calls the callback manager, which calls the hook), found in the caller's frames; None outside a Model."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Model):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _loss_index(model: Optional[Any]) -> Optional[int]:
+    """Which of ``model``'s eval network outputs is the loss (``Model(eval_indexes=)``; ``[0, 1, 2]`` for the
+    ``nn.WithEvalCell`` a Model with a ``loss_fn`` builds), None when the Model does not say."""
+    indexes = getattr(model, "_eval_indexes", None)
+    return int(indexes[0]) if indexes else None
+
+
+class ModelEvals:
+    """``eval`` of the training's Models wrapped while the run trains: a call without the monitor among its
+    callbacks gets it added, so the evaluation is recorded like ``model.eval(ds, callbacks=[monitor])``.
+
+    Example:
+        >>> evals = ModelEvals(monitor)
+        >>> evals.attach(cb_params)      # at train begin: the Model training, and any a callback holds
+        >>> model.eval(valid)            # from a user's callback at an epoch's end: recorded
+        >>> evals.detach()               # at the run's close
+    """
+
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = monitor
+        self.models: List[Any] = []
+
+    def attach(self, cb: Any) -> None:
+        """Wrap the running Model's ``eval`` and that of each Model a callback in ``cb.list_callback`` holds as an
+        attribute. mindformers' ``EvalCallBack`` is left alone: ``msbridge.mindformers`` records its ``do_eval``."""
+        callbacks = list(param(cb, "list_callback", None) or [])
+        if any(type(c).__module__.startswith("mindformers") and hasattr(c, "eval_func") for c in callbacks):
+            return
+        found = [_running_model()] + [v for c in callbacks for v in getattr(c, "__dict__", {}).values()
+                                          if isinstance(v, Model)]
+        for model in found:
+            if model is not None and all(model is not m for m in self.models) and "eval" not in vars(model):
+                model.eval = self._wrapped(model.eval)
+                self.models.append(model)
+
+    def _wrapped(self, evaluate: Any) -> Any:
+        monitor = self.monitor
+
+        @functools.wraps(evaluate)
+        def recorded_eval(valid_dataset: Any, callbacks: Any = None, dataset_sink_mode: bool = False) -> Any:
+            given = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []
+            if all(c is not monitor for c in given):
+                callbacks = [*given, monitor]
+            return evaluate(valid_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode)
+
+        return recorded_eval
+
+    def detach(self) -> None:
+        """Take the wraps off (the Models' own ``eval`` again)."""
+        for model in self.models:
+            vars(model).pop("eval", None)
+        self.models = []
 
 
 class EvalHooks:
@@ -48,6 +126,7 @@ class EvalHooks:
         self._handed_time = 0.0  # the time of the last record handed to the sinks
         self._train_context: Any = None  # the training's RunContext, kept at each step end
         self._objective = Objective(self.config.objective["metric"], self.config.objective["mode"])
+        self.model_evals = ModelEvals(self)  # attached at train begin, detached at the run's close
 
     def _before_dispatch(self, records: Sequence[Record]) -> None:
         """Records about to go to the sinks: the objective's best and final onto them (global rank), and their
@@ -58,7 +137,7 @@ class EvalHooks:
                 self._objective.observe(records)
 
     def on_eval_begin(self, run_context: Any) -> None:
-        self._eval_round.begin()
+        self._eval_round.begin(_loss_index(_running_model()))
 
     def on_eval_step_end(self, run_context: Any) -> None:
         self._eval_round.step(run_context.original_args())

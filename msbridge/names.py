@@ -95,6 +95,7 @@ GRADS_HISTOGRAM_PREFIX = "grads/"
 # Validation (``metrics.evaluation``): recorded at the training step at which the evaluation ran.
 EVAL_PREFIX = "eval/"
 EVAL_LOSS = "eval/loss"
+EVAL_LOSS_MINDSPORE = "eval/loss_mindspore"  # MindSpore's own eval loss, kept when it is not the whole set's
 EVAL_TIME = "eval/time_s"  # the evaluation's wall time (kept out of perf/: the next step's time excludes it)
 EVAL_SAMPLES = "eval/samples"  # samples evaluated on this rank, when each eval batch's size is known
 GLOBAL_EVAL_PREFIX = "eval/global_"

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import mindspore as ms
+import mindspore.dataset as mds
+import numpy as np
 import pytest
 from mindspore import nn
 from mindspore.train import Callback, Model
@@ -19,7 +21,7 @@ from helpers.sink_reads import every_sink, jsonl_series
 from helpers.training import regression_data
 from msbridge import BridgeMonitor
 from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG, OBJECTIVE_TAG
-from msbridge.names import LOSS
+from msbridge.names import EVAL_LOSS_MINDSPORE, LOSS
 from msbridge.sinks.runlog import read_run
 
 ALL_SINKS = ["jsonl", "tensorboard", "mindinsight", "mlflow"]
@@ -182,3 +184,103 @@ def test_eval_plateau_stops_the_run_early_at_the_evaluation_that_ran_out_its_pat
     anomalies = [e for e in read_run(run.run_dir).ranks[0].events if e.kind == "anomaly"]
     assert [(e.step, e.detail["check"]) for e in anomalies] == [(30, "eval_plateau")]
     assert run.outcome.status == "FINISHED"
+
+
+def _short_last_batch(samples=20, batch=8):
+    """A validation set of 8, 8 and 4 samples, and its arrays: a whole-set loss is not the mean of batch means."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(samples, 16)).astype(np.float32)
+    y = (x @ rng.normal(size=(16, 1))).astype(np.float32)
+    return mds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(batch, drop_remainder=False), x, y
+
+
+class WholeSet(Callback):
+    """The reference: the validation set's MSE from the Dense weights in numpy at each evaluation's end (in
+    Model.fit) or each epoch's end (after a callback that evaluated), and MindSpore's own results."""
+
+    def __init__(self, net, x, y):
+        self.net, self.x, self.y, self.mse, self.results = net, x, y, [], []
+
+    def measure(self):
+        w, b = self.net.weight.asnumpy(), self.net.bias.asnumpy()
+        self.mse.append(float(np.mean((self.x @ w.T + b - self.y) ** 2, dtype=np.float64)))
+
+    def on_eval_end(self, run_context):
+        self.measure()
+        self.results.append(dict(run_context.original_args().eval_results))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("metrics, mindspore_key", [({"mae": nn.MAE()}, "eval_loss"), ({"loss": nn.Loss()}, "loss")],
+                         ids=["fit-eval_loss", "fit-Loss-metric"])
+def test_model_fit_records_the_whole_validation_sets_loss_beside_mindsporess_own(tmp_path, metrics, mindspore_key):
+    """Model.fit's eval_loss is the last batch's; nn.Loss the plain mean of 8-, 8- and 4-sample batch means: the
+    recorded eval/loss is the 20 samples' mean, and MindSpore's value is kept as eval/loss_mindspore."""
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    net = nn.Dense(16, 1)
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01), metrics=metrics)
+    valid, x, y = _short_last_batch()
+    monitor, whole = BridgeMonitor(_config(tmp_path, "whole", sinks=["jsonl"]), progress=False), WholeSet(net, x, y)
+    model.fit(EPOCHS, regression_data(STEPS), valid_dataset=valid, valid_frequency=1, callbacks=[monitor, whole],
+              dataset_sink_mode=False)
+    evals = [STEPS * (e + 1) for e in range(EPOCHS)]
+    loss = jsonl_series(tmp_path / "whole" / "r", "eval/loss")
+    own = jsonl_series(tmp_path / "whole" / "r", EVAL_LOSS_MINDSPORE)
+    assert sorted(loss) == evals and sorted(own) == evals  # each evaluation, both values
+    assert [loss[s] for s in evals] == pytest.approx(whole.mse, rel=1e-5)
+    assert [own[s] for s in evals] == pytest.approx([float(r[mindspore_key]) for r in whole.results], rel=1e-6)
+    assert all(abs(own[s] - loss[s]) > 1e-3 * loss[s] for s in evals)  # they differ here: both are worth keeping
+
+
+class TutorialEvalCallBack(Callback):
+    """MindSpore's tutorial EvalCallBack, as written there: ``self.model.eval(...)`` with no callbacks, in the
+    old-style ``epoch_end``."""
+
+    def __init__(self, model, eval_dataset, eval_per_epoch, epochs_per_eval):
+        super().__init__()
+        self.model, self.eval_dataset = model, eval_dataset
+        self.eval_per_epoch, self.epochs_per_eval = eval_per_epoch, epochs_per_eval
+
+    def epoch_end(self, run_context):
+        cur_epoch = run_context.original_args().cur_epoch_num
+        if cur_epoch % self.eval_per_epoch == 0:
+            result = self.model.eval(self.eval_dataset, dataset_sink_mode=False)
+            self.epochs_per_eval["epoch"].append(cur_epoch)
+            self.epochs_per_eval["loss"].append(result["loss"])
+
+
+@pytest.mark.slow
+def test_a_tutorial_eval_callback_without_the_monitor_is_recorded(tmp_path):
+    """Five evaluations of model.eval(ds) with no callbacks=[monitor]: each recorded at its epoch's last step,
+    the whole set's loss (numpy, from the weights) beside nn.Loss's mean of batch means; the objective follows
+    eval/loss; after training model.eval is MindSpore's own again."""
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    net = nn.Dense(16, 1)
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01), metrics={"loss": nn.Loss()})
+    valid, x, y = _short_last_batch()
+    seen, whole = {"epoch": [], "loss": []}, WholeSet(net, x, y)
+
+    class Reference(Callback):  # after the tutorial's callback: the weights it evaluated
+        def on_train_epoch_end(self, run_context):
+            whole.measure()
+
+    monitor = BridgeMonitor(_config(tmp_path, "tutorial"), progress=False)
+    model.train(5, regression_data(STEPS), callbacks=[monitor, TutorialEvalCallBack(model, valid, 1, seen),
+                                                      Reference()], dataset_sink_mode=False)
+    assert seen["epoch"] == [1, 2, 3, 4, 5]
+    evals = [STEPS * e for e in seen["epoch"]]
+    for sink, series in every_sink(tmp_path / "tutorial", "tutorial", "r", "eval/loss").items():
+        assert sorted(series) == evals, sink
+    loss = jsonl_series(tmp_path / "tutorial" / "r", "eval/loss")
+    own = jsonl_series(tmp_path / "tutorial" / "r", EVAL_LOSS_MINDSPORE)
+    assert sorted(own) == evals and [own[s] for s in evals] == pytest.approx(seen["loss"], rel=1e-6)
+    assert [loss[s] for s in evals] == pytest.approx(whole.mse, rel=1e-5)
+    samples = jsonl_series(tmp_path / "tutorial" / "r", "eval/samples")
+    assert [samples[s] for s in evals] == [20.0] * 5
+    objective = _run_json(monitor.run_dir)["outcome"]["objective"]
+    assert objective["metric"] == "eval/loss" and objective["final"] == pytest.approx(loss[50])
+    assert "eval" not in vars(model)  # the wrap is off: Model.eval is MindSpore's again
+    assert model.eval(valid)["loss"] == pytest.approx(seen["loss"][-1], rel=1e-6)
+    assert sorted(jsonl_series(tmp_path / "tutorial" / "r", "eval/loss")) == evals  # nothing after the close

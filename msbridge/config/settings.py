@@ -35,6 +35,7 @@ from ..options import Option, declare, declared_options, relation_problems
 from .keys import Provenance
 from .value_checks import (
     DEFAULT_OBJECTIVE_TEXT,
+    NO_EVAL_LOSS_TEXT,
     MAX_ROWS,
     MAX_SECONDS,
     MAX_STEPS,
@@ -229,7 +230,7 @@ class Config:
     objective: Mapping[str, Any] = _section(abc.Mapping, OBJECTIVE_DEFAULTS,
         "the one number a sweep is compared on: `{metric: eval/loss, mode: min}`; each run records "
         "`objective/best`, `objective/best_step`, `objective/final` ([metrics.md](metrics.md#the-objective)); "
-        f"`metric` null: {DEFAULT_OBJECTIVE_TEXT}",
+        f"`metric` null: {DEFAULT_OBJECTIVE_TEXT}; {NO_EVAL_LOSS_TEXT}",
         objective_problems, what="a mapping such as {metric: eval/loss, mode: min}")
     sweep_id: Optional[str] = declare(str, None,
         "groups the runs of one sweep (MLflow tag `msbridge.sweep_id`, TensorBoard hparams)")

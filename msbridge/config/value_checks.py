@@ -50,6 +50,11 @@ STRAGGLER_DEFAULTS: Dict[str, Any] = {key: option.default for key, option in STR
 #: What ``objective.metric: null`` means, from ``names.DEFAULT_OBJECTIVES`` (the rule the run follows).
 DEFAULT_OBJECTIVE_TEXT = ("the first of " + ", ".join(f"`{m}`" for m in DEFAULT_OBJECTIVES)
                           + " the run records (validation before training, the job's value before one rank's)")
+#: What the run is compared on when its evaluations record no loss (``metrics.objective`` says it once at run time).
+NO_EVAL_LOSS_TEXT = ("an evaluation that records no loss (no metric named `loss`, as `Model.eval` with only "
+                     "`Accuracy`; `Model.fit` always has its `eval_loss`) leaves the run compared on its training "
+                     "loss, that is on its best single step: the first such evaluation says so once, with the "
+                     "setting that compares it on the evaluation (`objective: {metric: eval/accuracy, mode: max}`)")
 OBJECTIVE_OPTIONS: Dict[str, Option] = {
     "metric": Option(str, None, "the recorded metric a sweep is compared on (`eval/accuracy`); null: "
                                 + DEFAULT_OBJECTIVE_TEXT),

@@ -6,10 +6,13 @@ puts them in ``cb_params.eval_results`` (the model's metrics plus ``eval_loss``)
 samples it evaluated from each eval step's input batch (a shape read, no device copy) and turns the results
 into plain floats:
 
-- a metric named ``loss`` (``nn.Loss()``: the mean over the validation set) is ``eval/loss``; without one,
-  ``Model.fit``'s ``eval_loss`` is. MindSpore's ``_eval_process`` makes a new Loss metric at every batch, so its
-  ``eval_loss`` is the last validation batch's loss (read in MindSpore 2.9.0's source): give the Model
-  ``metrics={"loss": nn.Loss(), ...}`` to compare runs on the whole set. Any other metric ``m`` is ``eval/m``;
+- ``eval/loss`` is the whole validation set's loss: each eval batch's loss output (the one
+  ``Model(eval_indexes=)`` points at, the first of ``nn.WithEvalCell``'s) weighted by the batch's size, when
+  MindSpore reports a loss: a metric named ``loss`` (``nn.Loss()``: the plain mean of the batches' means) or
+  ``Model.fit``'s ``eval_loss``. MindSpore's ``_eval_process`` makes a new Loss metric at every batch, so its
+  ``eval_loss`` is the last validation batch's loss (read in MindSpore 2.9.0's source). MindSpore's own value
+  is kept as ``eval/loss_mindspore`` when it differs (relative 1e-6); without a loss output to read (no
+  ``eval_indexes``), MindSpore's value is ``eval/loss``. Any other metric ``m`` is ``eval/m``;
 - a metric that returns a dict (mindformers' ``PerplexityMetric``: ``{"loss": ..., "PPL": ...}``) gives one
   value per key, ``eval/loss`` and ``eval/PPL``, prefixed by the metric's name only where two would clash;
 - a value with more than one element (a confusion matrix) is left out, said once.
@@ -28,13 +31,13 @@ import logging
 import math
 import time
 import zlib
-from typing import Any, Dict, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
 from ..capture.cb_params import nearest_batch
 from ..capture.collective import Watchdog, all_gather, gather_op
-from ..names import EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, global_eval_name
+from ..names import EVAL_LOSS, EVAL_LOSS_MINDSPORE, EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, global_eval_name
 
 log = logging.getLogger("msbridge")
 
@@ -83,36 +86,56 @@ def eval_values(results: Mapping[str, Any], skipped: Optional[Set[str]] = None) 
 
 
 class EvalRound:
-    """One evaluation's clock and sample count, and its results as ``eval/*`` values.
+    """One evaluation's clock, sample count and whole-set loss, and its results as ``eval/*`` values.
 
     Example:
         >>> from types import SimpleNamespace
         >>> round_ = EvalRound()
-        >>> round_.begin()
-        >>> round_.step(SimpleNamespace(eval_dataset_element=[np.zeros((8, 16))]))   # on_eval_step_end
-        >>> sorted(round_.end({"accuracy": 0.9, "eval_loss": 0.3}))
-        ['eval/accuracy', 'eval/loss', 'eval/samples', 'eval/time_s']
+        >>> round_.begin(loss_index=0)   # the eval network's outputs: (loss, logits, label)
+        >>> for batch, loss in ((8, 1.0), (8, 2.0), (4, 4.0)):   # on_eval_step_end
+        ...     round_.step(SimpleNamespace(eval_dataset_element=[np.zeros((batch, 16))], net_outputs=(loss,)))
+        >>> round_.end({"accuracy": 0.9, "eval_loss": 4.0})   # doctest: +ELLIPSIS
+        {'eval/accuracy': 0.9, 'eval/loss': 2.0, 'eval/loss_mindspore': 4.0, 'eval/time_s': ..., 'eval/samples': 20.0}
     """
 
     def __init__(self) -> None:
         self.started: Optional[float] = None
         self.samples: Optional[int] = 0
+        self._loss_index: Optional[int] = None
+        self._losses: List[Tuple[Any, Optional[int]]] = []  # each eval batch's loss output (kept, not copied) and size
         self._warned: Set[str] = set()
 
     @property
     def running(self) -> bool:
         return self.started is not None
 
-    def begin(self) -> None:
+    def begin(self, loss_index: Optional[int] = None) -> None:
+        """An evaluation starts; ``loss_index``: which of the eval network's outputs is its loss (None: unknown)."""
         self.started, self.samples = time.perf_counter(), 0
+        self._loss_index, self._losses = loss_index, []
 
     def step(self, cb: Any) -> None:
-        """One eval step ended: count its batch (the first input's leading dimension), O(1)."""
+        """One eval step ended: count its batch (the first input's leading dimension) and keep a reference to its
+        loss output, O(1): the copies to the host happen once, at the evaluation's end."""
         batch = getattr(cb, "eval_dataset_element", None)
         first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
         shape = getattr(first, "shape", None)
+        size = int(shape[0]) if shape else None
         if self.samples is not None:
-            self.samples = self.samples + int(shape[0]) if shape else None  # unknown once one batch is
+            self.samples = self.samples + size if size is not None else None  # unknown once one batch is
+        outputs = getattr(cb, "net_outputs", None)
+        if self._loss_index is not None and isinstance(outputs, (list, tuple)) and len(outputs) > self._loss_index:
+            self._losses.append((outputs[self._loss_index], size))
+
+    def _whole_set_loss(self) -> Optional[float]:
+        """The kept batch losses' mean weighted by batch size (plain when a size is unknown), or None."""
+        if not self._losses:
+            return None
+        losses = np.array([np.mean(v.asnumpy() if hasattr(v, "asnumpy") else v) for v, _ in self._losses], np.float64)
+        sizes = [size for _, size in self._losses]
+        weights = np.array(sizes, np.float64) if None not in sizes else np.ones(len(losses))
+        self._losses = []
+        return float(losses @ weights / weights.sum())
 
     def count_dataset(self, dataset: Any) -> None:
         """Count a whole dataset at once, for an evaluation whose steps no callback sees (mindformers'
@@ -129,6 +152,11 @@ class EvalRound:
         self.started = None
         skipped: Set[str] = set()
         values = eval_values(results, skipped)
+        whole = self._whole_set_loss()
+        if whole is not None and EVAL_LOSS in values:  # MindSpore reported a loss: the whole set's is eval/loss
+            own, values[EVAL_LOSS] = values[EVAL_LOSS], whole
+            if not math.isclose(own, whole, rel_tol=1e-6):
+                values[EVAL_LOSS_MINDSPORE] = own
         for name in sorted(skipped - self._warned):
             log.warning("msbridge: %s is not one number; it is left out of the recorded eval metrics", name)
         self._warned |= skipped
