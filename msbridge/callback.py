@@ -188,8 +188,8 @@ class BridgeMonitor(EvalHooks, Callback):
         self._last_end = self._last_flush = self.tally.started = time.perf_counter()
         self._watchdog.rank = self.run.rank
         self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
-
         self.model_evals.attach(cb)  # a user's model.eval(ds) during training is recorded too
+
     def on_train_step_begin(self, run_context: Any) -> None:
         self._timer.begin(time.perf_counter())  # the data wait: this stamp minus the last step-end hook's return
 
@@ -347,6 +347,7 @@ class BridgeMonitor(EvalHooks, Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            self.say_unevaluated()
             if status == FINISHED and self.health.stop is not None:  # the final window's check stopped the run
                 status = self.health.stop.status
             if self._internals is not None:

@@ -33,7 +33,7 @@ from mindspore.train import Model
 from .capture.cb_params import param
 from .metrics.evaluation import EvalRound, global_eval
 from .metrics.objective import Objective
-from .names import EVAL_TIME
+from .names import EVAL_PREFIX, EVAL_TIME
 from .sinks.base import Record
 
 log = logging.getLogger("msbridge")
@@ -172,6 +172,17 @@ class EvalHooks:
         if self.health.stop is not None and self._train_context is not None:  # training ends after this step
             self._train_context.request_stop()
         self._last_end += values.get(EVAL_TIME, 0.0)  # the next step's time is its own, not the evaluation's
+
+    def say_unevaluated(self) -> None:
+        """At the run's close: an objective named on an evaluation (``objective.metric: eval/...``) that no
+        evaluation gave a value is said once, with the fix (an evaluation the monitor did not see)."""
+        objective = self._objective
+        if (self.run is None or not self.run.is_global or objective.final is not None
+                or not (objective.fixed or "").startswith(EVAL_PREFIX)):
+            return
+        log.warning("msbridge: the objective %s got no value: no evaluation reached the monitor. Evaluate with "
+                    "model.fit(..., valid_dataset=valid, callbacks=[monitor]), or call model.eval(valid, "
+                    "callbacks=[monitor]) from your callback", objective.fixed)
 
     def __enter__(self) -> Any:
         self._depth += 1

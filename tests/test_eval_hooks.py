@@ -251,7 +251,7 @@ class TutorialEvalCallBack(Callback):
 
 
 @pytest.mark.slow
-def test_a_tutorial_eval_callback_without_the_monitor_is_recorded(tmp_path):
+def test_a_tutorial_eval_callback_without_the_monitor_is_recorded(tmp_path, caplog):
     """Five evaluations of model.eval(ds) with no callbacks=[monitor]: each recorded at its epoch's last step,
     the whole set's loss (numpy, from the weights) beside nn.Loss's mean of batch means; the objective follows
     eval/loss; after training model.eval is MindSpore's own again."""
@@ -266,9 +266,11 @@ def test_a_tutorial_eval_callback_without_the_monitor_is_recorded(tmp_path):
         def on_train_epoch_end(self, run_context):
             whole.measure()
 
-    monitor = BridgeMonitor(_config(tmp_path, "tutorial"), progress=False)
-    model.train(5, regression_data(STEPS), callbacks=[monitor, TutorialEvalCallBack(model, valid, 1, seen),
-                                                      Reference()], dataset_sink_mode=False)
+    monitor = BridgeMonitor(_config(tmp_path, "tutorial", objective={"metric": "eval/loss"}), progress=False)
+    with caplog.at_level("WARNING", "msbridge"):
+        model.train(5, regression_data(STEPS), callbacks=[monitor, TutorialEvalCallBack(model, valid, 1, seen),
+                                                          Reference()], dataset_sink_mode=False)
+    assert not [r for r in caplog.records if "got no value" in r.getMessage()]
     assert seen["epoch"] == [1, 2, 3, 4, 5]
     evals = [STEPS * e for e in seen["epoch"]]
     for sink, series in every_sink(tmp_path / "tutorial", "tutorial", "r", "eval/loss").items():
@@ -284,3 +286,27 @@ def test_a_tutorial_eval_callback_without_the_monitor_is_recorded(tmp_path):
     assert "eval" not in vars(model)  # the wrap is off: Model.eval is MindSpore's again
     assert model.eval(valid)["loss"] == pytest.approx(seen["loss"][-1], rel=1e-6)
     assert sorted(jsonl_series(tmp_path / "tutorial" / "r", "eval/loss")) == evals  # nothing after the close
+
+
+@pytest.mark.slow
+def test_an_evaluation_the_monitor_cannot_see_is_said_once_at_the_close_with_the_fix(tmp_path, caplog):
+    """A second Model on the same network, reached through a closure: its evaluations are not recorded, and the
+    named objective that never got a value says so once, with the call that records them."""
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    net = nn.Dense(16, 1)
+    model = Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), learning_rate=0.01))
+    scorer, valid, scores = Model(net, nn.MSELoss(), metrics={"loss": nn.Loss()}), regression_data(3, seed=1), []
+
+    class Unseen(Callback):
+        def on_train_epoch_end(self, run_context):
+            scores.append(scorer.eval(valid)["loss"])
+
+    cfg = _config(tmp_path, "unseen", sinks=["jsonl"], objective={"metric": "eval/loss"})
+    monitor = BridgeMonitor(cfg, progress=False)
+    with caplog.at_level("WARNING", "msbridge"):
+        model.train(2, regression_data(STEPS), callbacks=[monitor, Unseen()], dataset_sink_mode=False)
+    assert len(scores) == 2 and jsonl_series(tmp_path / "unseen" / "r", "eval/loss") == {}
+    said = [r.getMessage() for r in caplog.records if "got no value" in r.getMessage()]
+    assert len(said) == 1 and "the objective eval/loss got no value" in said[0]
+    assert "model.eval(valid, callbacks=[monitor])" in said[0]
