@@ -107,8 +107,9 @@ class MlflowSink(Sink):
                                            "takes no more from memory and reads the rest from jsonl once it is "
                                            "back", 1),
         "log_checkpoints": Option(str, "link", "each checkpoint as a LoggedModel of the run, its step's metrics "
-                                               "linked (link); with its file uploaded (upload); none (off)",
-                                  choices=("link", "upload", "off")),
+                                               "linked (link); with its file uploaded (upload); as link, the best on "
+                                               "the objective so far kept under the run dir (best); none (off)",
+                                  choices=("link", "upload", "best", "off")),
     }
     extra = "mlflow"
     requires = ("mlflow",)
@@ -135,7 +136,7 @@ class MlflowSink(Sink):
         self._experiment = ""  # its MLflow experiment id, once reached
         self._gave_up = ""  # ``undelivered()``
         mode = self.settings["log_checkpoints"]
-        self._models = CheckpointModels(upload=mode == "upload") if mode != "off" else None
+        self._models = CheckpointModels(mode) if mode != "off" else None
 
     def open(self, run: RunInfo) -> None:
         """No I/O: points MLflow's client process at the run's URI and HTTP limits (a variable set wins)."""
@@ -149,6 +150,8 @@ class MlflowSink(Sink):
         self._client.connect(self.uri, env, beside_training=run.training)
         if run.config.get("histograms"):
             self._events.skip_histograms()
+        if self._models is not None:
+            self._models.open(run.run_dir, dict(run.config.get("objective") or {}))
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         waiting = len(self._pending.records)
@@ -253,7 +256,7 @@ class MlflowSink(Sink):
             self._send_tags()
             if self._events.dirty:
                 self._client.log_text(self.run_id, self._events.text(), EVENTS_ARTIFACT)
-            if self._models is not None and self._models.waiting:
+            if self._models is not None and (self._models.waiting or status is not None):  # the close: files gone
                 self._models.deliver(self._client, self._experiment, self.run_id, self.run.run_name,
                                      final=status is not None)
             if status is not None:

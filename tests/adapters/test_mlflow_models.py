@@ -4,6 +4,7 @@
 training on CPU, real MLflow on sqlite. (mindformers' CheckpointMonitor: tests/mindformers_bridge/test_do_eval.py.)"""
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -15,9 +16,11 @@ from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
 from mlflow.tracking import MlflowClient
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._mlflow_models import KEY_TAG, best_checkpoint, model_name
+from msbridge.adapters._mlflow_models import FILE_TAG, KEY_TAG, PATH_TAG, CheckpointModels, best_checkpoint, \
+    model_name
 from msbridge.cli.main import main
 from msbridge.names import LOSS
+from msbridge.sinks.base import Event, Record
 from msbridge.sinks.runlog import read_run
 
 pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest -m 'not slow')
@@ -25,12 +28,12 @@ pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest 
 STEPS, EVERY = 20, 5
 
 
-def _train(tmp_path, name, sinks):
+def _train(tmp_path, name, sinks, keep=10, **config):
     cfg = {"experiment": "ck", "run_name": name, "experiment_dir": str(tmp_path / "ck"), "flush_steps": 4,
-           "sinks": sinks}
+           "sinks": sinks, **config}
     monitor = BridgeMonitor(cfg, progress=False)
     saver = ModelCheckpoint("net", str(tmp_path / "ckpt" / name),
-                            CheckpointConfig(save_checkpoint_steps=EVERY, keep_checkpoint_max=10))
+                            CheckpointConfig(save_checkpoint_steps=EVERY, keep_checkpoint_max=keep))
     train_regression([monitor, saver], steps=STEPS)
     return monitor
 
@@ -146,3 +149,127 @@ def test_a_logged_model_the_store_holds_pending_is_finished_not_made_again(tmp_p
     assert len(models) == STEPS // EVERY and len({m.tags[KEY_TAG] for m in models}) == STEPS // EVERY
     assert {str(m.status) for m in models} == {"READY"}
     assert str(client.get_logged_model(first.model_id).status) == "READY"
+
+
+def _by_step(client, experiment_id):
+    return {int(m.tags["msbridge.step"]): m for m in _models(client, experiment_id)}
+
+
+def test_checkpoints_the_saver_rotated_away_are_marked_and_the_best_query_leaves_them_out(tmp_path, caplog):
+    """A tutorial ModelCheckpoint keeping 2 files (checkpoints at 5, 10, 15, 20: 5 and 10 deleted by it). Their
+    LoggedModels say so (a tag, status FAILED), the others stay READY, and the documented best-checkpoint query
+    returns an existing file where the same query without the filter names a deleted one."""
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        monitor = _train(tmp_path, "rot", ["jsonl", "mlflow"], keep=2)
+    assert [r.getMessage() for r in caplog.records if "keeps only its last" in r.getMessage()] == [
+        "msbridge: ModelCheckpoint keeps only its last 2 files (CheckpointConfig(keep_checkpoint_max=2)): the MLflow "
+        "LoggedModels of the checkpoints it deletes are marked msbridge.checkpoint.file=deleted (status Failed); to "
+        "keep the best one on the objective: sinks: {mlflow: {log_checkpoints: best}}"]
+    log = read_run(monitor.run_dir).ranks[0]
+    events = [e for e in log.events if e.kind == "checkpoint"]
+    assert [e.step for e in events] == [5, 10, 15, 20]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    experiment_id = only_run(client, "ck").info.experiment_id
+    models = _by_step(client, experiment_id)
+    assert sorted(models) == [5, 10, 15, 20]
+    for step, model in models.items():
+        exists = os.path.isfile(model.tags[PATH_TAG])
+        assert exists == (step >= 15)  # the saver kept its last two
+        assert (model.tags[FILE_TAG], str(model.status)) == (("present", "READY") if exists else ("deleted", "FAILED"))
+    losses = dict(log.series(LOSS))
+    ascending = min((5, 10, 15, 20), key=losses.get) in (5, 10)  # the order whose overall best is a deleted file
+    unfiltered = client.search_logged_models([experiment_id], order_by=[
+        {"field_name": f"metrics.{LOSS}", "ascending": ascending}], max_results=1)[0]
+    assert not os.path.exists(unfiltered.tags[PATH_TAG])
+    best = best_checkpoint(client, [experiment_id], LOSS, ascending=ascending)
+    assert os.path.isfile(best.tags[PATH_TAG])
+    assert int(best.tags["msbridge.step"]) == sorted((15, 20), key=losses.get, reverse=not ascending)[0]
+
+    # A replay neither makes them again nor takes the mark off.
+    assert main(["replay", monitor.run_dir, "--to", "mlflow"]) == 0
+    again = _by_step(client, experiment_id)
+    assert {s: (m.model_id, str(m.status), m.tags[FILE_TAG]) for s, m in again.items()} == {
+        s: (m.model_id, str(m.status), m.tags[FILE_TAG]) for s, m in models.items()}
+
+
+def test_log_checkpoints_best_keeps_the_best_on_the_objective_safe_from_rotation(tmp_path, caplog):
+    """``log_checkpoints: best`` with the objective ``train/loss`` (min), the saver keeping 2 files: the best is the
+    checkpoint at step 10 (it beats step 5's, then stays best), which the saver deletes. It is kept under the run
+    dir as a loadable checkpoint, its LoggedModel points there, the others are let go, and no rotation line is
+    said."""
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        monitor = _train(tmp_path, "best", {"jsonl": {}, "mlflow": {"log_checkpoints": "best"}}, keep=2,
+                         objective={"metric": LOSS, "mode": "min"})
+    assert not [r for r in caplog.records if "keeps only its last" in r.getMessage()]
+    log = read_run(monitor.run_dir).ranks[0]
+    events = {e.step: e for e in log.events if e.kind == "checkpoint"}
+    assert sorted(events) == [5, 10, 15, 20]
+    losses = dict(log.series(LOSS))
+    want = min(sorted(events), key=losses.get)  # ties: the earlier
+    assert want == 10 and losses[5] > losses[10], "the data no longer makes a rotated checkpoint the best"
+    assert not os.path.exists(events[want].detail["path"])  # the saver deleted it
+    kept = os.path.join(monitor.run_dir, "checkpoints", f"step{want}-{os.path.basename(events[want].detail['path'])}")
+    assert os.listdir(os.path.dirname(kept)) == [os.path.basename(kept)]
+    assert set(ms.load_checkpoint(kept)) >= {"weight", "bias"}
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    experiment_id = only_run(client, "ck").info.experiment_id
+    models = _by_step(client, experiment_id)
+    assert (models[want].tags[PATH_TAG], models[want].tags[FILE_TAG], str(models[want].status)) == (
+        kept, "kept", "READY")
+    assert models[want].tags["msbridge.checkpoint.saved_path"] == events[want].detail["path"]
+    for step, model in models.items():
+        if step != want:
+            assert model.tags[PATH_TAG] == events[step].detail["path"]
+            assert model.tags[FILE_TAG] == ("present" if step >= 15 else "deleted")
+    assert best_checkpoint(client, [experiment_id], LOSS).model_id == models[want].model_id
+
+
+def test_a_model_is_marked_when_a_later_checkpoint_is_handed_not_only_at_the_close(tmp_path, shared_sqlite):
+    """The sink's own delivery against a real MLflow store, the run still going: the first checkpoint's file is
+    deleted (as rotation does at the next save), the next checkpoint's batch marks it."""
+    client = MlflowClient(shared_sqlite)
+    experiment_id = client.create_experiment("later")
+    run_id = client.create_run(experiment_id).info.run_id
+    models = CheckpointModels("link")
+    models.open(str(tmp_path / "run"), {"metric": None, "mode": "min"})
+    files = [tmp_path / f"net-{step}.ckpt" for step in (5, 10)]
+    for file in files:
+        file.write_bytes(b"weights")
+
+    def batch(step):
+        return ([Record(s, 0, float(s), {LOSS: 1.0 / s}) for s in range(step - 4, step + 1)],
+                [Event("checkpoint", step, 0, float(step), {"path": str(files[step // 5 - 1])})])
+
+    models.see(*batch(5))
+    models.see([Record(6, 0, 6.0, {LOSS: 0.2})], [])
+    [first] = models.deliver(client, experiment_id, run_id, "later")
+    assert client.get_logged_model(first).tags[FILE_TAG] == "present"
+    files[0].unlink()
+    models.see(*batch(10))
+    models.deliver(client, experiment_id, run_id, "later")  # not the close: checkpoint 10 waits for a later step
+    marked = client.get_logged_model(first)
+    assert (marked.tags[FILE_TAG], str(marked.status)) == ("deleted", "FAILED")
+    assert models.waiting == 1
+
+
+def test_an_uploaded_checkpoint_the_saver_deleted_stays_ready_its_copy_in_mlflow(tmp_path):
+    """`upload` with a saver keeping 2 files: the monitor holds each file (a hard link) until MLflow's thread uploads
+    it, so the rotated ones are uploaded too (before holding, they were gone by the time MLflow was reached)."""
+    monitor = _train(tmp_path, "up", {"jsonl": {}, "mlflow": {"log_checkpoints": "upload"}}, keep=2)
+    assert [e.step for e in read_run(monitor.run_dir).ranks[0].events if e.kind == "checkpoint"] == [5, 10, 15, 20]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'ck' / 'mlflow.db'}")
+    models = _by_step(client, only_run(client, "ck").info.experiment_id)
+    assert {s: (m.tags[FILE_TAG], str(m.status)) for s, m in models.items()} == {
+        5: ("uploaded", "READY"), 10: ("uploaded", "READY"), 15: ("present", "READY"), 20: ("present", "READY")}
+    for model in models.values():
+        [artifact] = client.list_logged_model_artifacts(model.model_id)
+        assert artifact.path == os.path.basename(model.tags[PATH_TAG]) and artifact.file_size > 0
+    assert os.listdir(os.path.join(monitor.run_dir, "checkpoints")) == []  # each held link removed once uploaded
+
+
+def test_an_unknown_log_checkpoints_value_names_file_line_key_and_the_nearest(tmp_path, capsys):
+    config = tmp_path / "m.yaml"
+    config.write_text("experiment: x\nsinks:\n  jsonl: {}\n  mlflow:\n    log_checkpoints: bset\n")
+    assert main(["config", "check", str(config)]) == 1
+    assert ("m.yaml:5: sinks.mlflow.log_checkpoints: expected one of link, upload, best, off, got 'bset'; did you "
+            "mean 'best'?") in capsys.readouterr().out.splitlines()[1]
