@@ -44,6 +44,9 @@ log = logging.getLogger("msbridge")
 #: Metrics per evaluation that get a global value across ranks (every rank sends the same shape).
 GLOBAL_SLOTS = 32
 _HEADER = 4  # samples, the names' checksum (two 16-bit halves), the number of values
+#: Values with no global counterpart: the evaluation's own time and count, and MindSpore's loss (present on a rank
+#: only where it differs from the whole set's, so the ranks' names would not match; a last batch has no job mean).
+LOCAL_ONLY = (EVAL_TIME, EVAL_SAMPLES, EVAL_LOSS_MINDSPORE)
 
 
 def _scalar(value: Any) -> Optional[float]:
@@ -172,7 +175,7 @@ def _checksum(names: Any) -> int:
 
 def pack_eval(values: Mapping[str, float]) -> np.ndarray:
     """This rank's row for ``global_eval``: samples (0: not counted), the names' checksum, the values."""
-    names = sorted(n for n in values if n not in (EVAL_TIME, EVAL_SAMPLES))[:GLOBAL_SLOTS]
+    names = sorted(n for n in values if n not in LOCAL_ONLY)[:GLOBAL_SLOTS]
     row = np.zeros(_HEADER + GLOBAL_SLOTS, dtype=np.float32)
     crc = _checksum(names)
     row[:_HEADER] = (values.get(EVAL_SAMPLES, 0.0), crc >> 16, crc & 0xFFFF, len(names))
@@ -189,8 +192,10 @@ def combine_eval(values: Mapping[str, float], table: np.ndarray) -> Dict[str, fl
         ...                  pack_eval({"eval/loss": 2.0, "eval/samples": 10})])
         >>> combine_eval({"eval/loss": 1.0, "eval/samples": 30}, rows)
         {'eval/global_loss': 1.25}
+        >>> combine_eval({"eval/loss": 1.0, "eval/samples": 30, "eval/loss_mindspore": 3.0}, rows)  # rank 0's own
+        {'eval/global_loss': 1.25}
     """
-    names = sorted(n for n in values if n not in (EVAL_TIME, EVAL_SAMPLES))[:GLOBAL_SLOTS]
+    names = sorted(n for n in values if n not in LOCAL_ONLY)[:GLOBAL_SLOTS]
     if not (table[:, 1:_HEADER] == table[0, 1:_HEADER]).all():
         log.warning("msbridge: the ranks evaluated different metrics; no eval/global_* values this time")
         return {}
