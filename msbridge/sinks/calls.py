@@ -127,8 +127,9 @@ class Call:
     ``status`` for ``close``, ``others`` (each other sink's final ``undelivered``) for an observer's ``observe``.
 
     Example:
-        >>> Call("close", status="KILLED").bound(sink)       # the sink's close_bound
-        15.0
+        >>> call = Call("close", status="KILLED")    # made by close(status); bound: the sink's close_bound
+        >>> call.check(None), call.shape.passes
+        (Gaps(events=()), ('status',))
     """
 
     method: str
