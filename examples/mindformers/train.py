@@ -84,13 +84,13 @@ def _dotted_keys(node: Any, prefix: str = "") -> List[str]:
     return keys
 
 
-def _where(path: str, key: str) -> str:
-    """``file:line`` of the deepest section of ``key`` written in ``path`` (``file`` when none is)."""
+def _where(path: str, shown: str, key: str) -> str:
+    """``shown:line`` of the deepest section of ``key`` written in ``path`` (``shown`` when none is)."""
     from msbridge.config.yaml_lines import read_yaml
 
-    trees, _ = read_yaml(path, path)
+    trees, _ = read_yaml(path, shown)
     origin = next((t.origin_of(tuple(key.split("."))) for t in trees if t.origin_of(tuple(key.split(".")))), None)
-    return str(origin) if origin is not None else path
+    return str(origin) if origin is not None else shown
 
 
 def _nearest(key: str, config: Any) -> str:
@@ -103,9 +103,10 @@ def _nearest(key: str, config: Any) -> str:
     return did_you_mean(key, [k for k in keys if k.rsplit(".", 1)[-1] == leaf]) or did_you_mean(key, keys)
 
 
-def apply_overrides(config: Any, pairs: Sequence[Tuple[str, str]], path: str) -> None:
+def apply_overrides(config: Any, pairs: Sequence[Tuple[str, str]], path: str, shown: str) -> None:
     """Set each dotted key of ``config`` (a ``MindFormerConfig``) to its value, read as ``run_mindformer.py``
-    reads it (``parse_value``: int, float, bool, JSON, else the text).
+    reads it (``parse_value``: int, float, bool, JSON, else the text). ``path`` is the run YAML, ``shown`` its name
+    as the user gave it.
 
     Raises:
         ValueError: a key the run YAML does not have, with the file, the line and the nearest key.
@@ -118,7 +119,7 @@ def apply_overrides(config: Any, pairs: Sequence[Tuple[str, str]], path: str) ->
         for part in sections:
             node = node.get(part) if isinstance(node, dict) else None
         if not isinstance(node, dict) or leaf not in node:
-            raise ValueError(f"{_where(path, key)}: --{key}: not a key of the run YAML"
+            raise ValueError(f"{_where(path, shown, key)}: --{key}: not a key of the run YAML"
                              f"{_nearest(key, config)}")
         node[leaf] = parse_value(text)
 
@@ -154,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     loaded = MindFormerConfig(config)
     try:
-        apply_overrides(loaded, pairs, config)
+        apply_overrides(loaded, pairs, config, args.config)
     except ValueError as exc:
         parser.error(str(exc))
     batch, epochs = loaded.runner_config.batch_size, loaded.runner_config.epochs or 1
