@@ -7,8 +7,10 @@ and UI state (columns, chart sections and cards). Two views:
 - ``loss_first_view``: one run's charts (or the experiment's), the train section's loss charts first;
 - ``sweep_view``: a sweep compared. Sorted by ``objective/best`` (best first, by the objective's ``mode``): a
   sorted runs table is flat, so no run hides under the sweep's parent run. Columns: the params that differ
-  between the runs, the objective (best, its step, final) and ``msbridge.best``, the mark ``mark_best`` puts on
-  the best run. Charts: a parallel-coordinates chart of the differing params against ``objective/best``, then
+  between the runs, the trial's state (``msbridge.trial_state``: COMPLETE, PRUNED, FAIL, RUNNING, as Optuna names
+  it), the objective (best, its step, final) and ``msbridge.best``, the mark ``mark_best`` puts on the best
+  complete run. The MLflow sink writes it as each run of a sweep ends (``share_sweep_view``): one tag per sweep,
+  rewritten in place. Charts: a parallel-coordinates chart of the differing params against ``objective/best``, then
   the loss and the objective's metric over steps on a log axis, so one diverging run does
   not flatten the others into a line.
 
@@ -23,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from msbridge.adapters._mlflow_fields import clean_key
@@ -56,6 +59,9 @@ MAX_RUNS = 1000
 _OBJECTIVE_COLUMNS = (OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL)
 #: The tag of a run its sweep pruned (its ``pruned`` event, ``msbridge.sweep.trial``).
 PRUNED_TAG = "msbridge.event.pruned.last"
+#: The run tag of a sweep's run: its trial's state as Optuna names it (``trial_state``).
+STATE_TAG = "msbridge.trial_state"
+RUNNING, COMPLETE, PRUNED, FAIL = "RUNNING", "COMPLETE", "PRUNED", "FAIL"
 
 
 def _card(key: str, section: str, **changes: Any) -> Dict[str, Any]:
@@ -109,9 +115,11 @@ def sweep_view(differing: Sequence[str], mode: str, metric: Optional[str],
                sweep_id: Optional[str] = None) -> Tuple[str, str]:
     """The experiment tag ``(key, JSON value)`` of a sweep's first screen (see the module docstring):
     ``differing`` params as columns and parallel axes, sorted by ``objective/best`` for ``mode`` (min: ascending),
-    ``metric`` (the objective's, e.g. ``eval/loss``) charted beside the loss; ``sweep_id`` filters its runs."""
+    ``metric`` (the objective's, e.g. ``eval/loss``) charted beside the loss; ``sweep_id`` filters its runs and
+    puts their trial state before the objective."""
     columns = ["attributes.`Duration`", *(f"params.`{p}`" for p in differing),
-               *(f"metrics.`{m}`" for m in _OBJECTIVE_COLUMNS), f"tags.`{BEST_TAG}`"]
+               *([f"tags.`{STATE_TAG}`"] if sweep_id else []), *(f"metrics.`{m}`" for m in _OBJECTIVE_COLUMNS),
+               f"tags.`{BEST_TAG}`"]
     parallel = {"uuid": "msbridge-sweep-parallel", "type": "PARALLEL", "runsCountToCompare": 100,
                 "metricSectionId": "msbridge-objective", "deleted": False, "isGenerated": True,
                 "displayName": "objective against the swept params", "selectedParams": list(differing),
@@ -176,18 +184,37 @@ def sweep_runs(client: Any, experiment_id: str, sweep_id: Optional[str], mode: s
     return [r for r in runs if PARENT_TAG not in r.data.tags]
 
 
+def trial_state(status: str, tags: Mapping[str, str], metrics: Mapping[str, float]) -> str:
+    """A run's state as Optuna names its trial, from its MLflow ``status``, tags and latest metrics: RUNNING while it
+    runs; PRUNED when it finished with a ``pruned`` event; COMPLETE when it finished with a finite ``objective/best``
+    (what ``msbridge sweep`` tells Optuna); FAIL otherwise (failed, killed, or no finite objective).
+
+    Example:
+        >>> [trial_state("FINISHED", {}, {"objective/best": v}) for v in (0.25, math.nan)]
+        ['COMPLETE', 'FAIL']
+    """
+    if status in ("RUNNING", "SCHEDULED"):
+        return RUNNING
+    if status != "FINISHED":
+        return FAIL
+    if PRUNED_TAG in tags:
+        return PRUNED
+    best = metrics.get(OBJECTIVE_BEST)
+    return COMPLETE if best is not None and math.isfinite(best) else FAIL
+
+
 def completed(run: Any) -> bool:
-    """A run that trained to its end: FINISHED, and not pruned by its sweep (``PRUNED_TAG``)."""
-    return run.info.status == "FINISHED" and PRUNED_TAG not in run.data.tags
+    """A run that trained to its end with a finite objective: ``trial_state`` COMPLETE."""
+    return trial_state(run.info.status, run.data.tags, run.data.metrics) == COMPLETE
 
 
 def mark_best(client: Any, experiment_id: str, sweep_id: Optional[str], mode: str) -> Optional[str]:
     """Tag the best run by ``objective/best`` with ``BEST_TAG`` and take the tag off any other; returns its id.
-    Only runs that completed compete, unless none did (a stopped or pruned run never takes the mark from one that
-    finished); of equal values, the run started first. Each run of a sweep does this as it ends, so once the last
-    has ended the mark is on the best."""
+    A run without a finite ``objective/best`` never has it. Only runs that completed compete, unless none did (a
+    stopped or pruned run never takes the mark from one that finished); of equal values, the run started first.
+    Each run of a sweep does this as it ends, so once the last has ended the mark is on the best."""
     runs = sweep_runs(client, experiment_id, sweep_id, mode)
-    scored = [r for r in runs if OBJECTIVE_BEST in r.data.metrics]
+    scored = [r for r in runs if math.isfinite(r.data.metrics.get(OBJECTIVE_BEST, math.nan))]
     scored = [r for r in scored if completed(r)] or scored
     top = [r for r in scored if r.data.metrics[OBJECTIVE_BEST] == scored[0].data.metrics[OBJECTIVE_BEST]]
     best = min(top, key=lambda r: r.info.start_time or 0).info.run_id if top else None  # a tie: the first started
@@ -197,3 +224,23 @@ def mark_best(client: Any, experiment_id: str, sweep_id: Optional[str], mode: st
         elif run.info.run_id != best and BEST_TAG in run.data.tags:
             client.delete_tag(run.info.run_id, BEST_TAG)
     return best
+
+
+def share_sweep_view(client: Any, experiment_id: str, sweep_id: str) -> Optional[str]:
+    """Write the saved view of the sweep's runs (``compared_view``) to the experiment, as MLflow's Share button
+    does, unless it holds that view already; returns its tag's name (None: fewer than two runs to compare). One
+    tag per sweep, so every run ending writes the same one, in place; of two runs writing it at once, a store may
+    refuse the second insert: the first one's view stands. Open it at ``#/experiments/<id>/runs?viewStateShareKey=
+    msbridge-sweep-<sweep_id>``."""
+    runs = client.search_runs([experiment_id], _group_filter(sweep_id), max_results=MAX_RUNS)
+    view = compared_view([(r.data.params, r.data.tags) for r in runs])
+    if view is None:
+        return None
+    key, value = view
+    if client.get_experiment(experiment_id).tags.get(key) != value:
+        try:
+            client.set_experiment_tag(experiment_id, key, value)
+        except Exception:  # a store may refuse the second of two inserts of one tag at once: the first one stands
+            if client.get_experiment(experiment_id).tags.get(key) is None:
+                raise
+    return key

@@ -8,9 +8,11 @@ but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too)
 dot keys plus msbridge's settings under ``msbridge.``; a value over 6000 characters is logged as ``sha256:<hex>``
 (``config/resolved.yaml`` has it). Everything is masked. Resume reattaches to the run tagged with the job's ``run_id``
 and skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one parent run per
-sweep (``_mlflow_sweep``). An unreachable tracker never stops training: one warning, a bounded backlog, retries with
-backoff, a last bounded try in ``close``. A ``sqlite:///`` store is made once and whole, however many runs start on it
-and whenever one is killed (``_mlflow_store``). The ``run.json`` artifact is strict JSON (NaN and inf as strings).
+sweep (``_mlflow_sweep``), each tagged with its trial's state; as each ends, the sweep's saved view is written to
+the experiment for anyone on the server (``_mlflow_view``). An unreachable tracker never stops training: one warning,
+a bounded backlog, retries with backoff, a last bounded try in ``close``. A ``sqlite:///`` store is made once and
+whole, however many runs start on it and whenever one is killed (``_mlflow_store``). The ``run.json`` artifact is
+strict JSON (NaN and inf as strings).
 
 The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is reached,
 and the same when the run is replayed. The run README is the run's description (``mlflow.note.content``, cut to
@@ -45,7 +47,8 @@ from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
 from msbridge.adapters._mlflow_sqlite import full_disk_store
 from msbridge.adapters._mlflow_store import STORE_REFUSED, StoreRefused
 from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
-from msbridge.adapters._mlflow_view import OBJECTIVE_TAG, mark_best
+from msbridge.adapters._mlflow_view import (OBJECTIVE_TAG, RUNNING, STATE_TAG, mark_best, share_sweep_view,
+                                            trial_state)
 from msbridge.adapters._tracker_facts import tracking_uri_problem
 from msbridge.errors import MissingDependencyError, exception_text
 from msbridge.masking import mask_secrets, mask_text
@@ -287,16 +290,31 @@ class MlflowSink(Sink):
         return True
 
     def _end(self, status: str) -> None:
-        """The run's status, the sweep's parent settled, and the best run of its sweep (or experiment) marked."""
+        """The run's status (a sweep's run: its trial state too), the sweep's parent settled, the best run of its
+        sweep (or experiment) marked, and the sweep's saved view written."""
         objective = dict(self.run.config.get("objective") or {})
         metric = objective_metric(objective.get("metric"), set(self._keys))
         if metric is not None:
             self._client.set_tag(self.run_id, OBJECTIVE_TAG, f"{metric} ({objective.get('mode', 'min')})")
-        self._client.set_terminated(self.run_id, status, end_time=epoch_ms(self.end_time))
         sweep_id = self.run.config.get("sweep_id")
+        if sweep_id:
+            held = self._client.get_run(self.run_id).data
+            self._client.set_tag(self.run_id, STATE_TAG, trial_state(status, held.tags, held.metrics))
+        self._client.set_terminated(self.run_id, status, end_time=epoch_ms(self.end_time))
         if self._parent is not None:
             settle(self._client, self._experiment, str(sweep_id), self._parent, self.run_id)
         mark_best(self._client, self._experiment, sweep_id, objective.get("mode", "min"))
+        if sweep_id:
+            self._share_view(str(sweep_id))
+
+    def _share_view(self, sweep_id: str) -> None:
+        """The sweep's saved view on the experiment, for anyone on the server (``share_sweep_view``); a store that
+        refuses it costs one warning, never the run's close."""
+        try:
+            share_sweep_view(self._client, self._experiment, sweep_id)
+        except Exception as exc:
+            log.warning("msbridge: MLflow at %s did not take the sweep's saved view (%s); msbridge view %s writes it",
+                        mask_text(self.uri), mask_text(exception_text(exc)), shlex.quote(self.run.run_dir))
 
     def _send_metrics(self) -> None:
         while self._pending.records:
@@ -371,6 +389,8 @@ class MlflowSink(Sink):
         if found or run.resumed_from_step:
             self._catch_up(run)
         self.run_id = run_id
+        if run.config.get("sweep_id"):
+            self._tags[STATE_TAG] = RUNNING
         try:
             renamed: Dict[str, str] = {}
             params = clean_keys({k: fit(v, MAX_PARAM_LENGTH) for k, v in run_params(run).items()}, renamed)

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Dict, Mapping
 
 from ..errors import ConfigError, MissingDependencyError, MsbridgeError, exception_text
@@ -24,6 +25,8 @@ from .spec import Param, SweepSpec
 
 #: Seconds a SQLite storage waits for another process's write before it fails.
 SQLITE_WAIT_S = 60
+#: Times a storage is opened when another worker was creating its tables meanwhile.
+OPEN_TRIES = 3
 _SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler", "cmaes": "CmaEsSampler"}
 _PRUNERS = {"median": "MedianPruner", "hyperband": "HyperbandPruner",
             "successive_halving": "SuccessiveHalvingPruner", "none": "NopPruner"}
@@ -40,13 +43,21 @@ def optuna_module() -> Any:
 
 
 def storage(url: str) -> Any:
-    """Optuna's RDB storage at ``url``; a SQLite file's directory is made, and its lock waited for."""
+    """Optuna's RDB storage at ``url``; a SQLite file's directory is made, and its lock waited for. Workers that
+    start at once on a new database race to create Optuna's tables (PostgreSQL: ``type studydirection already
+    exists``): the loser opens it again, up to ``OPEN_TRIES`` times."""
     optuna = optuna_module()
     engine: Dict[str, Any] = {}
     if url.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(os.path.abspath(url[len("sqlite:///"):])) or ".", exist_ok=True)
         engine = {"connect_args": {"timeout": SQLITE_WAIT_S}}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+    for attempt in range(1, OPEN_TRIES + 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
+        except Exception as exc:
+            if attempt == OPEN_TRIES or "already exists" not in str(exc):
+                raise
+            time.sleep(attempt)
 
 
 def _build(kind: str, classes: Mapping[str, str], module: Any, given: Mapping[str, Any], where: str) -> Any:
