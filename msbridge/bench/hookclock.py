@@ -1,10 +1,11 @@
 """The CPU a setup's callbacks spend on the training thread, and its Python threads' CPU beside it.
 
 Two bracketing callbacks, one before a setup's callbacks and one after them (MindSpore calls a list in order),
-read the training thread's CPU clock (``time.thread_time``, to the nanosecond) and the wall clock at each step's begin and end: what
-lies between is the setup's hooks, whoever wrote them (msbridge, MLflow, SummaryCollector ...), measured the same
-way for each. ``python_threads_cpu`` reads schedstat (``msbridge.run.cost``) of every Python thread but the
-training one: the trackers' writer threads, msbridge's sink hosts; MindSpore's own threads are native, not Python.
+read the training thread's CPU clock (``time.thread_time``, to the nanosecond) and the wall clock at each step's
+begin and end: what lies between is the setup's hooks, whoever wrote them (msbridge, MLflow, SummaryCollector ...),
+measured the same way for each. ``python_threads_cpu`` reads schedstat (``msbridge.run.cost``) of every Python
+thread but the training one: the trackers' writer threads, msbridge's sink hosts; MindSpore's own threads are
+native, not Python.
 
 Example:
     >>> clock = HookClock()

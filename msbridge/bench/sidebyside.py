@@ -86,8 +86,8 @@ def side_by_side_markdown(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     lines = ["", "Side by side: the CPU a step each setup adds over its baseline (no monitoring, same repeat; "
              "medians), us:", "",
              "| setup | what | ratio (min-max) | median step ms | on the training thread (its hooks) | off it "
-             "(threads + children) | all it adds | whole process over baseline | training thread over baseline | its hooks' "
-             "wall time |",
+             "(threads + children) | all it adds | whole process over baseline | training thread over baseline | "
+             "its hooks' wall time |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted((r for r in rows if r["setup"] in SHOWN), key=lambda r: SHOWN.index(r["setup"])):
         if "error" in row:

@@ -131,7 +131,8 @@ def run_bench(setups: Sequence[str] = DEFAULT_SETUPS, steps: int = 300, repeats:
         "steps": steps, "repeats": repeats, "seed": seed, "hidden": hidden, "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU", "load_avg_1min": load,
         "minutes": (time.time() - started) / 60, "rows": [summarise(s, runs) for s in setups], "runs": runs,
-        "server_nice": server_nice, "busy": busy, "fixed_costs": [fixed_cost_row(s, runs, BASELINE.get(s, "a")) for s in setups],
+        "server_nice": server_nice, "busy": busy,
+        "fixed_costs": [fixed_cost_row(s, runs, BASELINE.get(s, "a")) for s in setups],
     }
     if long_steps:
         echo(f"[bench] long run: {long_steps} steps, every sink on")
