@@ -37,8 +37,9 @@ events wait, bounded, and go into a fresh event file when space returns
   a new timestamped subdirectory. Next to them go ``hparams/final_loss``,
   ``hparams/final_global_loss``, ``hparams/best_loss`` and the objective's ``hparams/objective_best``,
   ``hparams/objective_best_step``, ``hparams/objective_final`` (metrics.md). A run of a sweep (``sweep_id`` set)
-  adds ``msbridge.state``, the trial's state: FINISHED, PRUNED (its ``pruned`` event), FAILED or KILLED; a pruned
-  run's session ends as a success, as its exit code does. No experiment
+  adds ``msbridge.trial_state``, its trial's state as Optuna names it and MLflow's tag of that name says it
+  (``_mlflow_view.trial_state``: COMPLETE, PRUNED or FAIL); a pruned run's session ends as a success, as its exit
+  code does. No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
   session's start and end times are the training's (``Sink.start_time``/``end_time``).
@@ -69,6 +70,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from msbridge.adapters._diskwait import EVENT, DiskWait, WaitsForSpace
 from msbridge.adapters._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
+from msbridge.adapters._mlflow_view import PRUNED_TAG, STATE_TAG, trial_state
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 from msbridge.adapters._tracker_facts import tracker_params
 from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, HOST_RSS_PEAK_MB, LOSS,
@@ -77,7 +79,6 @@ from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NOR
                             WEIGHTS_HISTOGRAM_PREFIX, is_global_metric, rank_loss)
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.run.outcome import PRUNED
 from msbridge.sinks.base import (
     FAILED,
     FINISHED,
@@ -368,9 +369,11 @@ class TensorBoardSink(WaitsForSpace, Sink):
                 self._best[name] = value
 
     def _state(self, status: str) -> str:
-        """The run's end as its sweep sees it: PRUNED when it wrote (or holds) a ``pruned`` event, else ``status``."""
+        """The trial's state, as MLflow's tag says it: from the status, a ``pruned`` event written or held, and the
+        objective's best."""
         pruned = self._pruned or any(kind == PRUNED_EVENT for kind, _ in self._held_events)
-        return PRUNED if pruned and status == FINISHED else status
+        best = self._final.get(OBJECTIVE_BEST)
+        return trial_state(status, {PRUNED_TAG: ""} if pruned else {}, {} if best is None else {OBJECTIVE_BEST: best})
 
     def _write_hparams(self, status: str) -> None:
         """The run's hparams and final metrics into its global dir, where the HPARAMS tab finds them."""
@@ -381,7 +384,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
         settings.update(world_size=run.world_size, batch_size=run.metadata.get("batch_size"))
         hparams.update(_as_hparams(settings, "msbridge."))
         if run.config.get("sweep_id"):
-            hparams["msbridge.state"] = self._state(status)
+            hparams[STATE_TAG] = self._state(status)
         metrics = {"hparams/final_loss": self._final.get(LOSS),
                    "hparams/final_global_loss": self._final.get(GLOBAL_LOSS),
                    "hparams/best_loss": self._best.get(GLOBAL_LOSS, self._best.get(LOSS)),

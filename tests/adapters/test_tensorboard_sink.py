@@ -212,19 +212,21 @@ def hparams_of(path):
 
 
 def test_a_sweeps_trial_state_is_an_hparam_and_a_single_run_has_none(tmp_path):
-    """A sweep's run (``sweep_id`` set) adds ``msbridge.state``: PRUNED when it holds the ``pruned`` event (the
-    trackers are closed FINISHED, its exit), else its status; a run outside a sweep has no such key."""
-    for name, sweep_id, kinds, status in (("pruned", "s1", ["pruned"], FINISHED), ("done", "s1", [], FINISHED),
-                                          ("killed", "s1", [], KILLED), ("single", None, ["pruned"], FINISHED)):
-        run = make_run(tmp_path, name=name, config={"params": {"lr": 0.1}, "sweep_id": sweep_id})
+    """A sweep's run (``sweep_id`` set) adds ``msbridge.trial_state`` as MLflow's tag says it: PRUNED when it holds the
+    ``pruned`` event (the trackers are closed FINISHED, its exit), COMPLETE with a finite objective, else FAIL; a run
+    outside a sweep has no such key."""
+    cases = {"pruned": ("s1", ["pruned"], FINISHED, 2.0), "done": ("s1", [], FINISHED, 0.5),
+             "no-objective": ("s1", [], FINISHED, None), "killed": ("s1", [], KILLED, 0.5),
+             "single": (None, ["pruned"], FINISHED, 0.5)}
+    for name, (sweep_id, kinds, status, best) in cases.items():
         sink = TensorBoardSink()
-        sink.open(run)
-        sink.write([Record(5, 0, time.time(), {"train/loss": 1.0})],
+        sink.open(make_run(tmp_path, name=name, config={"params": {"lr": 0.1}, "sweep_id": sweep_id}))
+        values = {"train/loss": 1.0, **({} if best is None else {"objective/best": best})}
+        sink.write([Record(5, 0, time.time(), values)],
                    [Event(kind, 5, 0, time.time(), {"metric": "eval/loss"}) for kind in kinds])
         sink.close(status)
-    got = {name: hparams_of(tb_root(tmp_path, name)).get("msbridge.state")
-           for name in ("pruned", "done", "killed", "single")}
-    assert got == {"pruned": "PRUNED", "done": FINISHED, "killed": KILLED, "single": None}
+    got = {name: hparams_of(tb_root(tmp_path, name)).get("msbridge.trial_state") for name in cases}
+    assert got == {"pruned": "PRUNED", "done": "COMPLETE", "no-objective": "FAIL", "killed": "FAIL", "single": None}
     end = hp_metadata.parse_session_end_info_plugin_data(
         load(tb_root(tmp_path, "pruned")).PluginTagToContent("hparams")[hp_metadata.SESSION_END_INFO_TAG])
     assert end.status == 1  # STATUS_SUCCESS: a pruned trial ended as its sweep meant it to (exit code 0)
@@ -241,7 +243,7 @@ def test_a_replayed_pruned_trial_keeps_its_state(tmp_path):
     again.open(run)
     again.write([Record(6, 0, time.time(), {"train/loss": 0.9})], [])
     again.close(FINISHED)
-    assert hparams_of(tb_root(tmp_path, "t1"))["msbridge.state"] == "PRUNED"
+    assert hparams_of(tb_root(tmp_path, "t1"))["msbridge.trial_state"] == "PRUNED"
 
 
 def test_nonfinite_values_are_stored_as_they_are(tmp_path):
