@@ -6,8 +6,8 @@ event files with the training curves pinned first, MindInsight on the run's dash
 An experiment dir opens on every run in it. A sweep's experiment dir (or a trial's run dir) also opens
 optuna-dashboard on the study, from its ``optuna.db`` (``--optuna URL``: another storage, PostgreSQL's).
 With no flag, every viewer the run has a sink (or a study) for is started;
-``--mlflow``/``--tensorboard``/``--mindinsight``/``--optuna`` pick some. One line each says what is starting; one line each, as it answers,
-its URL and how long it took. A run tracked on an MLflow server (``http://...``) gets that
+``--mlflow``/``--tensorboard``/``--mindinsight``/``--optuna`` pick some. One line each says what is
+starting; one line each, as it answers, its URL and how long it took. A run tracked on an MLflow server (``http://...``) gets that
 server's URL; nothing is started for it. On Ctrl-C (SIGINT), SIGTERM or SIGHUP
 every server is stopped with every process it started.
 
