@@ -6,6 +6,10 @@ evaluations were finite (its objective's best is a number from before it diverge
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import mindspore as ms
 import pytest
@@ -17,11 +21,12 @@ from mlflow.tracking import MlflowClient
 from msbridge import BridgeMonitor
 from msbridge.adapters._mlflow_sweep import PARENT_TAG
 from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG
-from msbridge.sweep.trial import read_outcome, trial_value
+from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome, trial_value
 
 optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+ROOT = Path(__file__).resolve().parents[2]
 EPOCHS, STEPS = 6, 10
 #: Measured on this regressor (MindSpore 2.9.0, CPU): lr 1e4 gives a NaN loss from the first evaluation on; lr 1.0
 #: evaluates to 6e10, 2e18, 3e28, 2e36, then inf; lr 0.01 and 0.003 learn.
@@ -68,3 +73,36 @@ def test_a_nan_learning_rate_is_fail_or_pruned_and_never_marked_best(tmp_path, o
     assert set(runs) == {"t0", "t1", "t2"}
     marked = [name for name, r in runs.items() if r.data.tags.get(BEST_TAG) == BEST_MARK]
     assert marked == [f"t{study.best_trial.number}"]
+
+
+@pytest.mark.slow
+def test_msbridge_sweep_never_completes_the_nan_trial(tmp_path):
+    """``msbridge sweep`` over examples/sweep/train.py (the demo model), a grid of two learning rates, one at
+    which the loss is NaN: that trial ends FAIL or PRUNED in Optuna and in its run.json, MLflow marks the other."""
+    (tmp_path / "sweep.yaml").write_text(f"""\
+study: nan-sweep
+command: "{{python}} {ROOT}/examples/sweep/train.py --steps 20 --eval-every 5 --sinks jsonl,mlflow"
+params:
+  optimizer.learning_rate: [{NAN_AT_ONCE}, 0.01]
+  optimizer.warmup_steps: [1]
+  model.hidden_size: [16]
+  model.num_layers: [1]
+trials: 2
+sampler: {{type: grid, seed: 3}}
+pruner: {{type: median, n_startup_trials: 1}}
+experiment_dir: {tmp_path}/runs/{{study}}
+""", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "msbridge.cli.main", "sweep", str(tmp_path / "sweep.yaml")],
+                          cwd=tmp_path, env=dict(os.environ, GLOG_v="3"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    directory = tmp_path / "runs" / "nan-sweep"
+    study = optuna.load_study(study_name="nan-sweep", storage=f"sqlite:///{directory}/optuna.db")
+    trials = {t.params["optimizer.learning_rate"]: t for t in study.get_trials()}
+    assert sorted(trials) == [0.01, NAN_AT_ONCE]
+    bad = trials[NAN_AT_ONCE]
+    assert bad.state.name in ("FAIL", "PRUNED") and read_outcome(bad.user_attrs[RUN_DIR_ATTR])["status"] != "FINISHED"
+    assert study.best_trial.number != bad.number and math.isfinite(study.best_value)
+    client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("nan-sweep").experiment_id])
+    marked = [r.info.run_name for r in runs if r.data.tags.get(BEST_TAG) == BEST_MARK]
+    assert marked == [f"trial-{study.best_trial.number}"]
