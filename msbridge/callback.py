@@ -165,7 +165,7 @@ class BridgeMonitor(EvalHooks, Callback):
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
         self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step, cb, self)
         self._checkpoints = CheckpointWatch.from_callbacks(param(cb, "list_callback", None), self.run.rank)
-        self._checkpoints.plan(cfg.sinks, self.run.run_dir)  # log_checkpoints: best, or a line on rotation
+        self._checkpoints.plan(cfg.sinks, self.run.run_dir, expected)  # log_checkpoints: best, or a rotation line
         if self.run.world_size > 1:
             from .metrics.cross_rank import make_reducer
 

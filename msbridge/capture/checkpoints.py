@@ -79,16 +79,17 @@ class CheckpointWatch:
                     _hard_link(path, kept_path(self.hold_in, step, path))
         return events
 
-    def plan(self, sinks: Mapping[str, Mapping[str, Any]], run_dir: str) -> None:
+    def plan(self, sinks: Mapping[str, Mapping[str, Any]], run_dir: str, steps: Optional[int] = None) -> None:
         """At train begin, on rank 0: with the mlflow option ``log_checkpoints: best`` or ``upload``, hold each new
-        file under ``run_dir``; else one line when a saver's rotation can delete checkpoints MLflow logs."""
+        file under ``run_dir``; else one line when a saver's rotation can delete checkpoints MLflow logs in the
+        ``steps`` this training runs (None: not known)."""
         if self.rank != 0 or not self.savers:
             return
         if "mlflow" in sinks and (sinks["mlflow"] or {}).get("log_checkpoints") in ("best", "upload"):
             self.hold_in = run_dir
             os.makedirs(os.path.join(run_dir, KEPT_DIR), exist_ok=True)  # here, not at the first save
             return
-        line = rotation_line(self.savers, sinks)
+        line = rotation_line(self.savers, sinks, steps)
         if line:
             log.warning(line)
 
@@ -113,9 +114,11 @@ def _hard_link(source: str, target: str) -> None:
         pass
 
 
-def rotation_line(savers: Sequence[Any], sinks: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
-    """What rotation does to the LoggedModels, naming the saver's setting; None when nothing is rotated, or MLflow
-    logs no checkpoint or holds each file (``log_checkpoints: off`` / ``best`` / ``upload``).
+def rotation_line(savers: Sequence[Any], sinks: Mapping[str, Mapping[str, Any]],
+                  steps: Optional[int] = None) -> Optional[str]:
+    """What rotation does to the LoggedModels, naming the saver's setting; None when nothing is rotated (a saver
+    that saves every N steps keeps more files than ``steps`` make), or MLflow logs no checkpoint or holds each file
+    (``log_checkpoints: off`` / ``best`` / ``upload``).
 
     Example:
         >>> from mindspore.train import CheckpointConfig, ModelCheckpoint
@@ -128,12 +131,17 @@ def rotation_line(savers: Sequence[Any], sinks: Mapping[str, Mapping[str, Any]])
         config, name = getattr(saver, "_config", None), type(saver).__name__
         for key, keeps in _ROTATIONS:
             value = getattr(config, key, None)
-            if value:
-                where = (f"{key}: {value} in the {name} entry of callbacks" if name == "CheckpointMonitor"
-                         else f"CheckpointConfig({key}={value})")  # mindformers' is set in its run YAML
-                return (f"msbridge: {name} keeps {keeps.format(value)} ({where}): the MLflow LoggedModels of the "
-                        f"checkpoints it deletes are marked msbridge.checkpoint.file=deleted (status Failed); to keep "
-                        f"the best one on the objective: sinks: {{mlflow: {{log_checkpoints: best}}}}")
+            if not value:
+                continue
+            every = getattr(config, "save_checkpoint_steps", None)
+            saves = -(-steps // every) if steps and every else None  # the last step's file is saved at the end
+            if key == "keep_checkpoint_max" and saves is not None and saves <= value:
+                break  # every file this training saves is kept
+            where = (f"{key}: {value} in the {name} entry of callbacks" if name == "CheckpointMonitor"
+                     else f"CheckpointConfig({key}={value})")  # mindformers' is set in its run YAML
+            return (f"msbridge: {name} keeps {keeps.format(value)} ({where}): the MLflow LoggedModels of the "
+                    f"checkpoints it deletes are marked msbridge.checkpoint.file=deleted (status Failed); to keep "
+                    f"the best one on the objective: sinks: {{mlflow: {{log_checkpoints: best}}}}")
     return None
 
 

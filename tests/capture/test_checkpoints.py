@@ -23,6 +23,15 @@ def test_the_line_names_the_savers_setting_and_the_option_that_keeps_the_best():
                                                                {"mlflow": {"log_checkpoints": "link"}})
 
 
+def test_no_line_when_the_training_saves_no_more_files_than_the_saver_keeps():
+    """Every 5 steps, 2 kept: 10 steps save 2 files, 11 save 3 (the last step's at the end), so one is deleted; with
+    the steps not known (None) the line is said."""
+    saver = _saver(keep_checkpoint_max=2)
+    assert rotation_line([saver], {"mlflow": {}}, steps=10) is None
+    assert rotation_line([saver], {"mlflow": {}}, steps=11).startswith("msbridge: ModelCheckpoint keeps only its")
+    assert rotation_line([saver], {"mlflow": {}}, steps=None) is not None
+
+
 @pytest.mark.parametrize("mode", ["best", "upload", "off", None])
 def test_no_line_without_logged_models_to_lose_or_with_each_file_held(mode):
     """``best`` and ``upload`` hold each file (a hard link) until it is judged or uploaded; ``off`` logs none; and
