@@ -9,6 +9,7 @@ import os
 
 import pytest
 from helpers.mlflow_reads import only_run
+from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (fixtures)
 import mindspore as ms
 from helpers.training import regression_data, train_regression
 from mindspore import nn
@@ -224,11 +225,14 @@ def test_log_checkpoints_best_keeps_the_best_on_the_objective_safe_from_rotation
     assert best_checkpoint(client, [experiment_id], LOSS).model_id == models[want].model_id
 
 
-def test_a_model_is_marked_when_a_later_checkpoint_is_handed_not_only_at_the_close(tmp_path, shared_sqlite):
-    """The sink's own delivery against a real MLflow store, the run still going: the first checkpoint's file is
-    deleted (as rotation does at the next save), the next checkpoint's batch marks it."""
-    client = MlflowClient(shared_sqlite)
-    experiment_id = client.create_experiment("later")
+@pytest.mark.parametrize("store", ["shared_sqlite", "pg_mlflow"])
+def test_a_model_is_marked_when_a_later_checkpoint_is_handed_not_only_at_the_close(tmp_path, store, request):
+    """The sink's own delivery, the run still going, on sqlite and on a team server (``mlflow server`` on a real
+    PostgreSQL): the first checkpoint's file is deleted (as rotation does at the next save), the next checkpoint's
+    batch marks it; the best-checkpoint query then names the second, though the first's loss is lower."""
+    store = request.getfixturevalue(store)
+    client = MlflowClient(getattr(store, "uri", store))
+    experiment_id = client.create_experiment(f"later-{os.getpid()}-{id(tmp_path)}")
     run_id = client.create_run(experiment_id).info.run_id
     models = CheckpointModels("link")
     models.open(str(tmp_path / "run"), {"metric": None, "mode": "min"})
@@ -237,19 +241,20 @@ def test_a_model_is_marked_when_a_later_checkpoint_is_handed_not_only_at_the_clo
         file.write_bytes(b"weights")
 
     def batch(step):
-        return ([Record(s, 0, float(s), {LOSS: 1.0 / s}) for s in range(step - 4, step + 1)],
+        return ([Record(s, 0, float(s), {LOSS: s / 10}) for s in range(step - 4, step + 1)],
                 [Event("checkpoint", step, 0, float(step), {"path": str(files[step // 5 - 1])})])
 
     models.see(*batch(5))
-    models.see([Record(6, 0, 6.0, {LOSS: 0.2})], [])
+    models.see([Record(6, 0, 6.0, {LOSS: 0.6})], [])
     [first] = models.deliver(client, experiment_id, run_id, "later")
     assert client.get_logged_model(first).tags[FILE_TAG] == "present"
     files[0].unlink()
     models.see(*batch(10))
-    models.deliver(client, experiment_id, run_id, "later")  # not the close: checkpoint 10 waits for a later step
+    assert models.deliver(client, experiment_id, run_id, "later") == []  # 10 waits for a later step: not the close
     marked = client.get_logged_model(first)
     assert (marked.tags[FILE_TAG], str(marked.status)) == ("deleted", "FAILED")
-    assert models.waiting == 1
+    [second] = models.deliver(client, experiment_id, run_id, "later", final=True)
+    assert best_checkpoint(client, [experiment_id], LOSS).model_id == second
 
 
 def test_an_uploaded_checkpoint_the_saver_deleted_stays_ready_its_copy_in_mlflow(tmp_path):
