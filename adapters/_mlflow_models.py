@@ -88,11 +88,12 @@ class CheckpointModels:
         self._names: set = set()  # every metric name seen: the objective's default is picked among them
         self._last_step = 0  # the latest step of a record seen
 
-    def open(self, run_dir: str, objective: Dict[str, Any]) -> None:
-        """The run's dir and ``objective`` (``{metric, mode}``): where ``best`` keeps a file, and on what."""
+    def open(self, run_dir: str, objective: Dict[str, Any], live: bool = True) -> None:
+        """The run's dir and ``objective`` (``{metric, mode}``): where ``best`` keeps a file, and on what; ``live``:
+        a training, not a replay (which takes the kept files as the training left them)."""
         self._run_dir = run_dir
         if self.keep_best:
-            self._keeper = BestKeeper(run_dir, objective)
+            self._keeper = BestKeeper(run_dir, objective, live)
 
     def see(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         """Keep each record's values by step and queue each checkpoint event."""
@@ -227,7 +228,8 @@ class BestKeeper:
 
     The monitor hard-links each new file there as it sees it (``CheckpointWatch.plan``); once a checkpoint's
     objective value is known it is kept (copied from the saver's file if no link could be made) or its link removed,
-    and the one it beats is removed. Ties: the earlier stays. One without a finite objective value is not kept.
+    and the one it beats is removed. Ties: the earlier stays. One without a finite objective value is not kept. A
+    replay (``live`` False) changes no file: a checkpoint whose kept file is there points at it.
 
     Example:
         >>> import pathlib, tempfile
@@ -239,17 +241,20 @@ class BestKeeper:
         '.../checkpoints/step50-net-1_50.ckpt'
     """
 
-    def __init__(self, run_dir: str, objective: Dict[str, Any]) -> None:
+    def __init__(self, run_dir: str, objective: Dict[str, Any], live: bool = True) -> None:
         self.run_dir = run_dir
         self.metric = objective.get("metric")
         self.sign = -1.0 if objective.get("mode", "min") == "max" else 1.0
         self.best: Optional[Tuple[str, float, str]] = None  # metric, value, kept file
+        self.live = live
         self._warned = False
 
     def decide(self, event: Event, linked: Dict[str, Point], names: set) -> Optional[str]:
         """The kept file's path if ``event``'s checkpoint is the best so far (the one it beats let go), else None."""
         saved = str(event.detail["path"])
         kept = kept_path(self.run_dir, event.step, saved)
+        if not self.live:  # a replay: the files the training kept, as they are; none removed, copied or judged again
+            return kept if os.path.exists(kept) else None
         metric = objective_metric(self.metric, names)
         value = linked[metric][0] if metric in linked else math.nan
         if not math.isfinite(value) or (self.best is not None and self.best[0] == metric

@@ -154,7 +154,7 @@ class MlflowSink(Sink):
         if run.config.get("histograms"):
             self._events.skip_histograms()
         if self._models is not None:
-            self._models.open(run.run_dir, dict(run.config.get("objective") or {}))
+            self._models.open(run.run_dir, dict(run.config.get("objective") or {}), live=run.training)
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         waiting = len(self._pending.records)

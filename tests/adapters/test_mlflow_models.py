@@ -224,6 +224,15 @@ def test_log_checkpoints_best_keeps_the_best_on_the_objective_safe_from_rotation
             assert model.tags[FILE_TAG] == ("present" if step >= 15 else "deleted")
     assert best_checkpoint(client, [experiment_id], LOSS).model_id == models[want].model_id
 
+    # A replay (into a new store) changes no file and points the model at the kept one again.
+    store = f"sqlite:///{tmp_path / 'central.db'}"
+    assert main(["replay", monitor.run_dir, "--to", "mlflow", "--tracking-uri", store]) == 0
+    assert os.listdir(os.path.dirname(kept)) == [os.path.basename(kept)]
+    central = MlflowClient(store)
+    again = _by_step(central, only_run(central, "ck").info.experiment_id)
+    assert {s: (m.tags[PATH_TAG], m.tags[FILE_TAG]) for s, m in again.items()} == {
+        s: (m.tags[PATH_TAG], m.tags[FILE_TAG]) for s, m in models.items()}
+
 
 @pytest.mark.parametrize("store", ["shared_sqlite", "pg_mlflow"])
 def test_a_model_is_marked_when_a_later_checkpoint_is_handed_not_only_at_the_close(tmp_path, store, request):
