@@ -287,3 +287,20 @@ def test_an_unknown_log_checkpoints_value_names_file_line_key_and_the_nearest(tm
     assert main(["config", "check", str(config)]) == 1
     assert ("m.yaml:5: sinks.mlflow.log_checkpoints: expected one of link, upload, best, off, got 'bset'; did you "
             "mean 'best'?") in capsys.readouterr().out.splitlines()[1]
+
+
+def test_files_held_for_upload_while_mlflow_is_down_are_uploaded_by_the_replay(tmp_path, shared_sqlite):
+    """`upload` with MLflow unreachable for the whole training (a closed port) and a saver keeping 2 files: the held
+    links keep all four checkpoints; the replay into a store uploads each of them and removes the links. (The run's
+    close_timeout bounds the replay's calls too: 10 s, the MLflow child's start on a busy 2-CPU VM included.)"""
+    monitor = _train(tmp_path, "down", {"jsonl": {}, "mlflow": {"log_checkpoints": "upload", "close_timeout": 10,
+                                                                "tracking_uri": "http://127.0.0.1:9"}}, keep=2)
+    held = os.path.join(monitor.run_dir, "checkpoints")
+    assert sorted(os.listdir(held)) == [f"step{s}-net-1_{s}.ckpt" for s in (10, 15, 20, 5)]
+    assert main(["replay", monitor.run_dir, "--to", "mlflow", "--tracking-uri", shared_sqlite]) == 0
+    client = MlflowClient(shared_sqlite)
+    models = _by_step(client, only_run(client, "ck").info.experiment_id)
+    assert {s: (m.tags[FILE_TAG], str(m.status)) for s, m in models.items()} == {
+        5: ("uploaded", "READY"), 10: ("uploaded", "READY"), 15: ("present", "READY"), 20: ("present", "READY")}
+    assert all(len(client.list_logged_model_artifacts(m.model_id)) == 1 for m in models.values())
+    assert os.listdir(held) == []
