@@ -26,7 +26,9 @@ The sink is driven on its own thread (``msbridge.sinks.host.Driver``: the host, 
 training): a call that raises, returns a wrong type or overruns its bound ends the replay into it with one
 line naming the call (``msbridge replay`` exits 2), never a traceback or a hang.
 
-The log is streamed, never held whole: records go to the sink ``BATCH`` at a time as they are read. A run
+The log is streamed, never held whole: it is read ``BATCH`` lines at a time by the reader a tracker behind the log
+uses during training (``runlog.read_from``), each batch handed to the sink as read, and the sink's ``write`` skips
+what its store holds (``held()``), as it does live: one delivery path. A run
 without a recorded outcome, or a ``strict`` replay, is scanned first (its header, events and what its outcome
 reads: steps, losses, first and last time), so the outcome is known, or a bad line refused, before a sink
 gets a record.
@@ -55,7 +57,8 @@ from ..run.metadata import README, REPLAYED_FROM, RUN_JSON, write_outcome
 from ..sinks.base import FAILED, FINISHED, KILLED, STATUSES, Event, Record, RunInfo, Sink
 from ..sinks.host import Driver, SinkFailed
 from ..sinks.registry import resolve, with_store_defaults
-from ..sinks.runlog import RankLog, RunLog, RunLogError, finish_rank_log, iter_rank_lines, read_rank_file, read_run
+from ..sinks.runlog import (RankLog, RunLog, RunLogError, finish_rank_log, iter_rank_lines, read_from, read_rank_file,
+                             read_run)
 
 BATCH = 1000
 log = logging.getLogger("msbridge")
@@ -287,20 +290,22 @@ def _into(sink: Driver, run: RunInfo, head: ScannedLog, status: str, strict: boo
 
 
 def _write_all(sink: Driver, head: ScannedLog, strict: bool, progress: bool) -> ScannedLog:
-    """The rank's records read as they go, ``BATCH`` at a time, then its events; returns what was read (its bad
-    lines warned about here unless a scan did already)."""
-    streamed, batch = ScannedLog(path=head.path, header={}), []
-    for rec in streamed.counted(iter_rank_lines(head.path, streamed, strict)):
-        batch.append(rec)
-        if len(batch) == BATCH:
-            sink.write(batch, [])
-            batch = []
-            if progress:
-                print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", end="", file=sys.stderr,
-                      flush=True)
-    if batch:
-        sink.write(batch, [])
-    sink.write([], streamed.events)
+    """The rank's log read ``BATCH`` lines at a time as a tracker behind the log reads it (``runlog.read_from``,
+    the writer ended), each batch written as read; returns what was read (its bad lines warned about here unless a
+    scan did already)."""
+    streamed, offset = ScannedLog(path=head.path, header={}), 0
+    while True:
+        records, events, after = read_from(head.path, offset, BATCH, into=streamed, ended=True)
+        if after == offset:
+            break
+        offset = after
+        streamed.events.extend(events)
+        records = list(streamed.counted(records))
+        if records or events:
+            sink.write(records, events)
+        if progress:
+            print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", end="", file=sys.stderr,
+                  flush=True)
     if progress:
         print(f"\r[msbridge] replay rank {head.rank}: {streamed.count} records", file=sys.stderr)
     if streamed.skipped and not head.scanned:

@@ -98,6 +98,8 @@ class RankLog:
     truncated: int = 0
     #: ``(line number, what is wrong)`` of each bad line skipped (salvaged).
     skipped: List[Tuple[int, str]] = field(default_factory=list)
+    #: Lines ``read_from`` read into it so far (the line number of the next bad one).
+    lines: int = 0
 
     @property
     def rank(self) -> int:
@@ -271,21 +273,7 @@ def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Reco
     seen: Dict[int, Tuple[int, Set[str]]] = {}  # step -> its first line, the names written at it (strict)
     with open(path, "rb") as fh:
         for i, raw in enumerate(fh):
-            if not raw.strip():
-                continue
-            try:
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
-                _add(scratch, _decode(text, path, i + 1))
-            except _BadLine as bad:
-                if not raw.endswith(b"\n"):
-                    into.truncated += 1  # the writer was killed mid-line
-                elif strict:
-                    raise RunLogError(f"{path}:{i + 1}: {bad} (without --strict the line is skipped)") from None
-                else:
-                    into.skipped.append((i + 1, str(bad)))
+            if not _take_line(raw, path, i + 1, scratch, into, strict):
                 continue
             if scratch.records:
                 rec = scratch.records.pop()
@@ -297,27 +285,52 @@ def iter_rank_lines(path: str, into: Any, strict: bool = False) -> Iterator[Reco
     into.header = scratch.header
 
 
-def read_from(path: str, offset: int, max_lines: int) -> Tuple[List[Record], List[Event], int]:
-    """The records and events of the complete lines of ``path`` from byte ``offset``, at most ``max_lines``, and the
-    offset after the last line read: what a tracker behind the log reads next (``SinkHost``). A line still being
-    written (no newline yet) is left for the next read; a bad line is skipped, as every reader does.
+def read_from(path: str, offset: int, max_lines: int, into: Any = None,
+              ended: bool = False) -> Tuple[List[Record], List[Event], int]:
+    """The records and events of at most ``max_lines`` lines of ``path`` from byte ``offset``, and the offset after
+    the last line read: how a tracker reads the log from its cursor, live (``SinkHost``) and in ``msbridge replay``.
+    A line still being written (no newline yet) is left for the next read, unless the writer has ``ended``; a bad
+    line is skipped, as every reader does, and counted in ``into`` (a ``RankLog``: ``skipped`` by line number,
+    ``truncated``; its ``header`` once read) when given.
 
     Example:
         >>> records, events, offset = read_from("run/metrics/rank_0.jsonl", 0, 1000)
     """
-    into = RankLog(path=path, header={})
+    got = RankLog(path=path, header={})
+    counts = into if into is not None else RankLog(path=path, header={})
     with open(path, "rb") as fh:
         fh.seek(offset)
         for _ in range(max_lines):
             raw = fh.readline()
-            if not raw.endswith(b"\n"):
+            if not raw or not (raw.endswith(b"\n") or ended):
                 break
             offset += len(raw)
-            try:
-                _add(into, _decode(raw.decode("utf-8", "replace"), path, 0))
-            except _BadLine:
-                continue
-    return into.records, into.events, offset
+            counts.lines += 1
+            _take_line(raw, path, counts.lines, got, counts, strict=False)
+    counts.header = got.header or counts.header
+    return got.records, got.events, offset
+
+
+def _take_line(raw: bytes, path: str, lineno: int, got: RankLog, into: Any, strict: bool) -> bool:
+    """One raw line of ``path`` into ``got``; False for a blank line or a bad one, counted in ``into``: a cut last
+    line (the writer was killed mid-line) as ``truncated``, another as ``skipped`` (``strict``: RunLogError)."""
+    if not raw.strip():
+        return False
+    try:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _BadLine(f"not UTF-8 (byte {exc.start} of the line)") from None
+        _add(got, _decode(text, path, lineno))
+        return True
+    except _BadLine as bad:
+        if not raw.endswith(b"\n"):
+            into.truncated += 1
+        elif strict:
+            raise RunLogError(f"{path}:{lineno}: {bad} (without --strict the line is skipped)") from None
+        else:
+            into.skipped.append((lineno, str(bad)))
+        return False
 
 
 def finish_rank_log(log: Any, strict: bool) -> Any:
