@@ -128,8 +128,10 @@ def judge(spec: SweepSpec, code: int, run_dir: Optional[str], log_path: str) -> 
     objective = outcome.get("objective") or {}
     value = finite(objective.get("best"))
     if value is None or objective.get("metric") != spec.metric:
+        fix = ("; if the run does not evaluate, rank it on its training loss with objective: {metric: train/loss} "
+               f"in {spec.path}") if spec.metric.startswith("eval/") else ""
         return "FAIL", None, (f"the run recorded no finite {spec.metric} (objective.metric), its objective was "
-                              f"{objective.get('metric')!r} (see {run_dir}/README.md)")
+                              f"{objective.get('metric')!r} (see {run_dir}/README.md){fix}")
     return "COMPLETE", value, ""
 
 
