@@ -9,7 +9,8 @@ and UI state (columns, chart sections and cards). Two views:
   sorted runs table is flat, so no run hides under the sweep's parent run. Columns: the params that differ
   between the runs, the trial's state (``msbridge.trial_state``: COMPLETE, PRUNED, FAIL, RUNNING, as Optuna names
   it), the objective (best, its step, final) and ``msbridge.best``, the mark ``mark_best`` puts on the best
-  complete run. The MLflow sink writes it as each run of a sweep ends (``share_sweep_view``): one tag per sweep,
+  complete run. MLflow 3.17's table groups them as metrics, params, tags: the objective, the params, then the state
+  and the mark. The MLflow sink writes it as each run of a sweep ends (``share_sweep_view``): one tag per sweep,
   rewritten in place. Charts: a parallel-coordinates chart of the differing params against ``objective/best``, then
   the loss and the objective's metric over steps on a log axis, so one diverging run does
   not flatten the others into a line.
