@@ -4,6 +4,7 @@ the tracker's own reader, its step coverage checked first:
 
 - a kill -9 of the job while MLflow catches up from the log after a freeze (SIGSTOP of a real ``mlflow server``),
   then the job resumed: MLflow goes on from what its store holds, and every step is in MLflow and TensorBoard once;
+- MLflow handed batches of 100 records while frozen, past max_pending=20: every step in it before the close;
 - a plug-in sink whose ``emit`` blocks for 60 s once: every step reaches it before the close, with no replay, and
   training's steps take no longer meanwhile; jsonl holds every step;
 - TensorBoard's logdir on a real full disk (a tmpfs) that is freed later: every step in its files at the close;
@@ -42,8 +43,9 @@ from helpers.mlflow_reads import assert_same_series, only_run, steps  # noqa: E4
 from msbridge.bench.freeze import measure, mlflow_last_step  # noqa: E402
 from msbridge.bench.servers import MlflowServer  # noqa: E402
 
+from cursor_job import EXPERIMENT, RUN_NAME  # noqa: E402  (tests/faults: the job this module starts)
+
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cursor_job.py")
-EXPERIMENT, RUN_NAME = "cursor", "r"  # cursor_job.py's
 
 
 def wait_until(condition, what, timeout=300.0, every=0.2):
