@@ -166,7 +166,8 @@ def test_the_example_sweep_holds_what_docs_say(tmp_path):
     """examples/sweep/sweep.yaml as it is (run where its relative paths land in tmp_path): 12 trials, TPE and the
     median pruner, 2 at once; at least one PRUNED, none FAIL; every trial's jsonl complete up to the step where it
     stopped; MLflow's runs and TensorBoard's HParams table equal Optuna's trials, the best marked in MLflow and
-    Optuna. It takes 9 to 23 minutes on 2 CPUs shared with other jobs (measured 2026-12-06: 9 min 26 s, 22 min 31 s)."""
+    Optuna. On 2 CPUs shared with other jobs the sweep took 9 min 26 s to 22 min 31 s, this test 14 min 12 s
+    (2026-12-06)."""
     example = ROOT / "examples" / "sweep" / "sweep.yaml"
     (tmp_path / "sweep.yaml").write_text(example.read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # its command: {python} examples/sweep/train.py
