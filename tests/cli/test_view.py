@@ -249,9 +249,9 @@ def test_a_sweeps_first_mlflow_screen_ranks_its_runs_on_the_objective(tmp_path):
         tags = {t["key"]: t["value"] for t in get(f"{api}/experiments/get?experiment_id={exp_id}")["experiment"]["tags"]}
         state = json.loads(tags["mlflow.sharedViewState." + asked["viewStateShareKey"][0]])
         assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`objective/best`", True)
-        assert state["selectedColumns"][1:] == ["params.`optimizer.learning_rate`", "metrics.`objective/best`",
-                                                "metrics.`objective/best_step`", "metrics.`objective/final`",
-                                                "tags.`msbridge.best`"]
+        assert state["selectedColumns"][1:] == ["params.`optimizer.learning_rate`", "tags.`msbridge.trial_state`",
+                                                "metrics.`objective/best`", "metrics.`objective/best_step`",
+                                                "metrics.`objective/final`", "tags.`msbridge.best`"]
         [parallel] = [c for c in state["compareRunCharts"] if c["type"] == "PARALLEL"]
         assert parallel["selectedParams"] == ["optimizer.learning_rate"]
         assert parallel["selectedMetrics"] == ["objective/best"]
