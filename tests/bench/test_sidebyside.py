@@ -74,7 +74,7 @@ def test_the_peers_run_beside_msbridge_and_each_gets_a_row(tmp_path):
     report = run_bench(["e", *ONE_TRACKER_PEERS], steps=20, repeats=1, out=str(tmp_path / "out"), stall_s=0.0,
                        echo=lambda _: None)
     rows = {r["setup"]: r for r in report["rows"]}
-    assert set(rows) == {"a", "a_mf", "e", *ONE_TRACKER_PEERS}
+    assert set(rows) == {"a", "e", *ONE_TRACKER_PEERS}
     assert [s for s, r in rows.items() if "error" in r] == []
     for peer in ("p_mlflow", "p_mlflow_async", "p_tbx"):  # 14 values a step to one tracker: hooks on the thread
         assert rows[peer]["own_on_us"] > 0 and rows[peer]["own_us"] >= rows[peer]["own_on_us"], peer
