@@ -227,21 +227,18 @@ def mark_best(client: Any, experiment_id: str, sweep_id: Optional[str], mode: st
     return best
 
 
-def share_sweep_view(client: Any, experiment_id: str, sweep_id: str) -> Optional[str]:
+def share_sweep_view(client: Any, experiment_id: str, sweep_id: str) -> None:
     """Write the saved view of the sweep's runs (``compared_view``) to the experiment, as MLflow's Share button
-    does, unless it holds that view already; returns its tag's name (None: fewer than two runs to compare). One
-    tag per sweep, so every run ending writes the same one, in place; of two runs writing it at once, a store may
-    refuse the second insert: the first one's view stands. Open it at ``#/experiments/<id>/runs?viewStateShareKey=
-    msbridge-sweep-<sweep_id>``."""
+    does, unless it holds that view already or the sweep has fewer than two runs to compare. One tag per sweep, so
+    every run ending writes the same one, in place; of two runs writing it at once, a store may refuse the second
+    insert: the first one's view stands. Open it at ``#/experiments/<id>/runs?viewStateShareKey=msbridge-sweep-<sweep
+    id>``."""
     runs = client.search_runs([experiment_id], _group_filter(sweep_id), max_results=MAX_RUNS)
     view = compared_view([(r.data.params, r.data.tags) for r in runs])
-    if view is None:
-        return None
-    key, value = view
-    if client.get_experiment(experiment_id).tags.get(key) != value:
-        try:
-            client.set_experiment_tag(experiment_id, key, value)
-        except Exception:  # a store may refuse the second of two inserts of one tag at once: the first one stands
-            if client.get_experiment(experiment_id).tags.get(key) is None:
-                raise
-    return key
+    if view is None or client.get_experiment(experiment_id).tags.get(view[0]) == view[1]:
+        return
+    try:
+        client.set_experiment_tag(experiment_id, *view)
+    except Exception:  # a store may refuse the second of two inserts of one tag at once: the first one stands
+        if client.get_experiment(experiment_id).tags.get(view[0]) is None:
+            raise
