@@ -157,15 +157,11 @@ def fake_npu_smi(work: str) -> str:
 
 def _mindformers(work: str, steps: int, lr: Any) -> List[Any]:
     """MFLossMonitor + TrainingStateMonitor writing to tensorboard through mindformers' global writer."""
-    from types import SimpleNamespace
+    from mindformers.core.callback.callback import TrainingStateMonitor
 
-    from mindformers.core.callback.callback import MFLossMonitor, TrainingStateMonitor
-    from mindformers.utils import tensorboard as mf_tensorboard
+    from .peers import mindformers_loss_monitor
 
-    mf_tensorboard._set_tensorboard_writer(SimpleNamespace(tensorboard_dir=os.path.join(work, "tb"),
-                                                           tensorboard_queue_size=10))
-    return [MFLossMonitor(learning_rate=lr, per_print_times=1, origin_epochs=1, dataset_size=steps,
-                          global_batch_size=BATCH),
+    return [*mindformers_loss_monitor(work, steps, lr, BATCH),
             TrainingStateMonitor(origin_epochs=1, dataset_size=steps, global_batch_size=BATCH,
                                  config={"local_loss_format": "tensorboard"})]
 
