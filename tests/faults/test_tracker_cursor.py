@@ -119,7 +119,7 @@ def log_last_step(run_dir):
 
 
 STEPS_PER_EPOCH, EPOCHS = 3000, 6  # 18,000 steps: the job still trains when it is killed
-FROZEN_STEPS = 2500  # past max_pending; caught up in two MLflow calls (20,000 metrics each) or more
+FROZEN_STEPS = 2500  # past max_pending; the kill lands mid catch-up (asserted)
 
 
 def test_kill_9_while_mlflow_catches_up_then_resumed_holds_every_step_once(tmp_path):
