@@ -9,11 +9,13 @@ event and every later one of the sink wait in its ``DiskWait``: at most ``MAX_WA
 oldest waiting event, a fresh file is opened next to the old one (a later name: TensorBoard's and MindInsight's
 readers go on to it) and the waiting events are written in order, so no point is lost or doubled.
 
-Past the bound the oldest waiting events are dropped; what was dropped in one full-disk episode becomes one
-``gap`` event (``first_step``, ``last_step``, ``records``: the steps whose points were dropped, ``events``),
-written into the sink itself once space returns and returned to the dispatcher, which hands it to every other
-sink and to the run's outcome. What still waits at close is lost too: another ``gap``, and ``undelivered()``
-names every lost step range.
+While events wait, the sink takes no further batch (``WaitsForSpace`` raises ``Behind``): the write-ahead log
+(jsonl) holds them, and the sink's host reads them from there once space returns, so an outage keeps one batch in
+memory, not the outage. Past the bound (a batch larger than it on its own) the oldest waiting events are dropped;
+what was dropped in one full-disk episode becomes one ``gap`` event (``first_step``, ``last_step``, ``records``:
+the steps whose points were dropped, ``events``), written into the sink itself once space returns and returned to
+the dispatcher, which hands it to every other sink and to the run's outcome. What still waits at close is lost
+too: another ``gap``, and ``undelivered()`` names every lost step range.
 
 Example:
     >>> wait = DiskWait("tensorboard")
@@ -185,6 +187,11 @@ class DiskWait:
         self.written_step = 0  # the last step of a record written whole
         self.removed = 0  # the files were removed under the run, with the steps up to this one (0: they were not)
 
+    @property
+    def waiting(self) -> int:
+        """Events that wait for space."""
+        return len(self._queue)
+
     def at(self, where: str, run_dir: str) -> None:
         """Where the sink's files are (said on a failure) and the run dir its replay reads (at open)."""
         self.where, self.run_dir = where, run_dir
@@ -275,11 +282,11 @@ class DiskWait:
         if self.reason:  # said once a run
             return
         self.reason = f"{exc.strerror or exc}; {free_space(file.folder)} free"
-        log.warning("msbridge: %s: cannot write %s (%s); up to %d events (%d MiB) wait in memory and are written "
-                    "when space returns (training and the jsonl log go on); what is lost is a gap event, and "
-                    "once there is space: msbridge replay %s --to %s", self.sink, self.where or file.folder,
-                    self.reason, MAX_WAITING_EVENTS, MAX_WAITING_BYTES // 2 ** 20, shlex.quote(self.run_dir),
-                    self.sink)
+        log.warning("msbridge: %s: cannot write %s (%s); the batch that met it waits in memory (at most %d events, "
+                    "%d MiB), later ones are read from the jsonl log when space returns (training and the jsonl log "
+                    "go on); what is lost is a gap event, and once there is space: msbridge replay %s --to %s",
+                    self.sink, self.where or file.folder, self.reason, MAX_WAITING_EVENTS,
+                    MAX_WAITING_BYTES // 2 ** 20, shlex.quote(self.run_dir), self.sink)
 
     def _hold(self, file: WaitingFile, data: bytes, step: int, kind: str) -> None:
         self._queue.append((file, data, step, kind))
@@ -330,8 +337,16 @@ class WaitsForSpace:
     _wait: DiskWait
 
     def _write_or_wait(self, records: List[Any], events: List[Any]) -> List[Any]:
-        if records or events:  # a write never raises for the disk (it waits); anything else is the dispatcher's
-            self._emit(records, events)
+        """Write a batch; while an earlier one still waits for space, take nothing (``Behind``): the batch is in the
+        write-ahead log, and the sink's host reads it from there once the disk has room (one batch waits in
+        memory, not the outage). A write never raises for the disk itself: it waits."""
+        from msbridge.sinks.base import Behind
+
+        if not (records or events):
+            return self._gap_events()
+        if not self._wait.retry():
+            raise Behind(f"{self._wait.where} has no space ({self._wait.reason}); {self._wait.waiting} events wait")
+        self._emit(records, events)
         return self._gap_events()
 
     def _gap_events(self, final: bool = False, status: str = "") -> List[Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, Optional, Sequence
 
 from msbridge.masking import mask_secrets
 from msbridge.names import HISTOGRAM
@@ -77,45 +77,31 @@ class EventLog:
 
 
 class Backlog:
-    """The records that wait for MLflow, oldest first, at most ``limit`` (the oldest are dropped past it).
-
-    Each drop is counted, as spans of the stream ``[first, last, records, sent]``; ``tried`` of the first records
-    went in a call that failed, so the store may hold them: ``text`` says exactly what it lacks, given the last
-    step it holds (read back), else calls those "not confirmed".
+    """The records that wait for MLflow, oldest first. ``limit`` (``max_pending``) bounds what the sink takes: past
+    it, it takes no further batch (``Behind``) and its host reads them from the write-ahead log later, so at most
+    one batch beyond the limit waits; nothing is dropped. ``tried`` of the first records went in a call that
+    failed, so the store may hold them: ``text`` says exactly what it lacks, given the last step it holds (read
+    back), else calls those "not confirmed".
 
     Example:
         >>> backlog = Backlog(3)
         >>> backlog.extend([Record(step, 0, 0.0, {}) for step in range(1, 6)])
-        >>> backlog.trim()
-        True
-        >>> backlog.text()
-        'steps 1-2 (2 records, dropped past max_pending=3), steps 3-5 (3 records)'
+        >>> backlog.full(), backlog.text()
+        (True, 'steps 1-5 (5 records)')
     """
 
     def __init__(self, limit: int) -> None:
         self.records: Deque[Record] = deque()
         self.limit = limit
         self.tried = 0
-        self._dropped: List[List[int]] = []
-        self._joined = False  # the next drop continues the last span (nothing was stored since)
 
     def extend(self, records: Sequence[Record]) -> None:
-        """Queue ``records``, over the limit if they go past it: ``trim`` once they had a try."""
+        """Queue ``records`` (a batch larger than the limit on its own, too: it had no other to wait behind)."""
         self.records.extend(records)
 
-    def trim(self) -> bool:
-        """Drop the oldest records past the limit, counted; True if any."""
-        dropped = False
-        while len(self.records) > self.limit:
-            old, sent = self.records.popleft(), int(self.tried > 0)
-            self.tried -= sent
-            last = self._dropped[-1] if self._dropped and self._joined else None
-            if last is not None and last[3] == sent:
-                last[1], last[2] = old.step, last[2] + 1
-            else:
-                self._dropped.append([old.step, old.step, 1, sent])
-            self._joined = dropped = True
-        return dropped
+    def full(self, more: int = 0) -> bool:
+        """Whether records wait and ``more`` beside them would go past the limit."""
+        return bool(self.records) and len(self.records) + more > self.limit
 
     def failed(self, count: int, error: BaseException) -> None:
         """The first ``count`` records went in a call that raised ``error``: unless it never left, maybe stored."""
@@ -126,22 +112,16 @@ class Backlog:
         """MLflow took the first ``count`` records."""
         for _ in range(count):
             self.records.popleft()
-        self.tried, self._joined = 0, False
+        self.tried = 0
 
     def text(self, held: Optional[int] = None) -> str:
-        """"steps 1-2 (2 records, dropped past max_pending=3), steps 3-5 (3 records)": what the store lacks, oldest
+        """"steps 1-2 (2 records, sent, but not confirmed: ...), steps 3-5 (3 records)": what the store lacks, oldest
         first; a sent batch is "not confirmed" unless ``held`` (its last step, read back) says whether it is there."""
-        dropped = f"dropped past max_pending={self.limit}"
-        spans = [(first, last, n, [dropped], sent) for first, last, n, sent in self._dropped]
         records = list(self.records)
-        for part, sent in ((records[:self.tried], True), (records[self.tried:], False)):
-            if part:
-                spans.append((part[0].step, part[-1].step, len(part), [], sent))
         out = []
-        for first, last, n, notes, sent in spans:
-            if sent and held is not None and last <= held:
+        for part, sent in ((records[:self.tried], True), (records[self.tried:], False)):
+            if not part or sent and held is not None and part[-1].step <= held:
                 continue  # the store holds them (a batch is stored whole, with its last-step tag)
-            if sent and held is None:
-                notes.append("sent, but not confirmed: MLflow's reply never came")
-            out.append(f"steps {first}-{last} ({n} records{''.join(', ' + note for note in notes)})")
+            note = ", sent, but not confirmed: MLflow's reply never came" if sent and held is None else ""
+            out.append(f"steps {part[0].step}-{part[-1].step} ({len(part)} records{note})")
         return ", ".join(out) or "0 records"

@@ -125,15 +125,15 @@ class MlflowSink(Sink):
         self.run_id: Optional[str] = None  # the MLflow run, once reached
         self._client: Any = ClientProcess()  # MLflow's import runs in the child while the model is built
         self._logged_step = 0  # the highest step MLflow holds (its last-step tag, once reached)
-        self._store_step = 0  # the last step the store held when this sink reattached to its run: not resent
-        self._pending = Backlog(self.settings["max_pending"])  # and what MLflow may lack of what it dropped
+        self._store_step = 0  # the last step the store holds (read back on reattaching, or after a failed call)
+        self._pending = Backlog(self.settings["max_pending"])  # what waits for MLflow, and what it may lack
         self._tags: Dict[str, str] = {}
         self._events = EventLog(self._key)  # events.jsonl and each kind's .last tag
         self._caught_up = False
         self._keys: Dict[str, str] = {}
         self._next_try = 0.0
         self._delay = float(self.settings["backoff_initial"])
-        self._down = self._warned_full = False
+        self._down = False
         self._why_down = "unreachable"  # or what else kept the last try from MLflow: said in ``undelivered()``
         self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
@@ -157,22 +157,16 @@ class MlflowSink(Sink):
             self._models.open(run.run_dir, dict(run.config.get("objective") or {}), live=run.training)
 
     def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        waiting = len(self._pending.records)
-        if waiting and waiting + len(records) > self._pending.limit:
+        if self._pending.full(len(records)):
             self.flush()  # one try, once its backoff ran out
-            waiting = len(self._pending.records)
-            if waiting and waiting + len(records) > self._pending.limit:
-                raise Behind(f"MLflow at {mask_text(self.uri)} has {waiting:,} records waiting, "
+            if self._pending.full(len(records)):
+                raise Behind(f"MLflow at {mask_text(self.uri)} has {len(self._pending.records):,} records waiting, "
                              f"max_pending={self._pending.limit:,}")
-        self._pending.extend(records)  # a batch larger than max_pending has its try before any of it is dropped
+        self._pending.extend(records)  # a batch larger than max_pending on its own waits whole: the next is Behind
         self._tags.update(self._events.add(events))
         if self._models is not None:
             self._models.see(records, events)
         self.flush()
-        if self._pending.trim() and not self._warned_full:
-            self._warned_full = True
-            log.warning("msbridge: MLflow backlog over max_pending=%d records; dropping the oldest "
-                        "(jsonl holds every record)", self._pending.limit)
 
     def flush(self) -> None:
         """Deliver everything waiting, unless the backoff after a failure has not run out yet."""
@@ -317,6 +311,9 @@ class MlflowSink(Sink):
                         mask_text(self.uri), mask_text(exception_text(exc)), shlex.quote(self.run.run_dir))
 
     def _send_metrics(self) -> None:
+        if self._pending.tried:  # a call that failed (a reply that never came) may have stored its rows: not resent
+            held = self._held_step()
+            self._store_step = max(self._store_step, held or 0)
         while self._pending.records:
             chunk: List[Record] = []
             size = 0
@@ -329,7 +326,7 @@ class MlflowSink(Sink):
             metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
                        for rec in chunk if rec.step > self._store_step for k, v in rec.values.items()]
             step = max(self._logged_step, max(rec.step for rec in chunk))
-            # resending is harmless (same key, time, step, value); the tag lands with the last of the rows
+            # the tag lands with the rows, in one transaction: read back after a failed call, it says what is stored
             try:
                 self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
                                 tags=[(LAST_STEP_TAG, str(step))])

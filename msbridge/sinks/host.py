@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Tuple, Type
 
 from ..errors import MsbridgeError
-from .base import GAP, Behind, Event, Record, RunInfo, Sink
+from .base import CLOSE_GRACE, GAP, Behind, Event, Record, RunInfo, Sink
 from .calls import Call, Failure, Gaps
 from .runlog import read_from
 
@@ -245,9 +245,11 @@ class SinkHost:
                 and time.monotonic() >= self._cursor.next_read)
 
     def _read_log(self, to_end: bool = False) -> None:
-        """Hand the sink the next lines of the write-ahead log from its cursor (``to_end``: every line left); back
-        to live batches once a read found no line left and no batch was left out meanwhile."""
+        """Hand the sink the next lines of the write-ahead log from its cursor (``to_end``, for a flush or the close:
+        every line left, a refused batch tried again every ``CATCH_UP_RETRY`` s for the sink's ``close_timeout``);
+        back to live batches once a read found no line left and no batch was left out meanwhile."""
         cursor = self._cursor
+        give_up = time.monotonic() + self.sink.close_bound - CLOSE_GRACE  # to_end: refused batches are tried till then
         while True:
             left, start = cursor.left, cursor.offset
             try:
@@ -261,8 +263,11 @@ class SinkHost:
             if records or events:
                 call = Call("write", records=records, events=events)
                 self._make(call)
-                if call.refused:  # still behind: the same lines again, after a pause
+                if call.refused:  # still behind: the same lines again, after a pause (to_end: until its bound)
                     cursor.offset = start
+                    if to_end and not self._dead and time.monotonic() + CATCH_UP_RETRY < give_up:
+                        time.sleep(CATCH_UP_RETRY)
+                        continue
                     return
                 if to_end and not self._dead:
                     continue

@@ -4,9 +4,11 @@ mid-run; 4 MB, so that the room freed holds what MLflow's sqlite store (1 MB whe
 (a) freed again during training: every step reaches jsonl, MLflow, TensorBoard and MindInsight exactly once (read
 back with MlflowClient, TensorBoard's EventAccumulator and MindSpore's summary protobuf), and run.json says FINISHED
 with nothing undelivered. (b) never freed: run.json has its outcome (the reserved room), which names each sink's
-lost range exactly (the steps its reader does not find), the gap events say the same (MLflow's are not lost but
+lost range exactly (the steps its reader does not find: for TensorBoard and MindInsight the batch that met the full
+disk, then the steps they did not read from jsonl), the gap events say the same (MLflow's are not lost but
 undelivered: its replay fills them), and the exit code is 3.
-(c) past the wait bound (made small here): the oldest are dropped as one gap, written into every sink.
+(c) a batch past the wait bound (made small here): its oldest are dropped as one gap, written into every sink; the
+later batches are read from jsonl once space is back.
 (d) (a) again under a real MindSpore ``Model.train`` with ``BridgeMonitor``.
 """
 from __future__ import annotations
@@ -174,19 +176,25 @@ def test_never_freed_the_outcome_names_every_lost_range_exactly(tmp_path, caplog
             lost = (len(steps) + 1, STEPS, STEPS - len(steps))
             if sink == "jsonl":
                 assert f"{lost[2]} record(s) and 0 event(s) of steps {lost[0]}-{lost[1]} lost" in missed[sink]
-            else:
+            elif sink == "mlflow":  # the store on the full disk answers reads: what it holds is read back
                 assert lost_ranges(missed[sink]) == [lost], (sink, missed[sink])
-                assert f"status FINISHED not {'delivered' if sink == 'mlflow' else 'written'}" in missed[sink]
-            if sink == "mlflow":  # the store on the full disk answers reads: what it holds is read back
                 assert f"read back, the store holds steps up to {len(steps)})" in missed[sink], missed[sink]
+            else:  # the batch that met the full disk waited and is lost; the later ones stayed in jsonl, unread
+                (first, last, records), = lost_ranges(missed[sink])
+                lost = (first, last, records)
+                assert first == len(steps) + 1 and records == last - first + 1 and last < STEPS, (sink, missed[sink])
+                assert (f"behind from step {last + 1}: it read the write-ahead log up to step {last} of {STEPS}"
+                        in missed[sink]), missed[sink]
+            if sink != "jsonl":
+                assert f"status FINISHED not {'delivered' if sink == 'mlflow' else 'written'}" in missed[sink]
             assert gaps.get(sink) == (None if sink == "mlflow" else [lost]), (sink, gaps)
 
 
 def test_past_the_bound_the_oldest_are_one_gap_in_every_sink(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(_diskwait, "MAX_WAITING_EVENTS", 40)
+    monkeypatch.setattr(_diskwait, "MAX_WAITING_EVENTS", 5)  # under the 10 steps of the batch that meets the disk
     caplog.set_level(logging.WARNING, logger="msbridge")
     with small_tmpfs(tmp_path / "disk", size="4m") as disk:
-        run, outcome = train(disk, FREE_AT, caplog, said="more than 40 events")
+        run, outcome = train(disk, FREE_AT, caplog, said="more than 5 events")
         tb, mi = tensorboard_steps(disk), [s for s, _ in mindinsight_points(disk)]
         jsonl, jsonl_gaps = jsonl_steps(run.run_dir)
         assert jsonl == ALL  # jsonl holds 4096 lines: it lost nothing

@@ -150,9 +150,10 @@ def test_a_server_down_at_the_close_is_undelivered_and_the_printed_replay_comple
 
 
 @pytest.mark.slow
-def test_a_store_lost_mid_run_is_read_back_and_what_the_backlog_dropped_is_counted(tmp_path):
-    """A real sqlite store on a full tmpfs after steps 1-2, max_pending=3: the close names the steps the store
-    lacks (read back with ``MlflowClient`` once space is back), the dropped ones too."""
+def test_a_store_lost_mid_run_is_read_back_and_a_batch_past_max_pending_waits_whole(tmp_path):
+    """A real sqlite store on a full tmpfs after steps 1-2, max_pending=3: a batch of 5 waits whole (nothing is
+    dropped: a later one would be Behind, read from jsonl), and the close names the steps the store lacks (read back
+    with ``MlflowClient`` once space is back)."""
     with small_tmpfs(tmp_path / "disk", size="4m") as disk:
         uri = f"sqlite:///{disk / 'mlflow.db'}"
         run = make_run(tmp_path, experiment="lost")
@@ -160,14 +161,14 @@ def test_a_store_lost_mid_run_is_read_back_and_what_the_backlog_dropped_is_count
         sink.open(run)
         sink.write(make_records(range(1, 3)), [])
         filler = fill(disk)
-        sink.write(make_records(range(3, 8)), [])  # 3 and 4 dropped: 5-7 wait, sent and refused
+        sink.write(make_records(range(3, 8)), [])  # 3-7 wait: sent and refused
         sink.close(FINISHED)
         os.remove(filler)
         client = MlflowClient(uri)
         held = steps(client, only_run(client, run.experiment).info.run_id)
     assert held == [1, 2]
     assert sink.undelivered() == (
-        f"steps 3-4 (2 records, dropped past max_pending=3), steps 5-7 (3 records) and status FINISHED not delivered "
+        f"steps 3-7 (5 records) and status FINISHED not delivered "
         f"to MLflow at {uri} (its store's disk full until close_timeout ran out; read back, the store holds steps "
         "up to 2)")
 
@@ -175,20 +176,17 @@ def test_a_store_lost_mid_run_is_read_back_and_what_the_backlog_dropped_is_count
 def test_a_batch_whose_reply_never_came_is_not_confirmed_unless_read_back():
     backlog = Backlog(3)
     backlog.extend([Record(step, 0, 0.0, {"loss": 1.0}) for step in range(1, 6)])
-    backlog.trim()
-    backlog.failed(2, ConnectionError("MLflow's client process ended"))  # steps 3-4 went; no reply
+    assert backlog.full() and not Backlog(3).full(3)  # a batch past the limit waits whole: the next one is Behind
+    backlog.failed(2, ConnectionError("MLflow's client process ended"))  # steps 1-2 went; no reply
     backlog.failed(3, TrackerError("Failed to establish a new connection: [Errno 111] Connection refused"))
     backlog.extend([Record(step, 0, 0.0, {"loss": 1.0}) for step in (6, 7)])
-    backlog.trim()  # 3 and 4 dropped: sent, maybe stored
-    assert backlog.text() == ("steps 1-2 (2 records, dropped past max_pending=3), steps 3-4 (2 records, dropped "
-                              "past max_pending=3, sent, but not confirmed: MLflow's reply never came), "
-                              "steps 5-7 (3 records)")
-    assert backlog.text(held=4) == "steps 1-2 (2 records, dropped past max_pending=3), steps 5-7 (3 records)"
-    assert backlog.text(held=2) == ("steps 1-2 (2 records, dropped past max_pending=3), steps 3-4 (2 records, "
-                                    "dropped past max_pending=3), steps 5-7 (3 records)")
+    assert backlog.text() == ("steps 1-2 (2 records, sent, but not confirmed: MLflow's reply never came), "
+                              "steps 3-7 (5 records)")
+    assert backlog.text(held=2) == "steps 3-7 (5 records)"
+    assert backlog.text(held=1) == "steps 1-2 (2 records), steps 3-7 (5 records)"
     backlog.stored(3)
     backlog.extend([Record(8, 0, 0.0, {})])
-    assert backlog.text().endswith("steps 8-8 (1 records)")
+    assert backlog.text().endswith("steps 4-8 (5 records)")
 
 
 @pytest.mark.slow
