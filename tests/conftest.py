@@ -7,9 +7,11 @@ import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
 # `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log; one folder
-# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1), never two processes rotating the same log files.
-os.environ.setdefault("LOG_MF_PATH", os.path.join(
-    tempfile.gettempdir(), "msbridge-tests-mindformers-log", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1), never two processes rotating the same log files. A worker
+# inherits the controller's LOG_MF_PATH, so ours is set again; one the user set is kept.
+_MF_LOG = os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log")
+if os.environ.get("LOG_MF_PATH", _MF_LOG).startswith(_MF_LOG):
+    os.environ["LOG_MF_PATH"] = os.path.join(_MF_LOG, os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 import msbridge  # noqa: E402,F401,I001  (first: it picks the protobuf runtime MindSpore needs)
 import pytest  # noqa: E402
