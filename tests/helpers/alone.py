@@ -1,6 +1,6 @@
 """The machine shared between pytest-xdist workers (``pytest -n 2``), with a turn of its own for a test marked
-``alone``: one that starts CPU-bound processes (tests/helpers/load.py) or holds a wall-clock bound, which the other
-worker's training would starve into a false failure, or be starved by.
+``alone``: one that starts CPU-bound processes (tests/helpers/load.py), which would starve the other worker's tests
+into false failures, or a process in Linux's idle class, which the other worker's training would starve.
 
 Two ``fcntl.flock`` files in a folder the workers share: every test holds ``machine`` shared while it runs; an
 ``alone`` test holds it exclusively, so it starts once the other worker's current test ends, and that worker
