@@ -22,7 +22,7 @@ PY
 }
 
 demo="$(readme_command "msbridge demo")"
-fast="$(readme_command 'pytest -m "not slow"')"
+fast="$(readme_command '-m "not slow"')"
 git clone -q "$root" "$work/msbridge"
 cd "$work/msbridge"
 for command in "$demo" "$fast"; do

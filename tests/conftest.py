@@ -6,11 +6,28 @@ import sys
 import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
-# `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log.
-os.environ.setdefault("LOG_MF_PATH", os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log"))
+# `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log; one folder
+# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1), never two processes rotating the same log files. A worker
+# inherits the controller's LOG_MF_PATH, so ours is set again; one the user set is kept.
+_MF_LOG = os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log")
+if os.environ.get("LOG_MF_PATH", _MF_LOG).startswith(_MF_LOG):
+    os.environ["LOG_MF_PATH"] = os.path.join(_MF_LOG, os.environ.get("PYTEST_XDIST_WORKER", "main"))
 
 import msbridge  # noqa: E402,F401,I001  (first: it picks the protobuf runtime MindSpore needs)
 import pytest  # noqa: E402
+from helpers.alone import machine_turn  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a test marked ``alone`` has the machine to itself, its fixtures' setup and teardown
+    included (tests/helpers/alone.py); every other test shares it with the other worker's."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/..
+    with machine_turn(str(shared), alone=item.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True)

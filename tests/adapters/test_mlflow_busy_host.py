@@ -24,7 +24,7 @@ from helpers.load import cpu_hogs
 from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (fixtures)
 from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 4 CPU-bound processes: the other pytest -n 2 worker waits
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "mlflow_live_job.py"
