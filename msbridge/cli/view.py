@@ -433,7 +433,7 @@ def add_view_command(sub: "argparse._SubParsersAction") -> None:
     for name in VIEWED_SINKS:
         view.add_argument(f"--{name}", action="store_true", help=f"start {name} (default: every viewer the run has)")
     view.add_argument("--optuna", nargs="?", const=True, default=False, metavar="STORAGE",
-                      help="start optuna-dashboard on the sweep's study (pip install optuna-dashboard); STORAGE: "
+                      help="start optuna-dashboard on the sweep's study (pip install 'msbridge[sweep]'); STORAGE: "
                            "its Optuna storage when not the experiment dir's optuna.db, e.g. postgresql://...")
     view.add_argument("--build-mindinsight", action="store_true",
                       help="build MindInsight's venv first when it is missing (bash .ci/mindinsight_venv.sh)")

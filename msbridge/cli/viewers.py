@@ -165,7 +165,7 @@ def optuna_viewer(storage: str, scratch: str) -> Optional[Viewer]:
 
 
 #: The line for a sweep whose viewer is not installed (not in the ``sweep`` extra: PyPI, not the project's mirror).
-OPTUNA_MISSING = "not started: optuna-dashboard is not installed; install it with: pip install optuna-dashboard"
+OPTUNA_MISSING = "not started: optuna-dashboard is not installed; install it with: pip install 'msbridge[sweep]'"
 
 
 def mindinsight_viewer(venv: Path, summary_base_dir: str, scratch: str, page: str = "/") -> Viewer:

@@ -290,7 +290,7 @@ def test_view_optuna_opens_the_dashboard_on_the_sweeps_study(tmp_path):
     """`msbridge view SWEEP_DIR --optuna` starts the real optuna-dashboard; the URL it prints is the study's page,
     and the dashboard's API lists the study's trials as Optuna holds them. A trial's run dir with the storage named
     (``--optuna URL``, as for a sweep on PostgreSQL) opens the same."""
-    pytest.importorskip("optuna_dashboard", reason="pip install optuna-dashboard")
+    pytest.importorskip("optuna_dashboard", reason="pip install 'msbridge[sweep]'")
     directory, study = sweep_dir(tmp_path)
     for path, storage in ((directory, ""), (directory / "trial-0", f"sqlite:///{directory}/optuna.db")):
         with ViewProcess(f"{MSBRIDGE} view {path} --optuna {storage}") as view:
@@ -319,5 +319,5 @@ def test_view_optuna_without_the_dashboard_says_the_pip_line(tmp_path, capsys, m
     assert main(["view", str(directory), "--optuna"]) == 1
     out = capsys.readouterr()
     assert out.out.splitlines()[1] == ("  optuna       : not started: optuna-dashboard is not installed; install it "
-                                       "with: pip install optuna-dashboard")
+                                       "with: pip install 'msbridge[sweep]'")
     assert "Traceback" not in out.out + out.err
