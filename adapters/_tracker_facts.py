@@ -6,7 +6,7 @@ params a tracker's own view of them takes (``tracker_params``).
 A URI is refused here when MLflow, or the first write to its store, would refuse it later: an unknown scheme, an
 http(s)/database URI with no host, a port outside 1-65535 or a control character (CR/LF), a sqlite store whose
 directory cannot be created and written (``sqlite:////proc/mlflow.db``) or whose existing file this MLflow cannot use
-(``_mlflow_store.store_problem``: an older or newer schema, not a database ...), and MLflow's filesystem store
+(``mlflow_tracker.store.local.store_problem``: an older or newer schema, not a database ...), and MLflow's filesystem store
 (``file:``, or a path), which MLflow 3 refuses unless ``MLFLOW_ALLOW_FILE_STORE=true``.
 
 Example:
@@ -86,7 +86,7 @@ def _sqlite_store_problem(path: str) -> Optional[str]:
     """Why this MLflow cannot use the existing sqlite store file ``path`` (``store_problem``), or None."""
     if "{" in path or not path or path == ":memory:":
         return None
-    from msbridge.adapters._mlflow_store import store_problem
+    from msbridge.adapters.mlflow_tracker.store.local import store_problem
 
     return store_problem(os.path.abspath(path)) or None
 

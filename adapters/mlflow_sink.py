@@ -1,17 +1,17 @@
 """The MLflow sink: one MLflow run per training job, written with ``MlflowClient.log_batch``.
 
-Global rank only. The ``MlflowClient`` runs in a child process (``_mlflow_process``), so its pure-Python store never
-holds the training process's GIL (a sqlite store gets its metric rows from sqlite itself there: ``_mlflow_sqlite``);
+Global rank only. The ``MlflowClient`` runs in a child process (``mlflow_tracker.client.process``), so its pure-Python store never
+holds the training process's GIL (a sqlite store gets its metric rows from sqlite itself there: ``mlflow_tracker.store.rows``);
 ``open`` starts it and does no other I/O, and MLflow is reached on the first flush or write, from the dispatcher
 thread. Metrics keep the stream's names, at most 999 per call; a non-finite value is logged as NaN (MLflow keeps NaN
 but stores +-inf as +-1.8e308, which flattens a chart; jsonl reads back NaN too). Params are the job's ``params`` with
 dot keys plus msbridge's settings under ``msbridge.``; a value over 6000 characters is logged as ``sha256:<hex>``
 (``config/resolved.yaml`` has it). Everything is masked. Resume reattaches to the run tagged with the job's ``run_id``
 and skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one parent run per
-sweep (``_mlflow_sweep``), each tagged with its trial's state; as each ends, the sweep's saved view is written to
-the experiment for anyone on the server (``_mlflow_view``). An unreachable tracker never stops training: one warning,
+sweep (``mlflow_tracker.run.sweep``), each tagged with its trial's state; as each ends, the sweep's saved view is written to
+the experiment for anyone on the server (``mlflow_tracker.run.view``). An unreachable tracker never stops training: one warning,
 a bounded backlog, retries with backoff, a last bounded try in ``close``. A ``sqlite:///`` store is made once and
-whole, however many runs start on it and whenever one is killed (``_mlflow_store``). The ``run.json`` artifact is
+whole, however many runs start on it and whenever one is killed (``mlflow_tracker.store.local``). The ``run.json`` artifact is
 strict JSON (NaN and inf as strings).
 
 The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is reached,
@@ -38,16 +38,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
-from msbridge.adapters._mlflow_fields import (EXPERIMENT_TAGS, MAX_PARAM_LENGTH, MAX_TAG_LENGTH, NOTE_TAG,
+from msbridge.adapters.mlflow_tracker.run.fields import (EXPERIMENT_TAGS, MAX_PARAM_LENGTH, MAX_TAG_LENGTH, NOTE_TAG,
                                               RUN_ID_TAG, clean_key, clean_keys, epoch_ms, fit, run_note, run_params,
                                               run_tags)
-from msbridge.adapters._mlflow_events import EVENTS_ARTIFACT, Backlog, EventLog
-from msbridge.adapters._mlflow_models import CheckpointModels
-from msbridge.adapters._mlflow_process import ALL_RUNS, ClientProcess
-from msbridge.adapters._mlflow_sqlite import full_disk_store
-from msbridge.adapters._mlflow_store import STORE_REFUSED, StoreRefused
-from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, parent_for, settle
-from msbridge.adapters._mlflow_view import (OBJECTIVE_TAG, RUNNING, STATE_TAG, mark_best, share_sweep_view,
+from msbridge.adapters.mlflow_tracker.run.events import EVENTS_ARTIFACT, Backlog, EventLog
+from msbridge.adapters.mlflow_tracker.run.models import CheckpointModels
+from msbridge.adapters.mlflow_tracker.client.process import ALL_RUNS, ClientProcess
+from msbridge.adapters.mlflow_tracker.store.rows import full_disk_store
+from msbridge.adapters.mlflow_tracker.store.local import STORE_REFUSED, StoreRefused
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_RUN_TAG, parent_for, settle
+from msbridge.adapters.mlflow_tracker.run.view import (OBJECTIVE_TAG, RUNNING, STATE_TAG, mark_best, share_sweep_view,
                                             trial_state)
 from msbridge.adapters._tracker_facts import tracking_uri_problem
 from msbridge.errors import MissingDependencyError, exception_text
@@ -135,7 +135,7 @@ class MlflowSink(Sink):
         self._delay = float(self.settings["backoff_initial"])
         self._down = False
         self._why_down = "unreachable"  # or what else kept the last try from MLflow: said in ``undelivered()``
-        self._parent: Any = None  # the sweep's parent run (a ``_mlflow_sweep.Parent``), with a sweep_id
+        self._parent: Any = None  # the sweep's parent run (a ``mlflow_tracker.run.sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
         self._gave_up = ""  # ``undelivered()``
         mode = self.settings["log_checkpoints"]

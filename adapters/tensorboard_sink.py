@@ -38,7 +38,7 @@ events wait, bounded, and go into a fresh event file when space returns
   ``hparams/final_global_loss``, ``hparams/best_loss`` and the objective's ``hparams/objective_best``,
   ``hparams/objective_best_step``, ``hparams/objective_final`` (metrics.md). A run of a sweep (``sweep_id`` set)
   adds ``msbridge.trial_state``, its trial's state as Optuna names it and MLflow's tag of that name says it
-  (``_mlflow_view.trial_state``: COMPLETE, PRUNED or FAIL); a pruned run's session ends as a success, as its exit
+  (``mlflow_tracker.run.view.trial_state``: COMPLETE, PRUNED or FAIL); a pruned run's session ends as a success, as its exit
   code does. No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
@@ -70,7 +70,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from msbridge.adapters._diskwait import EVENT, DiskWait, WaitsForSpace
 from msbridge.adapters._eventwire import Layout, custom_scalars_summary, held_values, histogram_summary
-from msbridge.adapters._mlflow_view import PRUNED_TAG, STATE_TAG, trial_state
+from msbridge.adapters.mlflow_tracker.run.view import PRUNED_TAG, STATE_TAG, trial_state
 from msbridge.adapters._tensorboard_files import EventFile, SharedFile, import_tensorboardx
 from msbridge.adapters._tracker_facts import tracker_params
 from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NORM, HISTOGRAM, HOST_RSS_PEAK_MB, LOSS,

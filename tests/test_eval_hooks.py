@@ -20,7 +20,7 @@ from helpers.mlflow_reads import only_run
 from helpers.sink_reads import every_sink, jsonl_series
 from helpers.training import regression_data
 from msbridge import BridgeMonitor
-from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG, OBJECTIVE_TAG
+from msbridge.adapters.mlflow_tracker.run.view import BEST_MARK, BEST_TAG, OBJECTIVE_TAG
 from msbridge.names import EVAL_LOSS_MINDSPORE, LOSS
 from msbridge.sinks.runlog import read_run
 

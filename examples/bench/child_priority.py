@@ -3,7 +3,7 @@ core busy, at each priority; and, briefly, what a logging child at that priority
 
     python examples/bench/child_priority.py [--hogs 2] [--repeats 2] [--limit 180] [--loop]
 
-Each trial starts the child (``adapters/_mlflow_process.py``) at one priority beside ``--hogs`` busy
+Each trial starts the child (``adapters/mlflow_tracker/client/process.py``) at one priority beside ``--hogs`` busy
 processes (nice 0), then times: MLflow imported, a new sqlite store, an experiment and a run (the first
 contact), then 10 ``log_batch`` calls of 10 steps x 13 metrics. A trial past ``--limit`` seconds is
 reported as such. ``--loop`` also times a pure-Python loop (a stand-in for a training step's host work)
@@ -21,7 +21,7 @@ import time
 from statistics import median
 from typing import List, Optional
 
-from msbridge.adapters._mlflow_process import ClientProcess
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 
 #: name -> the child's start: its nice value and whether it also runs at SCHED_IDLE (the old setting).
 PRIORITIES = {"nice 19 + SCHED_IDLE (before)": (19, True), "nice 19": (19, False), "nice 10": (10, False),
@@ -40,7 +40,7 @@ class Child(ClientProcess):
         if self._proc is None or self._proc.poll() is not None:
             idle = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); " if self.idle else ""
             code = (f"import os; os.nice({self.nice}); {idle}"
-                    f"from msbridge.adapters._mlflow_process import main; main({os.getpid()})")
+                    f"from msbridge.adapters.mlflow_tracker.client.process import main; main({os.getpid()})")
             self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self._connected = False
 

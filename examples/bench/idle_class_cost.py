@@ -6,7 +6,7 @@ interleaved, and prints each run's throughput and the median ratio.
 
 If ``SCHED_IDLE`` kept that CPU out of training's way the ratio would be ~1.0. On this project's
 2-vCPU VM, 15% of a core (2 ms of every 12) cost training 16% and 22% in two runs
-(``adapters/_mlflow_sched.py``).
+(``adapters/mlflow_tracker/client/sched.py``).
 """
 from __future__ import annotations
 

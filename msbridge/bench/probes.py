@@ -42,12 +42,12 @@ def rss_mb(children: bool = False) -> float:
 
 
 def mlflow_child_rss_mb() -> Any:
-    """RSS of the MLflow sink's client process (``_mlflow_process``), None if there is none."""
+    """RSS of the MLflow sink's client process (``mlflow_tracker.client.process``), None if there is none."""
     import psutil
 
     for child in psutil.Process().children(recursive=True):
         try:
-            if any("_mlflow_process" in part for part in child.cmdline()):
+            if any("mlflow_tracker.client.process" in part for part in child.cmdline()):
                 return child.memory_info().rss / 2**20
         except psutil.Error:
             pass

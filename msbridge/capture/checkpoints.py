@@ -16,7 +16,7 @@ MLflow logs the checkpoints as LoggedModels, ``rotation_line`` says so at train 
 option ``log_checkpoints: best`` that keeps the best one. With ``best`` or ``upload``, each new file is hard-linked
 to ``kept_path`` as it is seen, on the training thread: one link per saved checkpoint (no data copied), made before
 the saver's next save can rotate it away, which no sink thread can promise. The MLflow sink then uploads it, or
-keeps the best (``adapters/_mlflow_models.BestKeeper``), and removes the other links.
+keeps the best (``adapters/mlflow_tracker/run/models.BestKeeper``), and removes the other links.
 
 Example:
     >>> watch = CheckpointWatch.from_callbacks(cb_params.list_callback, rank=0, offset=0)

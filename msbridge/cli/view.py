@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters._tracker_facts import VIEWED_SINKS
-from ..adapters._mlflow_view import MAX_RUNS, MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, compared_view, loss_first_view
+from ..adapters.mlflow_tracker.run.view import MAX_RUNS, MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, compared_view, loss_first_view
 from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
@@ -210,7 +210,7 @@ def mlflow_pages(base_url: str, experiment: Optional[str], run_id: Optional[str]
     """Pages on the MLflow server at ``base_url``, in its model-training view: ``run`` (the run's page, else
     the experiment's runs; "/" if neither is found) and, with ``charts``, ``charts``: the runs' charts with the
     loss first. When the experiment holds two runs or more, also ``sweep``: the runs compared in a table, best
-    first (``_mlflow_view.sweep_view``), and ``charts`` is that view's charts (the objective against the swept
+    first (``mlflow_tracker.run.view.sweep_view``), and ``charts`` is that view's charts (the objective against the swept
     params first). Each is a saved view written to the experiment as a tag.
 
     Example:

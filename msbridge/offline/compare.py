@@ -23,8 +23,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..adapters._mlflow_sweep import PARENT_TAG
-from ..adapters._mlflow_view import OBJECTIVE_TAG, PRUNED_TAG, differing_params
+from ..adapters.mlflow_tracker.run.sweep import PARENT_TAG
+from ..adapters.mlflow_tracker.run.view import OBJECTIVE_TAG, PRUNED_TAG, differing_params
 from ..errors import MissingDependencyError, MsbridgeError
 from ..masking import mask_text
 from ..names import DEFAULT_OBJECTIVES, MFU, SAMPLES_PER_S, TOKENS_PER_S, TOKENS_SEEN, objective_metric

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 #: The prefix of the name of every thread msbridge starts.
 THREAD_PREFIX = "msbridge-"
 #: A child process is msbridge's when its command line holds this: the MLflow client's does
-#: (``msbridge.adapters._mlflow_process``), a forked worker of a script named msbridge does not.
+#: (``msbridge.adapters.mlflow_tracker.client.process``), a forked worker of a script named msbridge does not.
 CHILD_MARK = "msbridge.adapters."
 #: The outcome's key in run.json and README.
 KEY = "monitoring cost"

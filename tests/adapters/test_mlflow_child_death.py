@@ -14,7 +14,7 @@ import pytest
 
 PARENT = """
 import sys
-from msbridge.adapters._mlflow_process import ClientProcess
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 client = ClientProcess()
 client.connect(sys.argv[1], {})
 client.search_experiments()  # the child is up, MLflow imported, the store made
@@ -60,7 +60,7 @@ def test_a_kill_9_of_the_training_process_takes_the_child_down_quietly(tmp_path)
 
 def test_a_child_whose_parent_stopped_listening_ends_quietly():
     """No prctl needed: the reply meets a closed pipe (BrokenPipeError), and the child ends without a word."""
-    child = subprocess.Popen([sys.executable, "-c", "from msbridge.adapters._mlflow_process import main; main()"],
+    child = subprocess.Popen([sys.executable, "-c", "from msbridge.adapters.mlflow_tracker.client.process import main; main()"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     child.stdout.close()  # nobody reads the replies any more
     pickle.dump(("_connect", ("sqlite:///unused.db", {}, False), {}), child.stdin)

@@ -1,4 +1,4 @@
-"""MLflow's child beside a live training runs in two phases (``msbridge.adapters._mlflow_process``): from the
+"""MLflow's child beside a live training runs in two phases (``msbridge.adapters.mlflow_tracker.client.process``): from the
 sink's open at nice 5 above the training process, normal class, while it starts (MLflow's import, the store, the
 run), then in Linux's idle class once its first metrics are stored. Once training has ended, ``hurry`` replaces an
 idle-class child by one at its parent's priority, and the call in flight is redone there. Anywhere else
@@ -16,13 +16,13 @@ import pytest
 from helpers.training import train_regression
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._mlflow_process import ClientProcess
-from msbridge.adapters._mlflow_sched import NICE
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
+from msbridge.adapters.mlflow_tracker.client.sched import NICE
 from msbridge.sinks.base import Sink
 
 PARENT = """
 import os, sys, time
-from msbridge.adapters._mlflow_process import ClientProcess
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 client = ClientProcess()
 pid = client._proc.pid
 client.connect(sys.argv[1], {}, beside_training=sys.argv[2] == "training")
@@ -42,7 +42,7 @@ client.close()
 
 HURRIED = """
 import json, os, signal, subprocess, sys, threading
-from msbridge.adapters._mlflow_process import ClientProcess
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 client, when, said = ClientProcess(), sys.argv[2], {}
 client.connect(sys.argv[1], {}, beside_training=True)
 experiment = client.create_experiment("hurry")

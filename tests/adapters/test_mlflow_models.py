@@ -17,7 +17,7 @@ from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
 from mlflow.tracking import MlflowClient
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._mlflow_models import FILE_TAG, KEY_TAG, PATH_TAG, CheckpointModels, best_checkpoint, \
+from msbridge.adapters.mlflow_tracker.run.models import FILE_TAG, KEY_TAG, PATH_TAG, CheckpointModels, best_checkpoint, \
     model_name
 from msbridge.cli.main import main
 from msbridge.names import LOSS

@@ -18,9 +18,9 @@ import pytest
 from helpers.runs import make_records, make_run
 from mlflow.tracking import MlflowClient
 
-from msbridge.adapters._mlflow_native import NativeStore, NotNative
-from msbridge.adapters._mlflow_store import make_whole, store_lock
-from msbridge.adapters._mlflow_template import alembic_head, template_path
+from msbridge.adapters.mlflow_tracker.store.native import NativeStore, NotNative
+from msbridge.adapters.mlflow_tracker.store.local import make_whole, store_lock
+from msbridge.adapters.mlflow_tracker.store.template import alembic_head, template_path
 from msbridge.adapters.mlflow_sink import MlflowSink
 from msbridge.bench.servers import MlflowServer
 

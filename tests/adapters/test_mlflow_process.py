@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow  # each test over 1 s here (the fast tier: pytest 
 
 PROBE = """
 import sys
-from msbridge.adapters import _mlflow_process as mp
+from msbridge.adapters.mlflow_tracker.client import process as mp
 mp.SKIPPED = mp.SKIPPED + tuple(sys.argv[1:])
 client = mp.import_client()("sqlite:///" + {db!r})
 exp = client.create_experiment("x")
@@ -41,7 +41,7 @@ def test_close_ends_a_child_that_gets_no_cpu_to_exit_once_every_call_is_answered
 
     from mlflow.tracking import MlflowClient
 
-    from msbridge.adapters._mlflow_process import EXIT_WAIT, ClientProcess
+    from msbridge.adapters.mlflow_tracker.client.process import EXIT_WAIT, ClientProcess
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = ClientProcess()
@@ -66,7 +66,7 @@ def test_the_child_holds_none_of_the_callers_pipes_and_what_it_prints_reaches_th
     import os
     import time
 
-    from msbridge.adapters._mlflow_process import ClientProcess
+    from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 
     client = ClientProcess()
     proc = client._proc

@@ -1,4 +1,4 @@
-"""How MLflow's child is judged starved (``msbridge.adapters._mlflow_sched.starved``), on real processes: an
+"""How MLflow's child is judged starved (``msbridge.adapters.mlflow_tracker.client.sched.starved``), on real processes: an
 idle-class process sharing a CPU with a busy one (both started and stopped here), and one asleep as a child waiting
 on an MLflow server is. Linux adds a wait to ``/proc/PID/schedstat`` only when it ends, and an idle-class process
 beside a busy core runs one slice every second or so: measured here on 2026-12-02, beside 3 busy processes, its
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from msbridge.adapters._mlflow_sched import cpu_and_wait, starved
+from msbridge.adapters.mlflow_tracker.client.sched import cpu_and_wait, starved
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE")),
                                 reason="Linux's schedstat and idle scheduling class")

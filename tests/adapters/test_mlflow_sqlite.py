@@ -1,4 +1,4 @@
-"""The MLflow sink's sqlite path (``_mlflow_sqlite``): the metric rows it writes are the rows MLflow's own
+"""The MLflow sink's sqlite path (``mlflow_tracker.store.rows``): the metric rows it writes are the rows MLflow's own
 store writes, checked against MLflow as the oracle, and it is used only where the schema is known."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 from mlflow.tracking import MlflowClient
 import pytest
 
-# Metric rows a sqlite store gets from sqlite itself (_mlflow_sqlite), with MLflow's own store as the oracle.
+# Metric rows a sqlite store gets from sqlite itself (mlflow_tracker.store.rows), with MLflow's own store as the oracle.
 EDGE_BATCHES = [
     [("a", 1.0, 1000, 1), ("a", 2.0, 1000, 2), ("b", math.nan, 1000, 1), ("b", math.inf, 1001, 2),
      ("c", -math.inf, 1000, 1), ("a", 2.0, 1000, 2), ("b", math.nan, 1000, 1),  # exact repeats
@@ -30,7 +30,7 @@ def _history(client, run_id):
 def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
     from mlflow.entities import Metric, RunTag
 
-    from msbridge.adapters._mlflow_sqlite import rows_for
+    from msbridge.adapters.mlflow_tracker.store.rows import rows_for
 
     client = MlflowClient(shared_sqlite)
     experiment = client.create_experiment(f"rows-{uuid.uuid4().hex[:8]}")
@@ -56,8 +56,8 @@ def test_sqlite_metric_rows_are_what_mlflows_store_writes(shared_sqlite):
 def test_sqlite_metric_rows_only_where_the_schema_is_known(tmp_path, shared_sqlite):
     import sqlite3
 
-    from msbridge.adapters._mlflow_process import _Tracker
-    from msbridge.adapters._mlflow_sqlite import rows_for
+    from msbridge.adapters.mlflow_tracker.client.process import _Tracker
+    from msbridge.adapters.mlflow_tracker.store.rows import rows_for
 
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as db:  # a metrics table with a column MLflow 3 does not have

@@ -1,4 +1,4 @@
-"""A sqlite MLflow store is made once and whole (``_mlflow_store``): real MLflow, real processes, real kill -9.
+"""A sqlite MLflow store is made once and whole (``mlflow_tracker.store.local``): real MLflow, real processes, real kill -9.
 
 Concurrent first runs (3 and 8 processes on one new experiment) each get their whole history; a
 ``kill -9`` at 20 random moments (of MLflow's child process while it makes the store, of it at any
@@ -21,9 +21,9 @@ import pytest
 from helpers.runs import make_records, make_run
 from mlflow.tracking import MlflowClient
 
-from msbridge.adapters._mlflow_fields import RUN_ID_TAG
-from msbridge.adapters._mlflow_process import ClientProcess, TrackerError
-from msbridge.adapters._mlflow_store import store_problem
+from msbridge.adapters.mlflow_tracker.run.fields import RUN_ID_TAG
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess, TrackerError
+from msbridge.adapters.mlflow_tracker.store.local import store_problem
 from msbridge.adapters.mlflow_sink import MlflowSink
 from msbridge.errors import ConfigError
 from msbridge.sinks.base import FINISHED

@@ -1,4 +1,4 @@
-"""A sweep's runs as children of one parent run in MLflow (``_mlflow_sweep``), on a real sqlite store.
+"""A sweep's runs as children of one parent run in MLflow (``mlflow_tracker.run.sweep``), on a real sqlite store.
 
 The concurrent case (three trials at once through a PostgreSQL-backed server) is in
 test_mlflow_team_server.py."""
@@ -12,7 +12,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 import pytest
 
-from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, SWEEP_TAG, parent_for, settle
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_RUN_TAG, PARENT_TAG, SWEEP_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import MlflowSink
 from msbridge.offline.compare import compare
 

@@ -19,7 +19,7 @@ from helpers.sweep_job import EXPERIMENT
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
-from msbridge.adapters._mlflow_sweep import PARENT_RUN_TAG, PARENT_TAG, parent_for, settle
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_RUN_TAG, PARENT_TAG, parent_for, settle
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG
 from msbridge.offline.compare import compare
 

@@ -15,8 +15,8 @@ import uuid
 import pytest
 from helpers.runs import make_records, make_run
 
-from msbridge.adapters._mlflow_sweep import PARENT_TAG, SWEEP_TAG
-from msbridge.adapters._mlflow_view import (BEST_TAG, LOSS_OVER_TOKENS, STATE_TAG, VIEW_SECTIONS, VIEW_TAG_PREFIX,
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_TAG, SWEEP_TAG
+from msbridge.adapters.mlflow_tracker.run.view import (BEST_TAG, LOSS_OVER_TOKENS, STATE_TAG, VIEW_SECTIONS, VIEW_TAG_PREFIX,
                                             compared_view, loss_first_view)
 from msbridge.names import DATA_WAIT_PCT, LOSS, MFU, OBJECTIVE_BEST, SAMPLES_PER_S, TFLOPS, TOKENS_SEEN
 from msbridge.sinks.base import Event, Record

@@ -49,7 +49,7 @@ def measure(args):
             held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         except OSError:  # ended meanwhile
             continue
-        if "_mlflow_process" in command_line(pid) and held & pipes:
+        if "mlflow_tracker.client.process" in command_line(pid) and held & pipes:
             leaks.append(pid)
     job.wait(timeout=300)
     waited = time.monotonic() - closed

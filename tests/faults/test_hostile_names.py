@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import msbridge
-from msbridge.adapters._mlflow_fields import clean_key
+from msbridge.adapters.mlflow_tracker.run.fields import clean_key
 from msbridge.sinks.base import flatten
 from msbridge.sinks.runlog import read_run
 

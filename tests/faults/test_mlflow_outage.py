@@ -27,8 +27,8 @@ from helpers.runs import make_records, make_run
 from helpers.training import train_regression
 from mindspore.train import Callback
 from mlflow.tracking import MlflowClient
-from msbridge.adapters._mlflow_events import Backlog
-from msbridge.adapters._mlflow_process import TrackerError
+from msbridge.adapters.mlflow_tracker.run.events import Backlog
+from msbridge.adapters.mlflow_tracker.client.process import TrackerError
 from msbridge.adapters.mlflow_sink import LAST_STEP_TAG, MlflowSink
 
 from msbridge import BridgeMonitor

@@ -33,8 +33,8 @@ import pytest
 from helpers.disk import parse_lines, steps_and_gaps
 
 import msbridge
-from msbridge.adapters._mlflow_store import open_client
-from msbridge.adapters._mlflow_template import alembic_head, store_defect, template_path
+from msbridge.adapters.mlflow_tracker.store.local import open_client
+from msbridge.adapters.mlflow_tracker.store.template import alembic_head, store_defect, template_path
 from msbridge.cli.main import main
 from msbridge.errors import ConfigError
 

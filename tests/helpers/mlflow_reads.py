@@ -11,7 +11,7 @@ import uuid
 from typing import Any, List, Sequence, Tuple
 
 from mlflow.entities import ViewType
-from msbridge.adapters._mlflow_sweep import PARENT_TAG
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_TAG
 
 from msbridge.sinks.runlog import read_run
 

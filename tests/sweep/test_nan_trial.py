@@ -19,8 +19,8 @@ from mindspore.train import Model
 from mlflow.tracking import MlflowClient
 
 from msbridge import BridgeMonitor
-from msbridge.adapters._mlflow_sweep import PARENT_TAG
-from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_TAG
+from msbridge.adapters.mlflow_tracker.run.view import BEST_MARK, BEST_TAG
 from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome, trial_value
 
 optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")

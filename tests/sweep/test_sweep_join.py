@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (the fixtures)
 
-from msbridge.adapters._mlflow_sweep import PARENT_TAG, SWEEP_TAG
-from msbridge.adapters._mlflow_view import BEST_MARK, BEST_TAG, STATE_TAG, VIEW_TAG_PREFIX
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_TAG, SWEEP_TAG
+from msbridge.adapters.mlflow_tracker.run.view import BEST_MARK, BEST_TAG, STATE_TAG, VIEW_TAG_PREFIX
 from msbridge.names import OBJECTIVE_BEST
 from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome
 

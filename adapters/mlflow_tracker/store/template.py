@@ -117,7 +117,7 @@ def store_lock(path: str) -> Iterator[None]:
 
 def _make(path: str) -> None:
     """The template, made by MLflow's own client and migrations, aside and then renamed into place."""
-    from msbridge.adapters._mlflow_process import import_client
+    from msbridge.adapters.mlflow_tracker.client.process import import_client
 
     temp = f"{path}.creating-{os.getpid()}-{time.monotonic_ns()}"  # MLflow keeps a store per URI: never one again
     try:

@@ -1,10 +1,10 @@
-"""How MLflow's client process (``_mlflow_process``) is scheduled, on Linux: its priority beside a live training,
+"""How MLflow's client process (``mlflow_tracker.client.process``) is scheduled, on Linux: its priority beside a live training,
 the check that finds it starved of CPU once training has ended, and its death with the process that started it.
 
 The child starts at the priority of the process that starts it. Beside a live training (``connect(...,
 beside_training=True)``: the sink opened by a training's run, ``RunInfo.training``) it has two phases. The parent sets
 it at once to nice ``NICE`` (5) above its own, normal class (``nice_beside_training``): its start (with a sqlite
-store a template's copy and the run in sqlite, ~0.1 CPU-s, ``_mlflow_native``; with a server MLflow's import, seconds)
+store a template's copy and the run in sqlite, ~0.1 CPU-s, ``mlflow_tracker.store.native``; with a server MLflow's import, seconds)
 finishes in bounded time on a busy host (MLflow's
 import and a new store's migrations beside 2 CPU-bound processes: 42-49 s at nice 5; at nice 19 or ``SCHED_IDLE``
 they did not finish in 120 s, ``examples/bench/child_priority.py``). It then drops to ``SCHED_IDLE`` once its first metrics are stored
@@ -21,7 +21,7 @@ MLflow undelivered), and an unprivileged process can undo neither (``RLIMIT_NICE
 ``HURRY_AFTER`` seconds in calls ``ClientProcess.hurry``: a child that is ``starved`` (its call spent over half its
 time waiting for a CPU) is killed and the call it was in runs again on a new child at the parent's priority; on an
 idle host nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are written the
-same again; the store survives a kill at any moment, ``_mlflow_store``) except ``create_run``, which is left to finish
+same again; the store survives a kill at any moment, ``mlflow_tracker.store.local``) except ``create_run``, which is left to finish
 first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) the child keeps its parent's priority: no
 training runs there that it could slow, and the user is waiting on it.
 

@@ -1,17 +1,17 @@
 """MLflow's client in a child process, so MLflow's CPU never holds the training process's GIL.
 
 MLflow's stores are pure Python (SQLAlchemy: ~1.9 ms of CPU per record of 13 metrics, seconds to create a sqlite
-store; a sqlite store's metric rows are written by ``_mlflow_sqlite`` here, ~0.1 ms a record). Run on a thread of the
+store; a sqlite store's metric rows are written by ``mlflow_tracker.store.rows`` here, ~0.1 ms a record). Run on a thread of the
 training process, every millisecond of it costs training about as much: the training thread waits up to the GIL's
 switch interval (5 ms) each time it needs the GIL back. In a child process it has its own GIL, and it must use little
 CPU: on this project's 2-vCPU VM even an idle-class process using 15% of a core cost training 16-22%, so priority does
 not make CPU free, it only decides who waits when the cores are busy. The child starts when the sink is built, before
-training; for a sqlite store it never imports MLflow for a run's usual calls (``_mlflow_native``), for any other it
+training; for a sqlite store it never imports MLflow for a run's usual calls (``mlflow_tracker.store.native``), for any other it
 imports MLflow on its first call (~2 s of CPU); the tracking URI and MLflow's HTTP limits reach it through its
 pipe (``connect``) when the run is known, so nothing secret is on its command line.
 
 Priority: the child is niced, then idle-class, beside a live training, and ``hurry`` hands a starved one over
-once training has ended (``_mlflow_sched``).
+once training has ended (``mlflow_tracker.client.sched``).
 
 Every call is synchronous: it returns once the child has done it (so ``flush`` stays a barrier) and raises what MLflow
 raised there as a ``TrackerError``, ``error_code`` included. What a call returns comes back as plain data (MLflow's
@@ -45,7 +45,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, BinaryIO, Dict, Optional, Tuple
 
-from msbridge.adapters._mlflow_sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
+from msbridge.adapters.mlflow_tracker.client.sched import (CpuAndWait, cpu_and_wait, die_with_parent, go_idle, nice_beside_training,
                                              starved)
 from msbridge.masking import MaskingFilter, mask_text
 
@@ -97,7 +97,7 @@ class ClientProcess:
     def __init__(self) -> None:
         self.uri = ""
         self._env: Dict[str, str] = {}
-        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (``_mlflow_sched``)
+        self._beside_training = False  # the child drops to SCHED_IDLE after its first metrics (``mlflow_tracker.client.sched``)
         self._proc: Optional[subprocess.Popen] = None
         self._connected = False  # whether the running child has the URI
         self._slowed = False  # the running child is niced or idle-class for a live training
@@ -122,7 +122,7 @@ class ClientProcess:
 
     def connect(self, uri: str, env: Dict[str, str], beside_training: bool = False) -> None:
         """The tracking URI and environment (MLflow's HTTP limits) the child's ``MlflowClient`` uses, and
-        whether it serves a live training (then it runs at ``_mlflow_sched.NICE`` above this process from now, and
+        whether it serves a live training (then it runs at ``mlflow_tracker.client.sched.NICE`` above this process from now, and
         drops to ``SCHED_IDLE`` once its first metrics are stored); sent with the next call, and again to a restarted
         child."""
         self.uri, self._env, self._connected = uri, dict(env), False
@@ -238,11 +238,11 @@ def import_client() -> Any:
 
 
 class _Tracker:
-    """The child's side: for a ``sqlite:///`` store, the calls ``_mlflow_native`` does itself (a run, its params,
+    """The child's side: for a ``sqlite:///`` store, the calls ``mlflow_tracker.store.native`` does itself (a run, its params,
     tags, metric rows, status and text artifacts, with no MLflow import); anything else, and any other store,
-    through ``MlflowClient(uri)``, with metric rows written by ``_mlflow_sqlite`` where they apply (MLflow's ORM
-    costs ~16x their CPU). A sqlite store is made (a copy of MLflow's template, ``_mlflow_template``) or a
-    half-made one repaired once and whole, under a lock beside it (``_mlflow_store``)."""
+    through ``MlflowClient(uri)``, with metric rows written by ``mlflow_tracker.store.rows`` where they apply (MLflow's ORM
+    costs ~16x their CPU). A sqlite store is made (a copy of MLflow's template, ``mlflow_tracker.store.template``) or a
+    half-made one repaired once and whole, under a lock beside it (``mlflow_tracker.store.local``)."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -253,14 +253,14 @@ class _Tracker:
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         native = self._native_store()
         if native is not None:
-            from msbridge.adapters._mlflow_native import NotNative
+            from msbridge.adapters.mlflow_tracker.store.native import NotNative
 
             try:
                 return native.call(name, args, kwargs)
             except NotNative:
                 pass  # MLflow's client does it
         if self._client is None:
-            from msbridge.adapters._mlflow_store import open_client
+            from msbridge.adapters.mlflow_tracker.store.local import open_client
 
             self._client = open_client(self.uri, import_client())
         if name != "log_batch":
@@ -287,8 +287,8 @@ class _Tracker:
     def _native_store(self) -> Any:
         """The store's ``NativeStore`` (the store made whole first), or None where it does not apply."""
         if self._native is False:
-            from msbridge.adapters._mlflow_native import NativeStore
-            from msbridge.adapters._mlflow_store import make_whole, store_file, store_lock
+            from msbridge.adapters.mlflow_tracker.store.native import NativeStore
+            from msbridge.adapters.mlflow_tracker.store.local import make_whole, store_file, store_lock
 
             path, self._native = store_file(self.uri), None
             if path is not None:
@@ -303,7 +303,7 @@ class _Tracker:
 
     def _metric_rows(self) -> Any:
         if self._rows is False:  # by the first metrics, MLflow's client has made the store's tables
-            from msbridge.adapters._mlflow_sqlite import rows_for
+            from msbridge.adapters.mlflow_tracker.store.rows import rows_for
 
             self._rows = rows_for(self.uri)
         return self._rows
@@ -330,7 +330,7 @@ def _reply(ok: bool, value: Any) -> bytes:
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """Answer calls until the input ends; ``_connect(uri, env, beside_training)`` (re)points the tracker, and
-    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (``_mlflow_sched``)."""
+    beside training the child drops to ``SCHED_IDLE`` once the first metrics are stored (``mlflow_tracker.client.sched``)."""
     tracker = _Tracker("")
     idle_after_start = False
     while True:

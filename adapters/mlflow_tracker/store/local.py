@@ -5,7 +5,7 @@ A new store. MLflow makes a sqlite store the first time a client touches it: it 
 ~50 alembic migrations, each committed on its own. A process killed meanwhile leaves a store MLflow cannot open
 (``table _alembic_tmp_tags already exists``), and two processes starting on one new store race the migrations
 (``duplicate column name: step``). So msbridge makes a missing (or empty) store aside, in
-``.<store>.creating-<pid>`` in the same directory (a copy of MLflow's own template, ``_mlflow_template``), under a
+``.<store>.creating-<pid>`` in the same directory (a copy of MLflow's own template, ``mlflow_tracker.store.template``), under a
 cross-process ``fcntl.flock`` on ``<store>.lock`` (the kernel drops the lock of a killed holder), and renames it into
 place once whole: a kill at any moment leaves no store (and a temp file, msbridge's own marker of a store it began,
 which the next run removes) or a whole one. msbridge never leaves a store half-made in place, so it never finishes
@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Optional
 from urllib.parse import quote
 
-from msbridge.adapters._mlflow_template import copy_template, schema_revisions, store_lock
+from msbridge.adapters.mlflow_tracker.store.template import copy_template, schema_revisions, store_lock
 
 #: ``TrackerError.error_code`` of a store refused in MLflow's child: permanent, never retried.
 STORE_REFUSED = "MSBRIDGE_STORE_REFUSED"

@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from msbridge.adapters._mlflow_process import ACTIVE_ONLY
+from msbridge.adapters.mlflow_tracker.client.process import ACTIVE_ONLY
 
 log = logging.getLogger("msbridge")
 

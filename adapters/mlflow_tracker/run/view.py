@@ -29,8 +29,8 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from msbridge.adapters._mlflow_fields import clean_key
-from msbridge.adapters._mlflow_sweep import PARENT_TAG, SWEEP_TAG
+from msbridge.adapters.mlflow_tracker.run.fields import clean_key
+from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_TAG, SWEEP_TAG
 from msbridge.names import DATA_WAIT_PCT, EVAL_LOSS, GLOBAL_LOSS, GRAD_NORM, LOSS, LR, MFU, OBJECTIVE_BEST, \
     OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL, SAMPLES_PER_S, TFLOPS, TOKENS_SEEN
 

@@ -2,10 +2,10 @@
 
 Importing MLflow costs ~3.1 CPU-s here; on a host whose cores training keeps busy, an idle-class child waits
 that long and more before a run exists. For a ``sqlite:///`` store (made whole from MLflow's template,
-``_mlflow_template``) the calls msbridge's MLflow sink makes are done here with the rows MLflow's
+``mlflow_tracker.store.template``) the calls msbridge's MLflow sink makes are done here with the rows MLflow's
 ``SqlAlchemyStore`` writes: an experiment (``workspace 'default'``) and its tags, a run (``source_type
 UNKNOWN``, user ``unknown``, artifact URI ``<experiment location>/<run id>/artifacts``, a ``mlflow.runName``
-tag), params (a changed value is MLflow's error), tags, metric rows (``_mlflow_sqlite``), status and end time,
+tag), params (a changed value is MLflow's error), tags, metric rows (``mlflow_tracker.store.rows``), status and end time,
 and text artifacts written into a local artifact root. Searches take only the filters the sink uses
 (none, or ``tags.`key` = 'value'``), ordered as MLflow orders them.
 
@@ -13,7 +13,7 @@ Anything else raises ``NotNative``, and the caller hands the call to MLflow's cl
 (LoggedModels, ``delete_run`` ...), another filter, a remote artifact root, a run or experiment that is
 not active, a ``mlflow.runName`` tag, a changed param. So every error message is MLflow's own.
 
-Example (on a store ``_mlflow_store.make_whole`` made; not a doctest, it needs one)::
+Example (on a store ``mlflow_tracker.store.local.make_whole`` made; not a doctest, it needs one)::
 
     store = NativeStore("/tmp/exp/mlflow.db")
     run_id = store.call("create_run", ("1",), {"run_name": "r", "tags": {"k": "v"}}).info.run_id
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote, urlparse
 
-from msbridge.adapters._mlflow_sqlite import MetricRows
+from msbridge.adapters.mlflow_tracker.store.rows import MetricRows
 
 #: The columns of MLflow 3.x's tables this writes besides metric rows: the schema this path requires.
 COLUMNS: Dict[str, Tuple[str, ...]] = {
@@ -258,7 +258,7 @@ class NativeStore:
                                artifact_uri=row[7], lifecycle_stage=row[8])
 
     def _run(self, run_id: str) -> Any:
-        """A run as ``_mlflow_process`` sends MLflow's ``Run``: info, data (latest metrics, params, tags)."""
+        """A run as ``mlflow_tracker.client.process`` sends MLflow's ``Run``: info, data (latest metrics, params, tags)."""
         metrics = {key: math.nan if is_nan else value for key, value, is_nan in self._db.execute(
             "SELECT key, value, is_nan FROM latest_metrics WHERE run_uuid = ?", (run_id,))}
         params = dict(self._db.execute("SELECT key, value FROM params WHERE run_uuid = ?", (run_id,)))

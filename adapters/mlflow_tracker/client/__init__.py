@@ -1,0 +1,2 @@
+"""MLflow's client in a child process, and how that process is scheduled beside training.
+"""
