@@ -311,10 +311,11 @@ class MlflowSink(Sink):
                         mask_text(self.uri), mask_text(exception_text(exc)), shlex.quote(self.run.run_dir))
 
     def _send_metrics(self) -> None:
-        if self._pending.tried:  # a call that failed (a reply that never came) may have stored its rows: not resent
-            held = self._held_step()
-            self._store_step = max(self._store_step, held or 0)
         while self._pending.records:
+            unsure = False  # a call that failed (its reply never came) may have stored its rows: read back first
+            if self._pending.tried:
+                held = self._held_step()
+                self._store_step, unsure = max(self._store_step, held or 0), held is None
             chunk: List[Record] = []
             size = 0
             for rec in self._pending.records:  # whole records, oldest first; a huge record goes alone
@@ -326,10 +327,10 @@ class MlflowSink(Sink):
             metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
                        for rec in chunk if rec.step > self._store_step for k, v in rec.values.items()]
             step = max(self._logged_step, max(rec.step for rec in chunk))
-            # the tag lands with the rows, in one transaction: read back after a failed call, it says what is stored
+            # the tag is set after the rows: read back after a failed call, it says what is stored
             try:
-                self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", metrics=metrics,
-                                tags=[(LAST_STEP_TAG, str(step))])
+                self._log_batch(f"metrics of steps {chunk[0].step}-{chunk[-1].step}", retry_rejected=unsure,
+                                metrics=metrics, tags=[(LAST_STEP_TAG, str(step))])
             except Exception as exc:
                 self._pending.failed(len(chunk), exc)
                 raise
@@ -342,12 +343,14 @@ class MlflowSink(Sink):
             self._log_batch("tags", tags=tags[i:i + PARAMS_TAGS_PER_CALL])
         self._tags.clear()
 
-    def _log_batch(self, what: str, **batch: Any) -> None:
-        """``log_batch`` of tuples (``ClientProcess``); a batch MLflow rejects as invalid is skipped, never retried."""
+    def _log_batch(self, what: str, retry_rejected: bool = False, **batch: Any) -> None:
+        """``log_batch`` of tuples (``ClientProcess``); a batch MLflow rejects as invalid is skipped, never retried,
+        unless ``retry_rejected``: it may hold rows an unconfirmed call stored (a duplicate is refused), so it is
+        tried again once the store says what it holds."""
         try:
             self._client.log_batch(self.run_id, **batch)
         except Exception as exc:
-            if getattr(exc, "error_code", None) not in _PERMANENT:
+            if getattr(exc, "error_code", None) not in _PERMANENT or retry_rejected:
                 raise
             log.error("msbridge: MLflow rejected %s, skipped (jsonl holds every record): %s",
                       what, mask_text(exception_text(exc)))

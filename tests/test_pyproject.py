@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_package_folder_is_in_the_package_list():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     on_disk = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "msbridge").rglob("__init__.py")}
-    remapped = setuptools["package-dir"]  # msbridge.adapters is the top-level adapters/ folder
-    on_disk |= {package for package, folder in remapped.items() if (ROOT / folder / "__init__.py").exists()}
-    assert "msbridge.bench" in on_disk and "msbridge.adapters" in on_disk
+    for package, folder in setuptools["package-dir"].items():  # msbridge.adapters is the top-level adapters/ folder
+        on_disk |= {".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+                    for init in (ROOT / folder).rglob("__init__.py")}
+    assert {"msbridge.bench", "msbridge.adapters", "msbridge.adapters.mlflow_tracker.store"} <= on_disk
     assert sorted(on_disk) == sorted(setuptools["packages"])

@@ -206,7 +206,7 @@ class Sweep:
     def _fail_stale(self) -> None:
         """Trials a killed sweep left RUNNING are told FAIL: without ``--join``, this is the study's only worker."""
         for trial in self.study.get_trials(deepcopy=False, states=(self.states.RUNNING,)):
-            self.study.tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
+            self._tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
             self.say(f"trial {trial.number} was left RUNNING by a sweep that ended: told FAIL")
 
     def _reserve(self) -> None:
@@ -246,7 +246,7 @@ class Sweep:
             for name, dist in self.distributions.items():
                 trial._suggest(name, dist)  # what Study.ask(fixed_distributions) does
         except Exception as exc:
-            self.study.tell(trial, state=self.states.FAIL, skip_if_finished=True)
+            self._tell(trial, state=self.states.FAIL, skip_if_finished=True)
             self._stopping = True
             print(f"[msbridge] sweep: trial {taken.number} FAIL: the sampler could not sample it: "
                   f"{exception_text(exc)}; no new trials", file=self.out, flush=True)
@@ -266,11 +266,22 @@ class Sweep:
             try:
                 state = self._run_trial(trial)
             except Exception as exc:  # never lose a trial: whatever failed here, Optuna hears FAIL
-                self.study.tell(trial, state=self.states.FAIL, skip_if_finished=True)
+                self._tell(trial, state=self.states.FAIL, skip_if_finished=True)
                 self.say(f"trial {trial.number} FAIL: {type(exc).__name__}: {exc}")
                 state = "FAIL"
             with self._lock:
                 self.ran[state] = self.ran.get(state, 0) + 1
+
+    def _tell(self, trial: Any, value: Optional[float] = None, **how: Any) -> None:
+        """``study.tell``. A sampler that stops the study once told (the grid sampler, its grid done) ends this
+        sweep's new trials: Optuna's ``Study.stop`` raises outside its own optimize loop, after the trial's state
+        is stored."""
+        try:
+            self.study.tell(trial, value, **how)
+        except RuntimeError as exc:
+            if "Study.stop" not in str(exc):
+                raise
+            self._stopping = True
 
     def _run_trial(self, trial: Any) -> str:
         """Run one trial's process to its end, then tell Optuna how it went; returns the state told."""
@@ -290,7 +301,7 @@ class Sweep:
         if state == "FAIL":
             trial.set_user_attr("msbridge.fail_reason", reason)
         told = {"COMPLETE": None, "PRUNED": self.states.PRUNED, "FAIL": self.states.FAIL}[state]
-        self.study.tell(trial, value if state == "COMPLETE" else None, state=told)
+        self._tell(trial, value if state == "COMPLETE" else None, state=told)
         took = time.monotonic() - started
         self.say(f"trial {number} {state}" + (f" {spec.metric}={value:.6g}" if value is not None else "") +
                  (f": {reason}" if state == "FAIL" else f" {reason}" if reason else "") + f" ({took:.0f} s)")

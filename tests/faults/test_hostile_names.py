@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import msbridge
 from msbridge.adapters.mlflow_tracker.run.fields import clean_key
+from msbridge.sinks import base
 from msbridge.sinks.base import flatten
 from msbridge.sinks.runlog import read_run
 
@@ -30,8 +31,9 @@ def mindinsight_steps(summary_root, tags) -> list:
 
 
 @pytest.mark.slow
-def test_metrics_and_params_one_tracker_would_merge_are_kept_apart_and_said_once(tmp_path, caplog):
+def test_metrics_and_params_one_tracker_would_merge_are_kept_apart_and_said_once(tmp_path, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="msbridge")
+    monkeypatch.setattr(base, "_SAID_CLASHES", set())  # said once a process: this worker may have said it already
     config = {"experiment": "names", "run_name": "clash", "flush_steps": 2,
               "output_dir": str(tmp_path / "{experiment}" / "{run_name}"),
               "sinks": {"jsonl": {}, "tensorboard": {}, "mindinsight": {},
