@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_param_name
 
 from msbridge.adapters.mlflow_tracker.run.fields import MAX_KEY_LENGTH, clean_key
-from msbridge.adapters.mlflow_tracker.client.process import ClientProcess, TrackerError
+from msbridge.adapters.mlflow_tracker.client.process import ClientProcess
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.adapters.mlflow_sink import MlflowSink
 from msbridge.bench.servers import MlflowServer
