@@ -74,3 +74,30 @@ def close(series: List, want: Dict[int, Dict[str, float]], name: str) -> None:
     expected = [want[s][name] for s in steps]
     np.testing.assert_allclose([v for _, v in series], expected, rtol=2e-6,
                                atol=max([2e-6] + [getattr(w, "half_ulp", 0.0) for w in expected]), err_msg=name)
+
+
+def do_eval_yaml(every: int, eval_dir: object = "eval") -> str:
+    """The run YAML lines that turn on mindformers' own evaluation (``do_eval``, PerplexityMetric) every ``every``
+    steps, on the MindRecord in ``eval_dir`` (relative to the work dir, or absolute); its ``callbacks:`` follow."""
+    return f"""do_eval: True
+eval_step_interval: {every}
+eval_epoch_interval: -1
+metric:
+  type: PerplexityMetric
+eval_dataset: &eval_dataset
+  data_loader:
+    type: MindDataset
+    dataset_dir: "{eval_dir}/train.mindrecord"
+    shuffle: False
+  input_columns: ["input_ids"]
+  num_parallel_workers: 1
+  python_multiprocessing: False
+  drop_remainder: True
+  batch_size: 4
+  repeat: 1
+  numa_enable: False
+  prefetch_size: 1
+eval_dataset_task:
+  type: CausalLanguageModelDataset
+  dataset_config: *eval_dataset
+"""

@@ -17,34 +17,13 @@ import pytest
 
 pytest.importorskip("mindformers")
 
-from helpers.mf_runs import EXAMPLE, only_run, train, variant  # noqa: E402
+from helpers.mf_runs import EXAMPLE, do_eval_yaml, only_run, train, variant  # noqa: E402
 
 from msbridge.sinks.runlog import read_run  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]  # compat: mindformers 1.6 passes too
 
-EVAL_YAML = """do_eval: True
-eval_step_interval: 5
-eval_epoch_interval: -1
-metric:
-  type: PerplexityMetric
-eval_dataset: &eval_dataset
-  data_loader:
-    type: MindDataset
-    dataset_dir: "eval/train.mindrecord"
-    shuffle: False
-  input_columns: ["input_ids"]
-  num_parallel_workers: 1
-  python_multiprocessing: False
-  drop_remainder: True
-  batch_size: 4
-  repeat: 1
-  numa_enable: False
-  prefetch_size: 1
-eval_dataset_task:
-  type: CausalLanguageModelDataset
-  dataset_config: *eval_dataset
-callbacks:
+EVAL_YAML = do_eval_yaml(5) + """callbacks:
   - type: MFLossMonitor
   - type: CheckpointMonitor
     prefix: tiny

@@ -22,38 +22,17 @@ import pytest
 pytest.importorskip("mindformers")
 optuna = pytest.importorskip("optuna", reason="the sweep extra: pip install 'msbridge[sweep]'")
 
-from helpers.mf_runs import EXAMPLE, close, mf_lines, variant  # noqa: E402
+from helpers.mf_runs import EXAMPLE, close, do_eval_yaml, mf_lines, variant  # noqa: E402
 from msbridge.sinks.runlog import read_run  # noqa: E402
 from msbridge.sweep.trial import RUN_DIR_ATTR, read_outcome  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each trial is a mindformers process
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 STEPS, EVERY, KEY, STUDY = 8, 4, "lr_schedule.learning_rate", "mf-sweep"
-#: mindformers' own evaluation (PerplexityMetric) every EVERY steps; eval rows hold seq_length tokens (see
-#: tests/mindformers_bridge/test_do_eval.py). 8 steps: CosineWithWarmUpLR's warmup (10 %) is 0 steps, so step 1
-#: trains at the learning rate itself.
-EVAL_YAML = """do_eval: True
-eval_step_interval: {every}
-eval_epoch_interval: -1
-metric:
-  type: PerplexityMetric
-eval_dataset: &eval_dataset
-  data_loader:
-    type: MindDataset
-    dataset_dir: "{eval_dir}/train.mindrecord"
-    shuffle: False
-  input_columns: ["input_ids"]
-  num_parallel_workers: 1
-  python_multiprocessing: False
-  drop_remainder: True
-  batch_size: 4
-  repeat: 1
-  numa_enable: False
-  prefetch_size: 1
-eval_dataset_task:
-  type: CausalLanguageModelDataset
-  dataset_config: *eval_dataset
-callbacks:
+#: The run's callbacks, after mindformers' own evaluation (``do_eval_yaml``: PerplexityMetric every EVERY steps; eval
+#: rows hold seq_length tokens, see tests/mindformers_bridge/test_do_eval.py). 8 steps: CosineWithWarmUpLR's warmup
+#: (10 %) is 0 steps, so step 1 trains at the learning rate itself.
+CALLBACKS_YAML = """callbacks:
   - type: MFLossMonitor
   - type: MSBridgeMonitor
     experiment: tiny-llama
@@ -93,7 +72,7 @@ def swept(tmp_path_factory):
     pruner stops trial 1 (it barely learns) at its first evaluation against trial 0."""
     tmp = tmp_path_factory.mktemp("mf_sweep")
     _eval_data(tmp / "eval")
-    run_yaml = variant(tmp, "run.yaml", EVAL_YAML.format(every=EVERY, eval_dir=tmp / "eval"))
+    run_yaml = variant(tmp, "run.yaml", do_eval_yaml(EVERY, tmp / "eval") + CALLBACKS_YAML.format(every=EVERY))
     done = run_sweep(tmp, f"""\
         study: {STUDY}
         command: "{{python}} {EXAMPLE}/train.py --config {run_yaml} --steps {STEPS} --work {tmp}/work"
