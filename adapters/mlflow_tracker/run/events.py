@@ -4,7 +4,7 @@ MLflow has no event log, so the events (anomalies, actions, checkpoints, stalls,
 artifact ``events.jsonl`` (the jsonl log's own line format, each line once: a replay adds nothing) and each
 kind's latest into the tag ``msbridge.event.<kind>.last`` (``step N: {detail}``, 500 characters).
 Histograms are not events MLflow can show: they are left out, said once. ``Backlog`` holds the records that wait
-for MLflow and counts what MLflow may lack: what it dropped past its bound, and a failed call's batch.
+for MLflow (past its bound the sink takes no more: they are read from jsonl later) and says what MLflow may lack.
 
 Example:
     >>> log = EventLog()
