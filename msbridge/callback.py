@@ -142,7 +142,8 @@ class BridgeMonitor(EvalHooks, Callback):
     def _begin(self, run_context: Any) -> None:
         cb = run_context.original_args()
         cfg = self.config
-        self.plan.check_rerun(first_train_step(cb))  # a used run dir and a training from step 1: refused here
+        first_trained = first_train_step(cb)
+        self.plan.check_rerun(first_trained)  # a used run dir and a training from step 1: refused here
         first_step = int(param(cb, "cur_step_num", 0) or 0)
         ring_cell = find_ring_cell(param(cb, "train_network", None))
         if ring_cell is not None:  # checked before any sink opens: a too-small ring never starts a run
@@ -183,13 +184,28 @@ class BridgeMonitor(EvalHooks, Callback):
         self._last_step = first_step
         self._offset = None
         if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
-            self.dispatcher.submit([], [Event("resume", self.run.resumed_from_step, self.run.rank, time.time(), {
-                "last_recorded_step": self.run.resumed_from_step, "run_id": self.run.run_id})])
+            self.dispatcher.submit([], [self._resume_event(first_trained)])
         self._cb = cb
         self._last_end = self._last_flush = self.tally.started = time.perf_counter()
         self._watchdog.rank = self.run.rank
         self._watchdog.start()  # its clock starts when the first step ends (compiling is not a stall)
         self.model_evals.attach(cb)  # a user's model.eval(ds) during training is recorded too
+
+    def _resume_event(self, first_trained: int) -> Event:
+        """The ``resume`` event of a run continued from its log's last step. A training that resumes past the next
+        step the log would hold (its checkpoint is newer than the log: a kill -9 ended the job before its log
+        wrote the last window) names the steps in between as lost: said once, and in the run's outcome."""
+        last = self.run.resumed_from_step
+        due = (last // self._every + 1) * self._every  # the next step the log would have held
+        lost = {"lost_first_step": due, "lost_last_step": first_trained - 1} if first_trained > due else {}
+        event = Event("resume", last, self.run.rank, time.time(),
+                      {"last_recorded_step": last, "run_id": self.run.run_id, **lost})
+        if lost:
+            log.warning("msbridge: steps %d-%d are in no log and no sink: the job that trained them ended before its "
+                        "log wrote them (a kill -9 keeps no buffer); this training resumes at step %d, after them",
+                        due, first_trained - 1, first_trained)
+            self.events.append(event)
+        return event
 
     def on_train_step_begin(self, run_context: Any) -> None:
         self._timer.begin(time.perf_counter())  # the data wait: this stamp minus the last step-end hook's return

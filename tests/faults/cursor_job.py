@@ -2,10 +2,10 @@
 cursor's fault tests (``tests/faults/test_tracker_cursor.py``).
 
 Usage: ``python cursor_job.py OUT_DIR TRACKING_URI STEPS_PER_EPOCH EPOCHS [INITIAL_EPOCH]``. Its run dir is
-``OUT_DIR/cursor/r``: given ``INITIAL_EPOCH``, it resumes that run (``resume: true``), training from that epoch (as a
-checkpoint would give it back). It prints ``step N`` every 100 steps and ``epoch E`` at each epoch end (each step
-takes 2 ms more), and once its close returned one JSON line: ``{"status", "undelivered", "run_dir"}``. MLflow
-keeps at most 1,000 records in memory (``max_pending``, more than a flush window): a server frozen for longer
+``OUT_DIR/cursor/r``: given ``INITIAL_EPOCH`` (0 too), it resumes that run (``resume: true``), training from that
+epoch (as a checkpoint would give it back). It prints ``step N`` every 100 steps and ``epoch E`` at each epoch end
+(each step takes 2 ms more), and once its close returned one JSON line: ``{"status", "undelivered", "run_dir"}``.
+MLflow keeps at most 1,000 records in memory (``max_pending``, more than a flush window): a server frozen for longer
 leaves it behind, reading the write-ahead log.
 """
 from __future__ import annotations
@@ -41,10 +41,11 @@ class Say(Callback):
 
 def main() -> None:
     out, uri, steps, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    initial = int(sys.argv[5]) if sys.argv[5:] else 0
+    resume = bool(sys.argv[5:])
+    initial = int(sys.argv[5]) if resume else 0
     mlflow = {"tracking_uri": uri, "max_pending": 1000, "backoff_initial": 0.2, "backoff_max": 1.0,
               "close_timeout": 300}
-    config = {"experiment": EXPERIMENT, "run_name": RUN_NAME, "resume": bool(initial),
+    config = {"experiment": EXPERIMENT, "run_name": RUN_NAME, "resume": resume,
               "output_dir": os.path.join(out, "{experiment}", "{run_name}"),
               "sinks": {"jsonl": {}, "tensorboard": {}, "mlflow": mlflow}}
     monitor = BridgeMonitor(config, progress=False)

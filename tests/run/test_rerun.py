@@ -4,6 +4,8 @@ the run with every step once."""
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -109,3 +111,28 @@ def test_a_resume_from_the_checkpoint_at_step_100_continues_the_run_every_step_o
     assert len(ref.losses) == 100  # the resumed session trained steps 101-200
     for step, loss in zip(range(last + 1, 201), ref.losses[last - 100:]):  # what the log took of this session
         assert losses[step] == pytest.approx(loss, rel=1e-6)
+
+
+def test_steps_a_kill_took_before_the_log_wrote_them_are_named_at_the_resume(tmp_path, caplog):
+    """A kill -9 after the checkpoint at step 100 but before the log wrote its last window (steps 91-100, still in
+    the killed process's memory): the log is cut there as the kill leaves it. The session resumed from that
+    checkpoint names steps 91-100 lost, in its log, its outcome and one warning, and records 101-200 once."""
+    first = BridgeMonitor(config(tmp_path), progress=False)
+    train_from_checkpoint(first, tmp_path / "ckpt", 5)
+    wal = Path(first.run_dir) / "metrics" / "rank_0.jsonl"
+    lines = wal.read_text().splitlines(keepends=True)
+    wal.write_text("".join(line for line in lines if json.loads(line).get("step", 0) <= 90))
+    second = BridgeMonitor(config(tmp_path), progress=False)
+    with caplog.at_level(logging.WARNING, logger="msbridge"):
+        train_from_checkpoint(second, tmp_path / "ckpt", 10, initial_epoch=5,
+                              checkpoint=str(tmp_path / "ckpt" / f"reg-5_{PER_EPOCH}.ckpt"))
+    log = read_run(second.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 91)) + list(range(101, 201))
+    (resume,) = [e for e in log.events if e.kind == "resume"]
+    assert (resume.step, resume.detail["lost_first_step"], resume.detail["lost_last_step"]) == (90, 91, 100)
+    said = [r.getMessage() for r in caplog.records if "in no log" in r.getMessage()]
+    assert said == ["msbridge: steps 91-100 are in no log and no sink: the job that trained them ended before its log "
+                    "wrote them (a kill -9 keeps no buffer); this training resumes at step 101, after them"]
+    summary = json.loads((Path(second.run_dir) / "run.json").read_text())
+    assert "step 90: resume" in json.dumps(summary) and "'lost_last_step': 100" in json.dumps(summary)
+    assert second.outcome.status == "FINISHED"
