@@ -121,6 +121,8 @@ class Health:
         self.run: Optional[RunInfo] = None
         self.dumps: Optional[DumpWriter] = None
         self._detectors = _build_detectors(spec)
+        self._step_detectors = tuple(d for d in self._detectors.values() if not d.on_eval)
+        self._eval_detectors = tuple(d for d in self._detectors.values() if d.on_eval)
         self._recent: Deque[Record] = deque(maxlen=spec.dump_window)
         self._batches: Dict[int, Any] = {}
         self._network: Any = None
@@ -172,24 +174,23 @@ class Health:
 
     # -- every flush -------------------------------------------------------------
     def check(self, window: Window, records: Sequence[Record]) -> Verdict:
-        """Check every step of ``window`` (``records``: the Stream's records of the same steps).
+        """Check every step of ``window`` (``records``: the Stream's records of the same steps, which gain the
+        ``health/*`` counters in place).
 
         A stop-class action sets ``self.stop``; the caller requests the stop and closes the sinks.
         """
-        columns = [window.given(name) for name in _COLUMNS]
-        out: List[Record] = []
+        nothing = [None] * len(records)
+        columns = [nothing if c is None else c for c in map(window.given, _COLUMNS)]
         events: List[Event] = []
         healthy = True
-        for i, rec in enumerate(records):
-            view = _view(rec, [None if c is None else c[i] for c in columns], float(window.step_time_s[i]))
+        for rec, scalars, step_s in zip(records, zip(*columns), window.step_time_s.tolist()):
+            view = _view(rec, scalars, step_s)
             if view.nonfinite:
                 self.nan_steps += 1
                 healthy = False
             if view.overflow and self._skips_overflow:
                 self.skipped_steps += 1
-            rec = Record(rec.step, rec.rank, rec.time, {**rec.values, NAN_STEPS: float(self.nan_steps),
-                                                        SKIPPED_STEPS: float(self.skipped_steps)})
-            out.append(rec)
+            rec.values[NAN_STEPS], rec.values[SKIPPED_STEPS] = float(self.nan_steps), float(self.skipped_steps)
             self._recent.append(rec)
             if self.stop is not None:
                 continue  # steps that ran after the stop fired are recorded, not judged again
@@ -198,12 +199,12 @@ class Health:
                 events += self._act(finding)
                 if self.stop is not None:
                     break
-        if self._needs_snapshot and healthy and self.stop is None and out:
-            last = out[-1].step
+        if self._needs_snapshot and healthy and self.stop is None and records:
+            last = records[-1].step
             if self._snapshot is None or last - self._snapshot[0] >= self.spec.snapshot_every:
                 self._take_snapshot(last)
         self._batches.clear()
-        return Verdict(out, events)
+        return Verdict(list(records), events)
 
     def check_eval(self, record: Record) -> List[Event]:
         """Check one evaluation (``record``: its ``eval/*`` values at the training step it ran) with the checks
@@ -225,7 +226,7 @@ class Health:
 
     # -- helpers -------------------------------------------------------------------
     def _observe(self, view: StepView, on_eval: bool = False) -> List[Finding]:
-        findings = (d.observe(view) for d in self._detectors.values() if d.on_eval == on_eval)
+        findings = [d.observe(view) for d in (self._eval_detectors if on_eval else self._step_detectors)]
         return [finding for finding in findings if finding is not None]
 
     def _live_is_healthy(self, check: str) -> bool:

@@ -27,8 +27,6 @@ from ..sinks.base import Record
 
 log = logging.getLogger("msbridge")
 
-MODES = ("min", "max")
-
 
 class Objective:
     """Follows one metric's best and final value over the records of the global rank.

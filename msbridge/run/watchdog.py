@@ -62,7 +62,6 @@ class StallWatchdog:
         self.submit, self.rank, self.stall_seconds = submit, rank, stall_seconds
         self.floor_s, self.factor, self.clock = floor_s, factor, clock
         self.doing = IN_STEP
-        self.stalls = 0
         self._last_end: Optional[float] = None
         self._step = 0
         self._times: Deque[float] = deque(maxlen=RECENT)
@@ -137,7 +136,6 @@ class StallWatchdog:
             return
         age = now - last
         if age >= self.threshold():
-            self.stalls += 1
             self._stalled_at, self._stall_age = now, age
             self._emit(STALL, seconds_since_step=round(age, 3), stall_seconds=round(self.threshold(), 3),
                        doing=self.doing, step_time_s=self._recent_median(), derived=self.stall_seconds is None)
