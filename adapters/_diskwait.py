@@ -327,7 +327,7 @@ class WaitsForSpace:
     """For a sink whose event files are ``WaitingFile``s of ``self._wait`` (TensorBoard, MindInsight): a batch
     that meets a full disk waits (bounded) and is written when space returns; what is lost is a ``gap`` event,
     written into the sink itself when it can be and returned to the dispatcher (every other sink, the outcome).
-    The sink defines ``_emit``, ``_flush_files``, ``_close_files`` (its last writes) and ``_shut_files``.
+    The sink defines ``_write_files``, ``_flush_files``, ``_close_files`` (its last writes) and ``_shut_files``.
 
     Example:
         >>> from msbridge.sinks.base import Sink
@@ -346,7 +346,7 @@ class WaitsForSpace:
             return self._gap_events()
         if not self._wait.retry():
             raise Behind(f"{self._wait.where} has no space ({self._wait.reason}); {self._wait.waiting} events wait")
-        self._emit(records, events)
+        self._write_files(records, events)
         return self._gap_events()
 
     def _gap_events(self, final: bool = False, status: str = "") -> List[Any]:
@@ -358,7 +358,7 @@ class WaitsForSpace:
         gaps = [Event(GAP, d["last_step"], self.run.rank, d["time"], {k: v for k, v in d.items() if k != "time"})
                 for d in details]
         if gaps and not final:
-            self._emit([], gaps)
+            self._write_files([], gaps)
         return gaps
 
     def undelivered(self) -> str:

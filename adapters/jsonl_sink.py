@@ -10,7 +10,7 @@ back to the last complete line; the lines that did not fit are held (up to ``MAX
 written again at the next batch or flush, in order. The first failure is said once, naming the file and
 its free space. What is finally dropped (the oldest held lines past the bound, or what is still held at
 close) becomes one ``gap`` event (first and last step, counts): written into the log where the lines
-would have been, and returned from the call that made it final (``emit``, ``flush`` or ``close``): the
+would have been, and returned from the call that made it final (``write``, ``flush`` or ``close``): the
 dispatcher hands it to every other sink. What the log lost in all is its ``undelivered()``: the run's outcome
 lists it (exit code 3), and close says it in one line, even when nothing could be written.
 
@@ -143,7 +143,7 @@ class JsonlSink(Sink):
     def held(self) -> Held:
         return Held(self._holds)
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         self._held.extend((_RECORD, rec.step, encode_record(rec).encode()) for rec in records)
         self._held.extend((_EVENT, ev.step, encode_event(ev).encode()) for ev in events)
         self._drain()

@@ -200,13 +200,14 @@ class MindInsightSink(WaitsForSpace, Sink):
         self._write_user_info(info)
         self._flush_files()
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
         return self._write_or_wait(list(records), list(events))
 
     def undelivered(self) -> str:
         """What it lost (``WaitsForSpace``); a hole before later written steps is named as one a replay cannot fill."""
         text = super().undelivered()
-        holes = [f"{g['first_step']}-{g['last_step']}" for g in self._wait.lost if g["last_step"] < self.last_step]
+        last = self.run.progress.last_step if self.run is not None else 0
+        holes = [f"{g['first_step']}-{g['last_step']}" for g in self._wait.lost if g["last_step"] < last]
         if holes:
             text += (f"; steps {', '.join(holes)} stay missing after a replay too: MindInsight drops points that go "
                      "back a step, so a replay writes only the steps after the last one its files hold")
@@ -218,7 +219,7 @@ class MindInsightSink(WaitsForSpace, Sink):
             self._stem = self._new_stem(self.run.rank)
         return self._stem + suffix
 
-    def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def _write_files(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._summary is None:
             self._open_files()
         for rec in records:

@@ -14,8 +14,8 @@ a bounded backlog, retries with backoff, a last bounded try in ``close``. A ``sq
 whole, however many runs start on it and whenever one is killed (``mlflow_tracker.store.local``). The ``run.json`` artifact is
 strict JSON (NaN and inf as strings).
 
-The run's start and end times are the training's (``Sink.start_time`` / ``end_time``), however late MLflow is reached,
-and the same when the run is replayed. The run README is the run's description (``mlflow.note.content``, cut to
+The run's start and end times are the training's (``run.progress``, kept by the sink's host), however late MLflow is
+reached, and the same when the run is replayed. The run README is the run's description (``mlflow.note.content``, cut to
 MLflow's 8000 characters; whole in ``README.md``). An experiment this sink creates is tagged ``mlflow.experimentKind:
 custom_model_development`` (MLflow's "Machine learning" kind, which its kind selector writes there); MLflow 3.17's UI
 picks its GenAI or ML view from the URL (``?workflowType=machine_learning``) or the browser's last choice.
@@ -156,7 +156,7 @@ class MlflowSink(Sink):
         if self._models is not None:
             self._models.open(run.run_dir, dict(run.config.get("objective") or {}), live=run.training)
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._pending.full(len(records)):
             self.flush()  # one try, once its backoff ran out
             if self._pending.full(len(records)):
@@ -294,7 +294,7 @@ class MlflowSink(Sink):
         if sweep_id:
             held = self._client.get_run(self.run_id).data
             self._client.set_tag(self.run_id, STATE_TAG, trial_state(status, held.tags, held.metrics))
-        self._client.set_terminated(self.run_id, status, end_time=epoch_ms(self.end_time))
+        self._client.set_terminated(self.run_id, status, end_time=epoch_ms(self.run.progress.end_time))
         if self._parent is not None:
             settle(self._client, self._experiment, str(sweep_id), self._parent, self.run_id)
         mark_best(self._client, self._experiment, sweep_id, objective.get("mode", "min"))
@@ -383,7 +383,7 @@ class MlflowSink(Sink):
             log.info("msbridge: reattached to MLflow run %s; it holds steps up to %d", run_id, self._logged_step)
         else:
             parent = {PARENT_RUN_TAG: self._parent.run_id} if self._parent else {}
-            run_id = client.create_run(experiment_id, start_time=epoch_ms(self.start_time),
+            run_id = client.create_run(experiment_id, start_time=epoch_ms(self.run.progress.start_time),
                                        tags={RUN_ID_TAG: run.run_id, **parent},
                                        run_name=self.settings["run_name"] or run.run_name).info.run_id
         if found or run.resumed_from_step:

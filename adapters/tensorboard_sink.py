@@ -42,7 +42,7 @@ events wait, bounded, and go into a fresh event file when space returns
   code does. No experiment
   summary is written, so TensorBoard builds the table from every run's own
   hparams and a sweep whose runs differ in keys still shows all of them. The
-  session's start and end times are the training's (``Sink.start_time``/``end_time``).
+  session's start and end times are the training's (``run.progress``: kept by the sink's host).
 - On resume, and on a replay into a run it already holds, ``open`` reads the run's own event files back
   (``held()``): the steps each directory holds and the events they hold are skipped. Files are created at the
   first thing to write, so a replay that brings nothing new adds no file and no point; a new event file is
@@ -223,7 +223,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
                     steps.add(step)
                 else:
                     self._held_event(tag, step, text)
-            if steps:  # a new run holds none: its writes skip the per-record check (emit)
+            if steps:  # a new run holds none: its writes skip the per-record check
                 self._held[folder] = steps
 
     def held(self) -> Held:
@@ -262,12 +262,12 @@ class TensorBoardSink(WaitsForSpace, Sink):
                 self._global.text("run/README", run.readme, run.resumed_from_step)
         self._flush_files()
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> List[Event]:
         if self._held:
             records = [rec for rec in records if not self._all_held(rec)]
         return self._write_or_wait(list(records), list(events))
 
-    def _emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def _write_files(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if self._local is None:
             self._open_files()
         assert self._local is not None
@@ -313,7 +313,7 @@ class TensorBoardSink(WaitsForSpace, Sink):
         if self._global is not None:
             self._write_hparams(status)
         for target in self._files():
-            target.text("run/status", status, self.last_step)
+            target.text("run/status", status, self.run.progress.last_step)
 
     def _shut_files(self) -> None:
         for target in self._files():
@@ -394,7 +394,8 @@ class TensorBoardSink(WaitsForSpace, Sink):
         _, start, end = tbx.summary.hparams(hparams, metrics)
         plugin = end.value[0].metadata.plugin_data
         data = tbx.HParamsPluginData.FromString(plugin.content)
-        started, ended = self.start_time or time.time(), self.end_time or time.time()
+        progress = self.run.progress
+        started, ended = progress.start_time or time.time(), progress.end_time or time.time()
         data.session_end_info.status = tbx.Status.Value(_STATUS.get(status, "STATUS_UNKNOWN"))
         data.session_end_info.end_time_secs = ended
         plugin.content = data.SerializeToString()
@@ -402,8 +403,8 @@ class TensorBoardSink(WaitsForSpace, Sink):
         start_data = tbx.HParamsPluginData.FromString(start_plugin.content)
         start_data.session_start_info.start_time_secs = started
         start_plugin.content = start_data.SerializeToString()
-        self._global.summary(start, self.last_step, started)
+        self._global.summary(start, progress.last_step, started)
         if metrics:
             values = [tbx.Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
-            self._global.summary(tbx.Summary(value=values), self.last_step, ended)
-        self._global.summary(end, self.last_step, ended)
+            self._global.summary(tbx.Summary(value=values), progress.last_step, ended)
+        self._global.summary(end, progress.last_step, ended)

@@ -3,7 +3,8 @@
 A plug-in's author runs ``check_sink(MySink)`` (in a test of theirs, or once by hand); msbridge's own contract
 test runs it over every available sink. Each check opens the sink on a fresh run under ``directory`` and drives
 it through the same ``SinkHost`` as a training does (its own thread, typed calls, each waited for at most its
-production bound or ``timeout`` s: a raise, a wrong return type or a hang fails the check, named), then
+production bound or ``timeout`` s: a raise, a wrong return type or a hang fails the check, named; each batch
+through the host's hand-off, which skips what ``held()`` says the store holds and what it was handed), then
 compares what ``read_back`` gives back, step for step: every metric with exactly its steps (checked first), then
 its values (to float32's precision; a non-finite value stays non-finite), and every event as ``events/<kind>``
 at its step. A replay into the same store, twice, must add nothing (``held()``).

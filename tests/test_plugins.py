@@ -20,7 +20,7 @@ SINK = """
     from msbridge.sinks.base import Sink
 
     class {cls}(Sink):
-        def emit(self, records, events):
+        def write(self, records, events):
             pass
 """
 
@@ -68,11 +68,11 @@ def test_the_registered_name_is_the_entry_points_name(tmp_path, monkeypatch, fre
 
         @register_sink("comma")
         class Csv(Sink):
-            def emit(self, records, events):
+            def write(self, records, events):
                 pass
 
         class Plain(Sink):  # not decorated: the entry point names it
-            def emit(self, records, events):
+            def write(self, records, events):
                 pass
     """
     monkeypatch.syspath_prepend(str(install(tmp_path, "my-csv", "msbridge.sinks",

@@ -1,6 +1,6 @@
 """Sends alerts from a thread of its own, with the standard library only (``urllib.request``).
 
-The training thread never sends: the alert sink's ``emit`` (on its own host thread) puts an alert on
+The training thread never sends: the alert sink's ``write`` (on its own host thread) puts an alert on
 ``Sender``'s queue and returns. The sender thread sleeps on that queue while idle, posts each alert to
 every target with bounded retries (backoff 1, 2, 4 ... s, slept on an Event the close cuts short) and keeps
 what still fails in the run's outbox. ``close`` waits ``wait_s`` at most; what is still queued or being sent

@@ -5,7 +5,7 @@ named under ``sinks:``. Being a sink gives it, with no new plumbing: every healt
 watchdog's ``stall``/``resumed`` (submitted to the dispatcher), the ``gap`` a sink returns, the run's end
 status in ``close``, and, as an observer (``Sink.observer``), every other sink's final ``undelivered`` in
 ``observe``: the dispatcher hands it over once every other sink closed or hit its bound, before this close.
-``emit`` runs on its own host thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
+``write`` runs on its own host thread and only queues: the ``Sender`` thread does the HTTP. What it could not send is kept in
 the outbox and named in ``undelivered()``, so the run's outcome says ``msbridge replay RUN_DIR --to alerts``.
 
 Example:
@@ -65,7 +65,7 @@ class AlertSink(Sink):
                              backoff_s=self.backoff_s)
         self.sender.start(spec_for_outbox=self.spec)  # an earlier start's kept alerts go out first
 
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> None:
+    def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
         if records:
             self._step = max(self._step, records[-1].step)
         for event in events:

@@ -33,7 +33,7 @@ class BlockedOpen(Sink):
     def open(self, run: Any) -> None:
         self.release.wait(600)
 
-    def emit(self, records: Any, events: Any) -> None:
+    def write(self, records: Any, events: Any) -> None:
         return None
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import ConfigError
-from ..names import restated
 from ..options import Option, check_options, with_defaults
 
 log = logging.getLogger("msbridge")
@@ -51,7 +50,7 @@ class WrongType(TypeError):
 
 
 class Behind(Exception):
-    """Raised by ``emit`` for a batch it cannot take now (its tracker is down and what waits for it is at its
+    """Raised by ``write`` for a batch it cannot take now (its tracker is down and what waits for it is at its
     bound): the sink took nothing of it. Its host then hands it no batch from memory, and reads the write-ahead log
     from that batch on once a later try is taken (``SinkHost``): nothing waits in memory for an outage.
 
@@ -161,6 +160,42 @@ class Event:
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Progress:
+    """What a sink's host has handed it so far, read-only for the sink (``self.run.progress`` once open): the
+    highest step handed or held, the training's start (``run.start_time``, else the first time handed) and the
+    latest time handed. The host (``msbridge.sinks.handoff``) keeps it; a replayed run gets the live one's times.
+
+    Example:
+        >>> progress = Progress()
+        >>> progress.last_step, progress.start_time, progress.end_time
+        (0, 0.0, 0.0)
+    """
+
+    __slots__ = ("_last_step", "_start_time", "_end_time")
+
+    def __init__(self, last_step: int = 0, start_time: float = 0.0, end_time: float = 0.0) -> None:
+        self._last_step, self._start_time, self._end_time = last_step, start_time, end_time
+
+    @property
+    def last_step(self) -> int:
+        """The highest step handed over or held."""
+        return self._last_step
+
+    @property
+    def start_time(self) -> float:
+        """When training started (``run.start_time``, else the first time handed over); 0.0 before."""
+        return self._start_time
+
+    @property
+    def end_time(self) -> float:
+        """The latest time of a record or event handed over (else the start)."""
+        return self._end_time
+
+    def set(self, last_step: int, start_time: float, end_time: float) -> None:
+        """The host's call (``Handoff``), never a sink's: what it has handed the sink now."""
+        self._last_step, self._start_time, self._end_time = last_step, start_time, end_time
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """What a sink learns when it is opened.
@@ -176,10 +211,11 @@ class RunInfo:
         metadata: run metadata (versions, host, git, command line ...), secret-masked.
         readme: the run README text.
         resumed_from_step: the last step already recorded when a run is resumed, else 0.
-        start_time: when training started (``time.time()``); 0.0 when unknown (then a sink takes
-            the time of the first record it is handed).
+        start_time: when training started (``time.time()``); 0.0 when unknown (then ``progress.start_time`` is
+            the time of the first record handed).
         training: True when a live training opens the sink (its run plan); False for ``msbridge replay``
             and tools, where a sink need not yield the CPU to anything.
+        progress: what the sink's host has handed it so far (``Progress``), in the run a sink is opened with.
     """
 
     run_id: str
@@ -195,6 +231,7 @@ class RunInfo:
     resumed_from_step: int = 0
     start_time: float = 0.0
     training: bool = False
+    progress: Progress = field(default_factory=Progress, compare=False, repr=False)
 
     @property
     def experiment_dir(self) -> str:
@@ -205,8 +242,8 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class Held:
-    """What a sink already holds for its run (its ``held()``): ``write`` hands ``emit`` no step up to
-    ``last_step`` and none of ``events`` (``(kind, step)`` pairs), so a replay into it twice adds nothing.
+    """What a sink already holds for its run (its ``held()``): its host hands it no step up to ``last_step`` and
+    none of ``events`` (``(kind, step)`` pairs), so a replay into it twice adds nothing.
 
     Example:
         >>> Held(last_step=120, events=frozenset({("anomaly", 37)})).last_step
@@ -217,51 +254,48 @@ class Held:
     events: FrozenSet[Tuple[str, int]] = frozenset()
 
 
-#: What ``emit``, ``flush`` and ``close`` may return: the ``gap`` events of what the sink finally lost, which the
+#: What ``write``, ``flush`` and ``close`` may return: the ``gap`` events of what the sink finally lost, which the
 #: dispatcher hands to every other sink. None (or empty) for nothing.
 GapEvents = Optional[Sequence[Event]]
 
 
 class Sink:
-    """Base class of every sink. Every call of it (``open``, ``describe``, ``held``, ``write``, ``flush``,
-    ``close``, ``undelivered``, ``read_back``) is made on a thread of its own by its ``SinkHost``
-    (``msbridge.sinks.host``), each within a time limit (``Call.bound``): its ``close_bound`` for ``open``,
-    ``write``, ``flush``, ``close`` and ``read_back``, 10 s for ``held`` and ``undelivered``, 2 s for
-    ``describe``. A call that raises, returns a wrong type, or is still running when its bound runs out while it
-    is waited for (``describe`` at train begin, ``close`` and ``undelivered`` at the end, every call in
-    ``msbridge replay`` and ``check_sink``) makes the sink undelivered, and training goes on; a call that returns
-    late with nobody waiting is a warning (its queue bound stops a sink that falls too far behind).
+    """Base class of every sink. A plug-in implements five calls, plus ``held()`` for resume:
 
-    What a sink implements: ``open(run)`` once, ``emit(records, events)`` per batch, ``flush()`` (everything
-    handed over is durable when it returns), ``close(status)`` once (it flushes first), ``read_back(run)``
-    (what it stored, with the tracker's own reader) and ``describe(run)`` (where it writes). It declares
-    ``options`` (``{option: Option(...)}``, checked by ``load_config`` and again here; ``self.settings``
-    holds the values), ``extra``/``requires`` (the ``msbridge[extra]`` that installs its import names),
-    ``ranks`` and ``default_store``; ``register_sink("name")`` (``msbridge.sinks.registry``) names it.
+    - ``open(run)`` once (``super().open(run)`` first: it sets ``self.run``);
+    - ``write(records, events)`` per batch: the records of steps it does not hold yet, in step order, and the
+      events it does not hold (its host filters every batch, see below);
+    - ``flush()``: everything handed over is durable when it returns;
+    - ``close(status)`` once, FINISHED, FAILED or KILLED (by default a flush);
+    - ``read_back(run)``: what it stored, with the tracker's own reader (``check_sink`` compares it);
+    - ``held()``: what its store already holds (a ``Held``), asked once after ``open``; by default the step a
+      resumed run trains again from.
 
-    Opt-in capabilities, each a return value or a method (of a sink's attributes the dispatcher and its host read
-    only ``name``, ``close_bound``, ``on_training_thread`` and ``observer``):
+    Everything else is its host's (``SinkHost``, ``msbridge.sinks.host``), once for every sink: each call on the
+    sink's own thread within a time limit (``calls.CALLS``), return types checked, and the hand-off of each batch
+    (``msbridge.sinks.handoff``): no step up to ``held().last_step``, no step handed already, never a metric
+    twice at a step (``names.restated`` aside), no held event; ``self.run.progress`` (``Progress``) its last step
+    and times. A call that raises, returns a wrong type or overruns makes the sink undelivered; training goes on.
 
-    - resume: ``held()`` returns what its store already holds (a ``Held``); ``write`` then skips it;
-    - gaps: ``emit``/``flush``/``close`` return the ``GAP`` events of what it finally lost;
-    - behind: ``emit`` raises ``Behind`` for a batch it cannot take now; its host reads it from the log later;
-    - undelivered: ``undelivered()`` says what it gave up delivering ("30 records and status FINISHED ...");
-    - observer: ``observer = True`` and ``observe(undelivered)``: the others' final ``undelivered``;
-    - hurry: ``hurry()`` is called on a throwaway thread, never waited for, once training has ended and the
-      sink's close has run ``HURRY_AFTER`` seconds: a sink that kept its client at a low priority lifts it;
-    - tracker times: ``start_time``/``end_time`` (read-only) are the training's start and the latest time
-      handed over, so a replayed run gets the times of the live one.
+    A sink declares ``options`` (``{option: Option(...)}``, checked by ``load_config`` and here; ``self.settings``
+    holds the values), ``extra``/``requires`` (the ``msbridge[extra]`` that installs its import names), ``ranks``
+    and ``default_store``; ``register_sink("name")`` (``msbridge.sinks.registry``) names it.
 
-    ``on_training_thread``: honoured for msbridge's own sinks only (the console's progress line, whose ``write``
-    costs microseconds), which ``Dispatcher.submit`` calls on the training thread. A plug-in's is ignored: its
-    sink is hosted like every other.
+    Optional, each a return value, an exception or a method:
+
+    - gaps: ``write``/``flush``/``close`` return the ``GAP`` events of what it finally lost;
+    - behind: ``write`` raises ``Behind`` for a batch it cannot take now; its host reads it from the log later;
+    - ``describe(run)``: where it writes (``{"where": ...}``), for the run README;
+    - ``undelivered()``: what it gave up delivering ("30 records and status FINISHED ...");
+    - ``observe(undelivered)`` with ``observer = True``: the others' final ``undelivered``;
+    - ``hurry()``: training has ended and its close has run ``HURRY_AFTER`` s (a throwaway thread).
 
     Example:
         >>> from msbridge.sinks.registry import register_sink
         >>> @register_sink("print")
         ... class PrintSink(Sink):
         ...     options = {"prefix": Option(str, "step", "the word before each step number")}
-        ...     def emit(self, records, events):
+        ...     def write(self, records, events):
         ...         for r in records:
         ...             print(self.settings["prefix"], r.step, dict(r.values))
     """
@@ -278,8 +312,11 @@ class Sink:
     #: Where the sink's store is unless its options place it: ``(option, template)``, the template's
     #: ``{experiment_dir}`` filled in by ``store_default``; ``()`` for a sink without a shared store.
     default_store: Tuple[str, str] = ()
-    #: True only for msbridge's own sinks as cheap as a print (see above): ``submit`` calls them on the training
-    #: thread. A plug-in's True is ignored.
+    #: False for a sink that is not a store (the console's progress line): its host hands it every record and
+    #: event, a resumed run's steps trained again too.
+    skips_held = True
+    #: True only for msbridge's own sinks as cheap as a print (the console): ``Dispatcher.submit`` calls them on
+    #: the training thread. A plug-in's True is ignored: its sink is hosted like every other.
     on_training_thread = False
     #: True for a sink that reports on the others (alerts): it is closed last, after ``observe``.
     observer = False
@@ -290,10 +327,6 @@ class Sink:
             raise ConfigError([f"sinks.{self.name}.{key}: {message}" for key, message in problems])
         self.settings: Dict[str, Any] = with_defaults(self.options, options)
         self.run: Optional[RunInfo] = None
-        self.__held: Optional[Held] = None  # asked once per open, at the first write (``held()``)
-        self.__after = 0  # the highest step handed to ``emit``
-        self.__names: Set[str] = set()  # the metrics handed to ``emit`` at that step
-        self.__times = (0.0, 0.0)
 
     @classmethod
     def store_default(cls, experiment_dir: str) -> Dict[str, str]:
@@ -319,26 +352,9 @@ class Sink:
         ``DEFAULT_CLOSE_TIMEOUT``) plus ``CLOSE_GRACE``; a sink still closing then is listed undelivered."""
         return float(self.settings.get("close_timeout", DEFAULT_CLOSE_TIMEOUT)) + CLOSE_GRACE
 
-    @property
-    def last_step(self) -> int:
-        """The highest step handed over (or held) so far."""
-        return max(self.__after, self._holding().last_step) if self.run is not None else 0
-
-    @property
-    def start_time(self) -> float:
-        """When training started (``run.start_time``, else the first time handed over); 0.0 before."""
-        return self.__times[0]
-
-    @property
-    def end_time(self) -> float:
-        """The latest time of a record or event handed over (else the start)."""
-        return self.__times[1]
-
     def open(self, run: RunInfo) -> None:
         """Connect or create files for ``run``; a subclass calls ``super().open(run)`` first."""
         self.run = run
-        self.__held, self.__after, self.__names = None, 0, set()
-        self.__times = (run.start_time, run.start_time)
 
     def held(self) -> Held:
         """What this sink's store already holds (after ``open``): by default the resumed step
@@ -346,45 +362,6 @@ class Sink:
         return Held(self.run.resumed_from_step if self.run is not None else 0)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
-        """Hand ``emit`` the records of steps after ``last_step`` (never a metric twice at a step: a second record
-        of the last step, an evaluation's, is handed on when it names other metrics, ``names.restated`` aside) and every event not held;
-        the times follow the times handed over. Returns what ``emit`` returns."""
-        held = self._holding()
-        before = (self.__after, set(self.__names), self.__times)
-        fresh = []
-        for rec in records:
-            if rec.step > max(self.__after, held.last_step):
-                fresh.append(rec)
-                self.__after, self.__names = rec.step, set(rec.values)
-            elif rec.step == self.__after >= held.last_step and not {
-                    n for n in self.__names & rec.values.keys() if not restated(n)}:
-                fresh.append(rec)
-                self.__names.update(rec.values)
-        times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
-        if times:
-            start, end = self.__times
-            self.__times = (start or min(times), max(end, *times))
-        if held.events:
-            events = [ev for ev in events if (ev.kind, ev.step) not in held.events]
-        try:
-            return self.emit(fresh, events)
-        except Behind:
-            self.__after, self.__names, self.__times = before  # not taken: handed again from the log
-            raise
-
-    def _holding(self) -> Held:
-        if self.__held is None:
-            held = self.held()
-            if not isinstance(held, Held):
-                raise WrongType(f"held() returned {type(held).__name__}, not Held")
-            self.__held = held
-        return self.__held
-
-    def holding(self) -> Held:
-        """``held()``, asked once per open (the host asks it right after ``open``; ``write`` reuses it)."""
-        return self._holding()
-
-    def emit(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         """Store ``records`` (steps this sink does not hold yet, in order) and ``events``."""
         raise NotImplementedError
 
@@ -395,20 +372,14 @@ class Sink:
         """Flush and let go of files or clients; ``status`` is FINISHED, FAILED or KILLED."""
         return self.flush()
 
-    def hurry(self) -> None:
-        """Training has ended and this sink's close is still running (see the class docstring); called on a
-        throwaway thread, so it must be safe beside the sink's own. By default nothing."""
+    def read_back(self, run: RunInfo) -> Series:
+        """What this sink stored for ``run``, read with the tracker's own reader (after ``close``):
+        ``{metric: [(step, value), ...]}`` in step order, a step written twice listed twice. Events
+        come back as ``events/<kind>`` series: the number of events of that kind at each step.
+        The sink contract (``msbridge.testing.check_sink``) compares it with what the sink was handed."""
+        raise NotImplementedError
 
-    def observe(self, undelivered: Mapping[str, str]) -> None:
-        """An ``observer``'s final facts: every other sink's final ``undelivered`` (name -> what; only the ones
-        that lack something), handed over once every other sink closed or hit its bound, before this one's
-        close. By default nothing."""
-
-    def undelivered(self) -> str:
-        """What this sink gave up delivering ("30 records and status FINISHED ..."), "" when nothing:
-        the run's outcome lists it (exit code 3) with the replay that fills it."""
-        return ""
-
+    # -- optional ------------------------------------------------------------------
     def describe(self, run: RunInfo) -> Dict[str, str]:
         """Where this sink writes for ``run`` (before it is opened), for the run README.
 
@@ -416,9 +387,16 @@ class Sink:
         """
         return {}
 
-    def read_back(self, run: RunInfo) -> Series:
-        """What this sink stored for ``run``, read with the tracker's own reader (after ``close``):
-        ``{metric: [(step, value), ...]}`` in step order, a step written twice listed twice. Events
-        come back as ``events/<kind>`` series: the number of events of that kind at each step.
-        The sink contract (``msbridge.testing.check_sink``) compares it with what the sink was handed."""
-        raise NotImplementedError
+    def undelivered(self) -> str:
+        """What this sink gave up delivering ("30 records and status FINISHED ..."), "" when nothing:
+        the run's outcome lists it (exit code 3) with the replay that fills it."""
+        return ""
+
+    def observe(self, undelivered: Mapping[str, str]) -> None:
+        """An ``observer``'s final facts: every other sink's final ``undelivered`` (name -> what; only the ones
+        that lack something), handed over once every other sink closed or hit its bound, before this one's
+        close. By default nothing."""
+
+    def hurry(self) -> None:
+        """Training has ended and this sink's close is still running (see the class docstring); called on a
+        throwaway thread, so it must be safe beside the sink's own. By default nothing."""

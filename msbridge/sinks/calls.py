@@ -101,12 +101,13 @@ class Shape:
     check: Callable[[str, Any], Any]
 
 
-#: Every call a host makes. ``held`` asks ``holding()`` (``held()``, once per open); ``retire`` ends a host's
-#: thread without a call of the sink; ``hurry`` is made on a throwaway thread, never waited for (``Dispatcher``).
+#: Every call a host makes. ``held`` is asked once per open (the host's ``Handoff`` keeps it); ``write`` is made
+#: through the ``Handoff`` (``handoff.py``); ``retire`` ends a host's thread without a call of the sink; ``hurry``
+#: is made on a throwaway thread, never waited for (``Dispatcher``).
 CALLS: Dict[str, Shape] = {
     "open": Shape("open", ("run",), None, _nothing),
     "describe": Shape("describe", ("run",), DESCRIBE_BOUND, _where),
-    "held": Shape("holding", (), QUICK_BOUND, _held),
+    "held": Shape("held", (), QUICK_BOUND, _held),
     "write": Shape("write", ("records", "events"), None, _gaps),
     "flush": Shape("flush", (), None, _gaps),
     "close": Shape("close", ("status",), None, _gaps),

@@ -75,6 +75,7 @@ class ConsoleSink(Sink):
 
     name = "console"
     options = {"print_interval": Option(int, 20, "a progress line every N steps", 1)}
+    skips_held = False  # progress, not a store: a resumed run's steps trained again are printed too
     on_training_thread = True
 
     def __init__(self, stream: Optional[IO[str]] = None, **options: Any) -> None:
@@ -94,7 +95,7 @@ class ConsoleSink(Sink):
         self._grad_norm_told = run.config.get("grad_norm") is False  # switched off: nothing to say
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> None:
-        """Every record, a resumed run's steps trained again too: progress, not a store (no resume skip)."""
+        """A progress line every ``print_interval`` steps, one per evaluation and one per event."""
         out = self.stream or sys.stdout
         lines = []
         for rec in records:

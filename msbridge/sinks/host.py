@@ -4,9 +4,9 @@ The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``des
 (queued: nobody waits for the open), then ``write``/``flush``, and last ``close`` and ``undelivered``. ``offer`` queues a batch and
 never waits: a full queue means the sink is far behind (stalled, starved or unreachable). A tracker then reads the
 write-ahead log with a cursor of its own, as Prometheus remote write tails its WAL: it takes no more batches from
-memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks, each
-handed to ``write`` (which skips the steps it was handed already), then goes back to live batches once a read
-reached the end of the log with no batch left out meanwhile. No record waits in memory for a sink that is behind,
+memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks,
+each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the steps the sink holds or was handed
+already), then goes back to live batches once a read reached the end of the log with no batch left out meanwhile. No record waits in memory for a sink that is behind,
 and a sink is never left behind for the rest of a run; at the close it reads what is left within its close bound,
 and what it still lacks is named with the replay that fills it. Without a write-ahead log (``wal``), a full queue
 leaves the sink behind for the run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer``
@@ -40,6 +40,7 @@ from typing import Any, Callable, Deque, List, Optional, Sequence, Set, Tuple, T
 from ..errors import MsbridgeError
 from .base import CLOSE_GRACE, GAP, Behind, Event, Record, RunInfo, Sink
 from .calls import Call, Failure, Gaps
+from .handoff import Handoff
 from .runlog import read_from
 
 log = logging.getLogger("msbridge")
@@ -57,6 +58,7 @@ class SinkHost:
         wal: where the write-ahead log is now (jsonl's path), read when the sink falls behind; None: no log.
 
     Attributes:
+        handoff: makes every call of the sink, each batch filtered (``Handoff``: held and handed steps, times).
         failures: every ``Failure`` of its calls, in order (the first one is what the outcome says).
         done_records / done_step: records, and the highest step, of the writes that returned.
         missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full, no log).
@@ -75,6 +77,7 @@ class SinkHost:
                  after_write: Optional[Callable[[Call], None]] = None, quiet: bool = False,
                  wal: Optional[Callable[[], str]] = None) -> None:
         self.sink, self.max_batches, self.lossless, self.quiet = sink, max_batches, lossless, quiet
+        self.handoff = Handoff(sink)
         self._wal = wal
         self._cursor = _Cursor()
         self.caught_up = 0
@@ -285,7 +288,7 @@ class SinkHost:
     def _make(self, call: Call) -> None:
         self._running, self._started_at = call, time.monotonic()
         try:
-            call.result = call.check(call.invoke(self.sink))
+            call.result = call.check(self.handoff.invoke(call))
         except Behind as exc:
             if self._wal is None or call.method != "write":
                 call.failure = Failure(call.method, f"{type(exc).__name__}: {exc}")
@@ -336,12 +339,7 @@ class SinkHost:
 
     def _count_missed(self, call: Call) -> None:
         with self._ready:
-            if self.behind_from is None:
-                steps = [r.step for r in call.records] + [e.step for e in call.events]
-                self.behind_from = min(steps) if steps else self.done_step + 1
-            self.missed_records += len(call.records)
-            self.missed_steps += len({r.step for r in call.records})
-            self.missed_events += len(call.events)
+            self._miss(call.records, call.events)
 
     def _fail(self, failure: Failure) -> None:
         with self._ready:
@@ -358,8 +356,7 @@ def _event_key(ev: Event) -> Tuple[str, int, int, float]:
 class _Cursor:
     """A tracker's place in the write-ahead log: whether it is behind (taking no batch from memory), from which
     step, the highest step of a batch left out (``until``), how many were (``left``), the byte ``offset`` it read
-    up to, the metrics handed at the last step and the events handed (each line of the log is handed once, even to
-    a plug-in that overrides ``write``)."""
+    up to, the metrics handed at the last step and the events handed (each line of the log is offered once)."""
 
     def __init__(self) -> None:
         self.behind = False

@@ -13,7 +13,7 @@ name), a clash names both packages, and a plug-in that does not load is said onc
 Example:
     >>> @register_sink("print")
     ... class PrintSink(Sink):
-    ...     def emit(self, records, events):
+    ...     def write(self, records, events):
     ...         print([r.step for r in records])
     >>> sink_class("print") is PrintSink
     True

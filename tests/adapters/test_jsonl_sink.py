@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from helpers.runs import make_records, make_run
+from helpers.runs import Handed, make_records, make_run
 
 from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.sinks.base import Event, Record
@@ -60,7 +60,7 @@ def test_resume_appends_and_never_writes_a_step_twice(tmp_path):
     first.open(make_run(tmp_path))
     first.write(records(1, 10), [])
     first.close()
-    second = JsonlSink()
+    second = Handed(JsonlSink())
     second.open(make_run(tmp_path))
     second.write(records(8, 15), [])  # resumed from a checkpoint at step 7
     second.close()

@@ -157,7 +157,7 @@ class OpenedWith(Sink):
         super().open(run)
         self.opened = run
 
-    def emit(self, records, events):
+    def write(self, records, events):
         return None
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers.mlflow_reads import artifact_text, assert_same_series, mlflow_series, only_run, steps
-from helpers.runs import make_records, make_run
+from helpers.runs import Handed, make_records, make_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlflow.exceptions import MlflowException
@@ -71,7 +71,8 @@ def mlflow_run(tmp_path, run_id=None, params=None, flush_steps=50, **config):
 
 
 def open_pair(run, **options):
-    pair = JsonlSink(), MlflowSink(**options)
+    """jsonl and MLflow opened with ``run``, each behind the hand-off of its host (held and handed steps skipped)."""
+    pair = Handed(JsonlSink()), Handed(MlflowSink(**options))
     for sink in pair:
         sink.open(run)
     return pair

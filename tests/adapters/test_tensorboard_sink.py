@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.runs import make_records, make_run
+from helpers.runs import Handed, make_records, make_run
 from helpers.wire_cases import SCALAR_EVENTS
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
@@ -112,7 +112,7 @@ def test_ranks_side_by_side_and_only_the_global_rank_writes_the_run_dir(tmp_path
 
 def test_hparams_readme_events_and_status_in_the_run_dir(tmp_path):
     run = tb_run(tmp_path)
-    sink = TensorBoardSink()
+    sink = Handed(TensorBoardSink())  # the status and the hparams at the last step handed
     sink.open(run)
     recs = [Record(s, 0, time.time(), {"train/loss": l, "train/global_loss": g})
             for s, l, g in [(1, 3.0, 2.5), (2, 2.0, 1.5), (3, 2.2, 1.8)]]
@@ -145,7 +145,7 @@ def test_hparams_readme_events_and_status_in_the_run_dir(tmp_path):
 
 @pytest.mark.parametrize("status", [FAILED, KILLED])
 def test_a_failed_run_is_a_failed_hparams_session(tmp_path, status):
-    sink = TensorBoardSink()
+    sink = Handed(TensorBoardSink())
     sink.open(tb_run(tmp_path))
     sink.write([Record(1, 0, time.time(), {"train/loss": math.nan})], [])
     sink.close(status)

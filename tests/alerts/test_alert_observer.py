@@ -31,7 +31,7 @@ class SlowToGiveUp(Sink):
         super().open(run)
         self.got, self.lost = 0, ""
 
-    def emit(self, records, events):
+    def write(self, records, events):
         self.got += len(records)
 
     def close(self, status="FINISHED"):

@@ -28,7 +28,7 @@ class Lossy(Sink):
     name = "tracker"
     lost = ""
 
-    def emit(self, records, events):
+    def write(self, records, events):
         pass
 
     def undelivered(self):

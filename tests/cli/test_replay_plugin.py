@@ -42,7 +42,7 @@ class Lines(Sink):
                 steps += [json.loads(line)["step"] for line in fh]
         return Held(max(steps))
 
-    def emit(self, records, events):
+    def write(self, records, events):
         for rec in records:
             self._file.write(json.dumps({"step": rec.step, "loss": rec.values.get("train/loss")}) + "\\n")
 

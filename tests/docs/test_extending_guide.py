@@ -58,6 +58,7 @@ def test_every_block_of_the_guide_is_run_here():
     assert sorted(files) == ["my-pkg/my_pkg/csv_sink.py", "my-pkg/my_pkg/loss_ceiling.py", "my-pkg/pyproject.toml",
                              "my-pkg/tests/test_csv_sink.py", "my-pkg/tests/test_loss_ceiling.py"]
     assert len(commands) == 2 and len(dialect) == 2
+    assert len(files["my-pkg/my_pkg/csv_sink.py"].splitlines()) <= 60, "the guide's CSV sink is at most 60 lines"
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ class Broken(Sink):
     options = {"close_timeout": Option(float, 0.5, "seconds", low=0, low_open=True)}
     reason = ""  # what its undelivered text must say
 
-    def emit(self, records, events):
+    def write(self, records, events):
         return None
 
 
@@ -76,17 +76,17 @@ class HeldWrongType(Broken):
         return [3]
 
 
-class EmitRaises(Broken):
-    name, reason = "emit_raises", "write(): ZeroDivisionError"
+class WriteRaises(Broken):
+    name, reason = "write_raises", "write(): ZeroDivisionError"
 
-    def emit(self, records, events):
+    def write(self, records, events):
         return 1 / 0
 
 
-class EmitWrongType(Broken):
-    name, reason = "emit_int", "write(): WrongType: write() returned int, not None or a list of Events"
+class WriteWrongType(Broken):
+    name, reason = "write_int", "write(): WrongType: write() returned int, not None or a list of Events"
 
-    def emit(self, records, events):
+    def write(self, records, events):
         return len(records)
 
 
@@ -144,10 +144,10 @@ class HeldBlocks(Broken):
         _block()
 
 
-class EmitBlocks(Broken):
-    name, reason = "emit_blocks", "write() running for"
+class WriteBlocks(Broken):
+    name, reason = "write_blocks", "write() running for"
 
-    def emit(self, records, events):
+    def write(self, records, events):
         _block()
 
 
@@ -187,12 +187,12 @@ class OpenSlow(Broken):
         super().open(run)
         self.got = 0
 
-    def emit(self, records, events):
+    def write(self, records, events):
         self.got += len(records)
 
 
 BROKEN = (DescribeWrongType, DescribeBlocks, DescribeRaises, OpenRaises, OpenBlocks, HeldWrongType, HeldRaises,
-          HeldBlocks, EmitRaises, EmitWrongType, EmitBlocks, FlushRaises, CloseSlow, CloseRaises, CloseBlocks,
+          HeldBlocks, WriteRaises, WriteWrongType, WriteBlocks, FlushRaises, CloseSlow, CloseRaises, CloseBlocks,
           UndeliveredWrongType, UndeliveredRaises, UndeliveredBlocks)
 
 
@@ -237,7 +237,7 @@ def test_eighteen_broken_sinks_beside_model_train_leave_training_and_jsonl_whole
 
 
 def test_broken_sinks_beside_an_msbridge_track_loop(tmp_path):
-    broken = (OpenBlocks, EmitRaises, EmitWrongType, CloseBlocks, UndeliveredWrongType)
+    broken = (OpenBlocks, WriteRaises, WriteWrongType, CloseBlocks, UndeliveredWrongType)
     ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU")
     net = ms.nn.Dense(4, 1)
     opt = ms.nn.SGD(net.trainable_params(), learning_rate=0.01)

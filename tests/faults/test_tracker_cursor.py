@@ -5,7 +5,7 @@ the tracker's own reader, its step coverage checked first:
 - a kill -9 of the job while MLflow catches up from the log after a freeze (SIGSTOP of a real ``mlflow server``),
   then the job resumed: MLflow goes on from what its store holds, and every step is in MLflow and TensorBoard once;
 - MLflow handed batches of 100 records while frozen, past max_pending=20: every step in it before the close;
-- a plug-in sink whose ``emit`` blocks for 60 s once: every step reaches it before the close, with no replay, and
+- a plug-in sink whose ``write`` blocks for 60 s once: every step reaches it before the close, with no replay, and
   training's steps take no longer meanwhile; jsonl holds every step;
 - TensorBoard's logdir on a real full disk (a tmpfs) that is freed later: every step in its files at the close;
 - msbridge's memory while a PostgreSQL ``mlflow server`` is frozen for 60 s (``msbridge.bench.freeze``; the
@@ -198,7 +198,7 @@ BLOCK_S = 60.0
 
 
 class BlockOnce(Sink):
-    """A plug-in sink (default options and bounds) whose ``emit`` blocks for ``BLOCK_S`` once, at its first batch
+    """A plug-in sink (default options and bounds) whose ``write`` blocks for ``BLOCK_S`` once, at its first batch
     past step 200, and keeps each step it is handed; ``at_close``: the steps it held when its close began."""
 
     name = "block_once"
@@ -207,7 +207,7 @@ class BlockOnce(Sink):
         super().__init__()
         self.steps, self.at_close, self.blocked = [], None, None
 
-    def emit(self, records, events):
+    def write(self, records, events):
         if self.blocked is None and records and records[-1].step > 200:
             start = time.monotonic()
             time.sleep(BLOCK_S)

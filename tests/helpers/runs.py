@@ -1,4 +1,5 @@
-"""A RunInfo, Records like ``Stream`` makes them, and a BridgeMonitor: the builders sink and training tests share.
+"""A RunInfo, Records like ``Stream`` makes them, a BridgeMonitor, and a sink behind its hand-off (``Handed``): the
+builders sink and training tests share.
 
 Example:
     >>> run = make_run(tmp_path, world_size=2)
@@ -30,6 +31,8 @@ from msbridge.names import (
     rank_loss,
 )
 from msbridge.sinks.base import Record, RunInfo, Sink
+from msbridge.sinks.calls import Call
+from msbridge.sinks.handoff import Handoff
 
 
 def make_run(root: Any, name: str = "r1", experiment: str = "exp", rank: int = 0, world_size: int = 1,
@@ -70,3 +73,27 @@ def monitor(tmp_path: Any, extra_sinks: Sequence[Sink] = (), **overrides: Any) -
     cfg = {"experiment": "t", "run_name": "r", "output_dir": str(Path(tmp_path) / "{experiment}" / "{run_name}"),
            "flush_steps": 5, "sinks": ["jsonl"], **overrides}
     return BridgeMonitor(cfg, sinks=list(extra_sinks), progress=False)
+
+
+class Handed:
+    """``sink`` behind the hand-off its host makes every call through (``msbridge.sinks.handoff``), on the caller's
+    thread: ``open`` asks ``held()`` next, each ``write`` hands it only the steps it lacks and keeps
+    ``sink.run.progress``; every other attribute is the sink's. A sink test drives a store as a run does.
+
+    Example:
+        >>> sink = Handed(TensorBoardSink())
+        >>> sink.open(make_run(tmp_path)); sink.write(make_records([1, 2]), []); sink.close("FINISHED")
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink, self.handoff = sink, Handoff(sink)
+
+    def open(self, run: RunInfo) -> None:
+        self.handoff.invoke(Call("open", run=run))
+        self.handoff.invoke(Call("held"))
+
+    def write(self, records: Sequence[Record], events: Sequence[Any] = ()) -> Any:
+        return self.handoff.write(records, list(events))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sink, name)

@@ -31,7 +31,7 @@ class Kept(Sink):
     options = {"close_timeout": Option(float, 0.5, "seconds", low=0, low_open=True)}
     kept: list = []
 
-    def emit(self, records, events):
+    def write(self, records, events):
         Kept.kept += [r.step for r in records]
 
 
@@ -52,8 +52,8 @@ def _raise(exc):
 
 # (class, what the one line says after "msbridge: error: broken: ")
 FAILS = [
-    (broken("emit", _raise(ZeroDivisionError("division by zero"))), "write(): ZeroDivisionError: division by zero"),
-    (broken("emit", lambda self, records, events: len(records)),
+    (broken("write", _raise(ZeroDivisionError("division by zero"))), "write(): ZeroDivisionError: division by zero"),
+    (broken("write", lambda self, records, events: len(records)),
      "write(): WrongType: write() returned int, not None or a list of Events"),
     (broken("open", _raise(ConnectionError("tracker down"))), "open(): ConnectionError: tracker down"),
     (broken("held", lambda self: [3]), "held(): WrongType: held() returned list, not Held"),
@@ -68,7 +68,7 @@ FAILS = [
 HANGS = [
     (broken("open", _block), "open(): did not return within 5.5 s (flush waited for it)"),
     (broken("held", _block), "held(): did not return within 5.5 s (flush waited for it)"),
-    (broken("emit", _block), "write(): did not return within 5.5 s"),
+    (broken("write", _block), "write(): did not return within 5.5 s"),
     (broken("close", _block), "close(): did not return within 5.5 s (close waited for it)"),
     (broken("undelivered", _block), "undelivered(): did not return within 5.5 s (close waited for it)"),
 ]

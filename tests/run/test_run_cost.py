@@ -42,7 +42,7 @@ class BurnsInClose(Sink):
         super().__init__()
         self.seconds, self.burned = seconds, 0.0
 
-    def emit(self, records, events):
+    def write(self, records, events):
         return None
 
     def close(self, status="FINISHED"):

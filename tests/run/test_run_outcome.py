@@ -66,7 +66,7 @@ class GivesUp(Sink):
     """A sink whose tracker is gone at the close: it says what it could not deliver, raising nothing."""
     name = "gives_up"
 
-    def emit(self, records, events):
+    def write(self, records, events):
         pass
 
     def close(self, status="FINISHED"):

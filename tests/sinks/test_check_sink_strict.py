@@ -27,7 +27,7 @@ class Lines(Sink):
         os.makedirs(run.run_dir, exist_ok=True)
         self._file = open(self._path(run), "a", encoding="utf-8")
 
-    def emit(self, records, events):
+    def write(self, records, events):
         for rec in records:
             self._file.write(json.dumps({"step": rec.step, "values": dict(rec.values)}) + "\n")
         for ev in events:
@@ -83,9 +83,9 @@ def test_a_flush_that_blocks_fails_within_the_timeout_naming_the_check(tmp_path)
     assert time.monotonic() - started < 10
 
 
-def test_a_raise_in_emit_names_the_check_and_the_error(tmp_path):
+def test_a_raise_in_write_names_the_check_and_the_error(tmp_path):
     class RaisesInEmit(Lines):
-        def emit(self, records, events):
+        def write(self, records, events):
             raise OSError("disk gone")
 
     with pytest.raises(ContractError, match=r"RaisesInEmit \(lines\) fails records_and_events: write\(\): OSError: "

@@ -18,7 +18,7 @@ from msbridge.sinks.dispatch import Dispatcher
 
 
 class SlowSink(Sink):
-    """A tracker that takes ``delay`` seconds per batch (sleeps in emit), noting when each batch is done."""
+    """A tracker that takes ``delay`` seconds per batch (sleeps in write), noting when each batch is done."""
 
     name = "slow"
 
@@ -26,7 +26,7 @@ class SlowSink(Sink):
         super().__init__()
         self.delay, self.done = delay, []
 
-    def emit(self, records, events):
+    def write(self, records, events):
         time.sleep(self.delay)
         self.done.append(max((r.step for r in records), default=0))
 

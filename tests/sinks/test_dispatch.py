@@ -23,6 +23,8 @@ RUN = make_run("/nonexistent")
 class Recording(Sink):
     """Records what it is handed and on which thread (a test double for ordering, not for a tracker)."""
 
+    skips_held = False  # every batch, in the order handed: steps from many threads go back and forth
+
     def __init__(self, name, journal, delay=0.0, gate=None, **options):
         super().__init__(**options)
         self.name, self.journal, self.delay, self.gate = name, journal, delay, gate
@@ -236,7 +238,7 @@ def test_undelivered_joins_failed_calls_and_what_a_sink_gave_up_on_at_close():
     class Flaky(Sink):
         name = "flaky"
 
-        def emit(self, records, events):
+        def write(self, records, events):
             raise ConnectionError("down")
 
         def undelivered(self):
@@ -291,13 +293,13 @@ def test_close_timeout_is_finite_and_positive_and_sets_the_close_bound():
 
 
 def test_the_events_a_sink_returns_are_handed_to_every_other_sink():
-    """A sink learns nothing from attributes: what ``emit`` returns (a ``gap``) goes to jsonl and the trackers."""
+    """A sink learns nothing from attributes: what ``write`` returns (a ``gap``) goes to jsonl and the trackers."""
     gap = Event(GAP, 2, 0, 1.0, {"records": 1, "events": 0, "first_step": 2, "last_step": 2, "sink": "lossy"})
 
     class Lossy(Sink):
         name = "lossy"
 
-        def emit(self, records, events):
+        def write(self, records, events):
             return [gap] if any(r.step == 2 for r in records) else None
 
     journal, seen = [], []
@@ -360,7 +362,7 @@ def test_a_plug_ins_on_training_thread_is_ignored_its_sink_hosted_like_any_other
 
 
 class RefusesOnce(Sink):
-    """A tracker whose ``emit`` refuses one batch (``Behind``: its backlog at its bound), then takes every one."""
+    """A tracker whose ``write`` refuses one batch (``Behind``: its backlog at its bound), then takes every one."""
 
     name = "refuses"
 
@@ -368,7 +370,7 @@ class RefusesOnce(Sink):
         super().__init__()
         self.steps, self.refused = [], False
 
-    def emit(self, records, events):
+    def write(self, records, events):
         if not self.refused and any(r.step == 5 for r in records):
             self.refused = True
             raise Behind("its backlog is at its bound")

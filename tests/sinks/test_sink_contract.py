@@ -43,7 +43,7 @@ class ForgetsSteps(Sink):
         super().open(run)
         self.stored, self.events = {}, []
 
-    def emit(self, records, events):
+    def write(self, records, events):
         for rec in records:
             if rec.step % self.settings["every"]:
                 for key, value in rec.values.items():

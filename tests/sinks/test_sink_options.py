@@ -1,5 +1,4 @@
-"""A sink's declared options: checked by ``msbridge config check`` (with file:line) and by the sink itself;
-``Sink.write`` drops the steps a sink holds, once for every sink."""
+"""A sink's declared options: checked by ``msbridge config check`` (with file:line) and by the sink itself."""
 from __future__ import annotations
 
 import subprocess
@@ -7,11 +6,9 @@ import sys
 import textwrap
 
 import pytest
-from helpers.runs import make_records, make_run
 
 from msbridge.errors import ConfigError
 from msbridge.options import Option, check_options
-from msbridge.sinks.base import Event, Held, Sink
 from msbridge.sinks.registry import resolve
 
 
@@ -90,36 +87,3 @@ def test_config_check_points_at_the_line_of_a_bad_sink_option(tmp_path, persiste
         "  run.yaml:6: sinks.mlflow.max_pending: expected an integer >= 1, got 0",
         "  run.yaml:7: sinks.mlflow.trackign_uri: unknown option; did you mean 'tracking_uri'?"]
 
-
-class Kept(Sink):
-    """Keeps what ``emit`` is handed (a test double for the base class, not for a tracker)."""
-
-    name = "kept"
-
-    def __init__(self):
-        super().__init__()
-        self.steps, self.events = [], []
-
-    def emit(self, records, events):
-        self.steps += [r.step for r in records]
-        self.events += [e.step for e in events]
-
-
-def test_write_hands_emit_only_steps_the_sink_does_not_hold(tmp_path):
-    sink = Kept()
-    sink.open(make_run(tmp_path, resumed_from_step=4))
-    sink.write(make_records([3, 4, 5, 6]), [Event("anomaly", 2, 0)])  # resumed from a checkpoint at step 2
-    sink.write(make_records([6, 7]), [])  # a step never goes back, within a batch or across batches
-    assert sink.steps == [5, 6, 7] and sink.last_step == 7
-    assert sink.events == [2], "events are not steps a sink holds: every one is handed over"
-
-
-def test_what_a_sink_says_it_holds_is_never_handed_over_again(tmp_path):
-    class Holding(Kept):
-        def held(self):
-            return Held(last_step=5, events=frozenset({("anomaly", 3)}))
-
-    sink = Holding()
-    sink.open(make_run(tmp_path))
-    sink.write(make_records(range(1, 8)), [Event("anomaly", 3, 0), Event("anomaly", 6, 0)])
-    assert sink.steps == [6, 7] and sink.events == [6] and sink.last_step == 7

@@ -43,7 +43,7 @@ def test_a_built_in_is_one_file_whose_decorator_registers_it(tmp_path, monkeypat
 
         @register_sink("csv")
         class CsvSink(Sink):
-            def emit(self, records, events):
+            def write(self, records, events):
                 pass
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -59,7 +59,7 @@ def test_a_class_decorated_in_this_process_is_a_sink(monkeypatch):
 
     @registry.register_sink("print_steps")
     class PrintSteps(Sink):
-        def emit(self, records, events):
+        def write(self, records, events):
             print([r.step for r in records])
 
     assert PrintSteps.name == "print_steps" and registry.resolve("print_steps") is PrintSteps
@@ -91,8 +91,8 @@ def test_every_builtin_declares_itself(name):
     assert cls.name == name and cls.ranks in ("all", "global")
     assert cls.options and all(isinstance(o, Option) and o.doc for o in cls.options.values())
     assert all(o.check(o.default) is None for o in cls.options.values()), "every default is valid"
-    assert cls.read_back is not Sink.read_back and cls.emit is not Sink.emit
-    assert cls.write is Sink.write, "resume skipping stays in Sink.write"
+    assert cls.read_back is not Sink.read_back and cls.write is not Sink.write
+    assert cls.skips_held, "a store: its host hands it no step it holds or was handed"
     assert not cls.extra or cls.requires, "an extra installs the packages the sink requires"
 
 
@@ -116,7 +116,7 @@ def test_third_party_sink_through_entry_point(tmp_path, monkeypatch):
         class MySink(Sink):
             name = "mysink"
             options = {"endpoint": Option(str, None, "where to send the metrics")}
-            def emit(self, records, events):
+            def write(self, records, events):
                 pass
     """))
     info = tmp_path / "my_sink-1.0.dist-info"
