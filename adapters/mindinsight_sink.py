@@ -82,7 +82,7 @@ from msbridge.adapters._tracker_facts import tracker_params
 from msbridge.names import HEADLINE, HISTOGRAM, WEIGHTS_HISTOGRAM_PREFIX
 from msbridge.options import Option
 from msbridge.paths import safe_component
-from msbridge.sinks.base import Event, Held, Record, RunInfo, Series, Sink, flatten
+from msbridge.sinks.base import EVERY_N_STEPS, Event, Held, Record, RunInfo, Series, Sink, flatten
 from msbridge.sinks.registry import register_sink
 
 _INT32 = 2 ** 31
@@ -129,7 +129,8 @@ class MindInsightSink(WaitsForSpace, Sink):
     ranks = "all"
     default_store = ("summary_base_dir", "{experiment_dir}/summary")
     options = {"summary_base_dir": Option(str, None, "the directory to start MindInsight on; "
-                                                     f"default {default_store[1]}, beside the run dirs")}
+                                                     f"default {default_store[1]}, beside the run dirs"),
+               "every_n_steps": EVERY_N_STEPS}
     requires = ("mindspore",)  # MindSpore's summary writer; MindInsight itself runs elsewhere
 
     def __init__(self, **options: Any) -> None:

@@ -55,7 +55,8 @@ from msbridge.masking import mask_secrets, mask_text
 from msbridge.names import objective_metric
 from msbridge.options import Option
 from msbridge.paths import free_space
-from msbridge.sinks.base import FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series, Sink, json_safe
+from msbridge.sinks.base import (EVERY_N_STEPS, FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series, Sink,
+                                  json_safe)
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file
 
@@ -113,6 +114,7 @@ class MlflowSink(Sink):
                                                "linked (link); with its file uploaded (upload); as link, the best on "
                                                "the objective so far kept under the run dir (best); none (off)",
                                   choices=("link", "upload", "best", "off")),
+        "every_n_steps": EVERY_N_STEPS,
     }
     extra = "mlflow"
     requires = ("mlflow",)

@@ -80,6 +80,7 @@ from msbridge.names import (DATA_WAIT_PCT, DEVICE_PEAK_MB, GLOBAL_LOSS, GRAD_NOR
 from msbridge.options import Option
 from msbridge.paths import safe_component
 from msbridge.sinks.base import (
+    EVERY_N_STEPS,
     FAILED,
     FINISHED,
     KILLED,
@@ -165,7 +166,8 @@ class TensorBoardSink(WaitsForSpace, Sink):
     ranks = "all"
     default_store = ("logdir", "{experiment_dir}/tensorboard")
     options = {"logdir": Option(str, None, "the directory to point tensorboard --logdir at; "
-                                           f"default {default_store[1]}, beside the run dirs")}
+                                           f"default {default_store[1]}, beside the run dirs"),
+               "every_n_steps": EVERY_N_STEPS}
     extra = "tensorboard"
     requires = ("tensorboardX",)
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 #: msbridge's budget a step, all four sinks (setup ``e``), in CPU us: all of it, off and on the training thread.
 BUDGET_US = {"all": 85.0, "off": 70.0, "on": 15.0}
 #: The setups whose every figure the side-by-side table shows, in this order (when they ran).
-SHOWN = ("e", "f", "p_mlflow", "p_mlflow_async", "p_tbx", "p_summary", "p_mf", "b", "d", "d_mf")
+SHOWN = ("e", "e_thin", "f", "p_mlflow", "p_mlflow_async", "p_tbx", "p_summary", "p_mf", "b", "d", "d_mf")
 #: The peers each writing one tracker: msbridge with all four sinks must cost less CPU a step than each.
 ONE_TRACKER_PEERS = ("p_mlflow", "p_mlflow_async", "p_tbx", "p_summary", "p_mf")
 

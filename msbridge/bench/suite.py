@@ -44,6 +44,7 @@ SETUPS: Dict[str, str] = {
     "a_mf": "mindformers train cell (CPU overflow check), no monitoring",
     "d_mf": "mindformers train cell + MFLossMonitor + TrainingStateMonitor, tensorboard",
     "e": "msbridge, all sinks, every step",
+    "e_thin": "msbridge, all sinks, the trackers every 10th step (every_n_steps: 10), jsonl every step",
     "f": "msbridge, jsonl only",
     "g": "msbridge, TrainStep ring, sink mode sink_size=20, all sinks",
     "ln": "msbridge, jsonl, TrainStep ring, layer_norms '.*' (grad, weight, Adam-moment norms)",

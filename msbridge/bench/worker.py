@@ -118,14 +118,20 @@ def _msbridge(work: str, sinks: Any, tracking_uri: str = "", **settings: Any) ->
     """msbridge with its default settings (flush every 100 steps or 10 s) plus ``settings``; ``sinks=None``:
     every installed sink; ``tracking_uri``: the MLflow sink logs there (a server) instead of its sqlite file."""
     from ..callback import BridgeMonitor
-    from ..demo import demo_config
 
     if sinks is None:
-        sinks = demo_config(work)["sinks"]
+        sinks = _msbridge_sinks(work)
     if tracking_uri:
         sinks = {name: {"tracking_uri": tracking_uri} if name == "mlflow" else {} for name in sinks}
     return BridgeMonitor({"experiment": "bench", "run_name": "run", "sinks": sinks, "seq_length": 32,
                           "output_dir": os.path.join(work, "runs", "{experiment}", "{run_name}"), **settings})
+
+
+def _msbridge_sinks(work: str) -> Any:
+    """Every installed sink (the demo's)."""
+    from ..demo import demo_config
+
+    return demo_config(work)["sinks"]
 
 
 def npu_smi_table(chips: int = 8) -> str:
@@ -257,6 +263,8 @@ def builders(work: str, steps: int, lr: Any, tracking_uri: str = "") -> Dict[str
         "d": lambda: _mindformers(work, steps, lr),
         "a_mf": lambda: [], "d_mf": lambda: _mindformers(work, steps, _scalar_lr(lr)),
         "e": lambda: [_msbridge(work, None)], "g": lambda: [_msbridge(work, None)],
+        "e_thin": lambda: [_msbridge(work, {name: {"every_n_steps": 10} if name != "jsonl" else {}
+                                            for name in _msbridge_sinks(work)})],
         "long": lambda: [_msbridge(work, None)], "long_a": lambda: [],
         "f": lambda: [_msbridge(work, ["jsonl"])],
         "e_srv": lambda: [_msbridge(work, None, tracking_uri)], "e_pg": lambda: [_msbridge(work, None, tracking_uri)],

@@ -41,6 +41,10 @@ HURRY_AFTER = 0.3
 MAX_CLOSE_TIMEOUT = 3600.0
 #: The ``close_timeout`` of a sink that declares none (a file writer: its close is a flush).
 DEFAULT_CLOSE_TIMEOUT = 10.0
+#: A tracker's ``every_n_steps`` option (TensorBoard, MindInsight and MLflow declare it; the hand-off reads it).
+EVERY_N_STEPS = Option(int, 1, "hand this tracker only the steps divisible by N, and every record that holds a metric "
+                       "the record before it lacked (an evaluation, a per-window metric); jsonl keeps every step. "
+                       "For a tracker whose store costs too much a step (MLflow's sqlite: docs/benchmarks.md)", low=1)
 #: The sink that is the write-ahead log: written first, on its own host; a tracker is handed a batch once it holds it.
 WAL_NAME = "jsonl"
 

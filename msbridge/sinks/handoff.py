@@ -4,7 +4,9 @@ A sink's host (``SinkHost``) makes every call of the sink through its ``Handoff`
 sink's own ``Progress`` in it (``run.progress``); ``held()``'s answer, asked once after ``open``, is kept; a batch
 is handed to the sink's ``write`` without the steps up to ``held().last_step``, the steps handed already (never a
 metric twice at a step: a second record of the last step, an evaluation's, is handed on when it names other
-metrics, ``names.restated`` aside) and the held events. A sink that raises ``Behind`` took nothing: what was
+metrics, ``names.restated`` aside) and the held events; a tracker with ``every_n_steps: N`` only the steps
+divisible by N and every record that holds a metric the record before it lacked (an evaluation, a per-window
+metric), the steps between counted as handed. A sink that raises ``Behind`` took nothing: what was
 handed is as before, and its host hands the batch again from the log later. A sink with ``skips_held = False``
 (the console's progress line) is handed every record and event.
 
@@ -24,8 +26,8 @@ Example:
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, List, Sequence, Set, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from ..names import restated
 from .base import Behind, Event, GapEvents, Held, Progress, Record, RunInfo, Sink
@@ -47,6 +49,8 @@ class Handoff:
         self._after = 0  # the highest step handed to ``write``
         self._names: Set[str] = set()  # the metrics handed at that step
         self._times = (0.0, 0.0)  # the start and the latest time handed
+        self.every = int(getattr(sink, "settings", {}).get("every_n_steps", 1))
+        self._steps = _Steps()  # the metrics of the steps read, for ``every_n_steps``
 
     def invoke(self, call: Call) -> Any:
         """Make ``call`` of the sink, as ``Call.invoke`` does; ``open``, ``held`` and ``write`` as above."""
@@ -62,14 +66,14 @@ class Handoff:
 
     def open(self, run: RunInfo) -> RunInfo:
         """Start over for ``run`` (a sink opened again is handed anew); the run to open the sink with."""
-        self.held, self._after, self._names = Held(), 0, set()
+        self.held, self._after, self._names, self._steps = Held(), 0, set(), _Steps()
         self._times = (run.start_time, run.start_time)
         self.progress = Progress(0, *self._times)
         return replace(run, progress=self.progress)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
         """Hand the sink's ``write`` what of the batch it lacks; returns what it returns (``Behind``: undone)."""
-        before = (self._after, set(self._names), self._times)
+        before = (self._after, set(self._names), self._times, replace(self._steps))
         fresh = self._fresh(records) if self.sink.skips_held else list(records)
         self._times = _span(records, events, *self._times)
         self._show()
@@ -78,7 +82,7 @@ class Handoff:
         try:
             return self.sink.write(fresh, events)
         except Behind:
-            self._after, self._names, self._times = before  # not taken: handed again from the log
+            self._after, self._names, self._times, self._steps = before  # not taken: handed again from the log
             self._show()
             raise
 
@@ -87,18 +91,42 @@ class Handoff:
         was not handed at that step (``names.restated`` ones aside)."""
         fresh = []
         for rec in records:
+            due = self._due(rec)
             if rec.step > max(self._after, self.held.last_step):
-                fresh.append(rec)
                 self._after, self._names = rec.step, set(rec.values)
             elif rec.step == self._after >= self.held.last_step and not {
                     n for n in self._names & rec.values.keys() if not restated(n)}:
-                fresh.append(rec)
                 self._names.update(rec.values)
+            else:
+                continue
+            if due:
+                fresh.append(rec)
         return fresh
+
+    def _due(self, rec: Record) -> bool:
+        """``rec`` is to be handed under ``every_n_steps`` (always when it is 1): its step is divisible by it, or
+        it holds a metric the step before it lacked."""
+        if self.every == 1:
+            return True
+        steps = self._steps
+        if rec.step != steps.step:
+            steps.step, steps.before, steps.names = rec.step, steps.names, frozenset()
+        steps.names = steps.names | frozenset(rec.values)  # a new set: a snapshot taken before keeps its own
+        return rec.step % self.every == 0 or steps.before is None or not rec.values.keys() <= steps.before
 
     def _show(self) -> None:
         """``progress`` as handed now."""
         self.progress.set(max(self._after, self.held.last_step), *self._times)
+
+
+@dataclass
+class _Steps:
+    """The last step read (``step``), the metrics its records hold (``names``) and the ones of the step before it
+    (``before``; None before the first step)."""
+
+    step: int = -1
+    names: Optional[FrozenSet[str]] = None
+    before: Optional[FrozenSet[str]] = None
 
 
 def _span(records: Sequence[Record], events: Sequence[Event], start: float, end: float) -> Tuple[float, float]:

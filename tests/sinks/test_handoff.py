@@ -6,7 +6,7 @@ import pytest
 from helpers.runs import make_records, make_run
 
 from msbridge.names import OBJECTIVE_FINAL
-from msbridge.sinks.base import Behind, Event, Held, Record, Sink
+from msbridge.sinks.base import EVERY_N_STEPS, Behind, Event, Held, Record, Sink
 from msbridge.sinks.calls import Call
 from msbridge.sinks.handoff import Handoff
 
@@ -109,3 +109,70 @@ def test_an_open_starts_the_hand_off_over(tmp_path):
     handoff.invoke(Call("held"))
     handoff.write(make_records([1, 2]), [])
     assert sink.steps == [1, 2, 3, 1, 2] and sink.run.run_name == "r2"
+
+
+class Thinned(Kept):
+    options = {"every_n_steps": EVERY_N_STEPS}
+
+    def __init__(self, every):
+        Sink.__init__(self, every_n_steps=every)
+        self.holds, self.refuse = None, False
+        self.steps, self.events, self.names = [], [], []
+
+
+def test_every_n_steps_hands_the_steps_it_divides_and_every_record_with_a_metric_the_step_before_lacked(tmp_path):
+    """Steps 1-35, thinned to every 10th: an evaluation at step 13 (a second record of the step), a per-window
+    metric at step 25 (the window's last step), the loss missing at step 31. Each is handed; the step after the
+    evaluation is not (its metrics were all at step 13); every event is; a refused batch is undone."""
+    sink = Thinned(every=10)
+    handoff = opened(sink, make_run(tmp_path))
+    records = make_records(range(1, 36))
+    records.insert(13, Record(13, 0, 1.0, {"eval/loss": 1.5}))
+    records[25].values["perf/data_wait_pct"] = 3.0  # step 25
+    del records[31].values["train/loss"]  # step 31 gave no loss: step 32 holds one again
+    handoff.write(records[:20], [Event("anomaly", 17, 0)])
+    sink.refuse = True
+    with pytest.raises(Behind):
+        handoff.write(records[20:], [])
+    sink.refuse = False
+    handoff.write(records[20:], [])
+    assert sink.steps == [1, 10, 13, 20, 25, 30, 32] and sink.events == [17]
+    assert sink.names[2] == ["eval/loss"] and sink.run.progress.last_step == 35, "every step counts as handed"
+    handoff.write(make_records(range(36, 41)), [])
+    assert sink.steps[-1] == 40 and len(sink.steps) == 8
+
+
+@pytest.mark.slow  # trains, then reads MLflow and TensorBoard back (a few seconds)
+def test_every_n_steps_on_mlflow_and_tensorboard_in_a_real_run_and_its_replay(tmp_path):
+    """``Model.train`` of 45 steps, flush window 10, with MLflow (sqlite) and TensorBoard at ``every_n_steps: 10``:
+    jsonl holds every step; each tracker holds the steps 10 divides and the ones whose record holds a metric the
+    step before it lacked (checked against the jsonl), the same steps in both, read with their own readers. A
+    replay into a fresh MLflow store hands the same steps."""
+    from helpers.mlflow_reads import only_run, steps
+    from helpers.training import train_regression
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from msbridge import BridgeMonitor
+    from msbridge.cli.main import main
+    from msbridge.sinks.runlog import read_run
+
+    thinned = {"every_n_steps": 10}
+    mlflow = dict(thinned, tracking_uri=f"sqlite:///{tmp_path}/a.db")
+    config = {"experiment": "thin", "run_name": "r", "flush_steps": 10, "output_dir": str(tmp_path / "r"),
+              "experiment_dir": str(tmp_path), "sinks": {"jsonl": {}, "tensorboard": thinned, "mlflow": mlflow}}
+    monitor = BridgeMonitor(config, progress=False)
+    train_regression([monitor], steps=45)
+    log = read_run(monitor.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 46)), "jsonl: every step"
+    names = {r.step: set(r.values) for r in log.records}
+    want = [s for s in range(1, 46) if s % 10 == 0 or s == 1 or not names[s] <= names[s - 1]]
+    assert {10, 20, 30, 40} <= set(want) and len(want) < 20, want
+    live = MlflowClient(mlflow["tracking_uri"])
+    assert steps(live, only_run(live, "thin").info.run_id) == want
+    acc = EventAccumulator(str(tmp_path / "tensorboard" / "r" / "rank_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == want
+    assert main(["replay", monitor.run_dir, "--to", "mlflow", "--tracking-uri", f"sqlite:///{tmp_path}/b.db"]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path}/b.db")
+    assert steps(client, only_run(client, "thin").info.run_id) == want
