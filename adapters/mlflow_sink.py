@@ -47,16 +47,16 @@ from msbridge.adapters.mlflow_tracker.client.process import ALL_RUNS, ClientProc
 from msbridge.adapters.mlflow_tracker.store.rows import full_disk_store
 from msbridge.adapters.mlflow_tracker.store.local import STORE_REFUSED, StoreRefused
 from msbridge.adapters.mlflow_tracker.run.sweep import PARENT_RUN_TAG, parent_for, settle
-from msbridge.adapters.mlflow_tracker.run.view import (OBJECTIVE_TAG, RUNNING, STATE_TAG, mark_best, share_sweep_view,
-                                            trial_state)
+from msbridge.adapters.mlflow_tracker.run.view import (MODEL_TRAINING_QUERY, OBJECTIVE_TAG, RUNNING, STATE_TAG,
+                                                       mark_best, server_address, share_sweep_view, trial_state)
 from msbridge.adapters._tracker_facts import tracking_uri_problem
 from msbridge.errors import MissingDependencyError, exception_text
 from msbridge.masking import mask_secrets, mask_text
 from msbridge.names import objective_metric
 from msbridge.options import Option
 from msbridge.paths import free_space
-from msbridge.sinks.base import (EVERY_N_STEPS, FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series, Sink,
-                                  json_safe)
+from msbridge.sinks.base import (EVERY_N_STEPS, FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series,
+                                  Sink, json_safe)
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file
 
@@ -139,6 +139,7 @@ class MlflowSink(Sink):
         self._why_down = "unreachable"  # or what else kept the last try from MLflow: said in ``undelivered()``
         self._parent: Any = None  # the sweep's parent run (a ``mlflow_tracker.run.sweep.Parent``), with a sweep_id
         self._experiment = ""  # its MLflow experiment id, once reached
+        self._page = ""  # on a tracking server, once the run ended: its sweep's view, else the run's page
         self._gave_up = ""  # ``undelivered()``
         mode = self.settings["log_checkpoints"]
         self._models = CheckpointModels(mode) if mode != "off" else None
@@ -224,8 +225,11 @@ class MlflowSink(Sink):
         return int(found[0].data.tags.get(LAST_STEP_TAG, 0)) if found else 0
 
     def describe(self, run: RunInfo) -> Dict[str, str]:
+        """Where it logs; once the run ended on a tracking server (asked again after the close), ``url``: the page
+        that opens its sweep's view (the trials compared, best first), else the run, for anyone on the server."""
         uri = mask_text(self.store(run, "tracking_uri"))
-        return {"where": f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"}
+        where = {"where": f"{uri} (experiment {self.settings['experiment'] or run.experiment!r})"}
+        return {**where, "url": self._page} if self._page else where
 
     def read_back(self, run: RunInfo) -> Series:
         """The job's MLflow run's metric histories and events (``events.jsonl``), read with ``MlflowClient``."""
@@ -300,14 +304,17 @@ class MlflowSink(Sink):
         if self._parent is not None:
             settle(self._client, self._experiment, str(sweep_id), self._parent, self.run_id)
         mark_best(self._client, self._experiment, sweep_id, objective.get("mode", "min"))
-        if sweep_id:
-            self._share_view(str(sweep_id))
+        page = self._share_view(str(sweep_id)) if sweep_id else None
+        server = server_address(self.uri)
+        if server:
+            run_page = f"/#/experiments/{self._experiment}/runs/{self.run_id}?{MODEL_TRAINING_QUERY}"
+            self._page = server + (page or run_page)
 
-    def _share_view(self, sweep_id: str) -> None:
-        """The sweep's saved view on the experiment, for anyone on the server (``share_sweep_view``); a store that
-        refuses it costs one warning, never the run's close."""
+    def _share_view(self, sweep_id: str) -> Optional[str]:
+        """The sweep's saved view on the experiment, for anyone on the server (``share_sweep_view``), and its page; a
+        store that refuses it costs one warning, never the run's close."""
         try:
-            share_sweep_view(self._client, self._experiment, sweep_id)
+            return share_sweep_view(self._client, self._experiment, sweep_id)
         except Exception as exc:
             log.warning("msbridge: MLflow at %s did not take the sweep's saved view (%s); msbridge view %s writes it",
                         mask_text(self.uri), mask_text(exception_text(exc)), shlex.quote(self.run.run_dir))

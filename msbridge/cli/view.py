@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..adapters._tracker_facts import VIEWED_SINKS
-from ..adapters.mlflow_tracker.run.view import MAX_RUNS, MODEL_TRAINING_QUERY, VIEW_TAG_PREFIX, compared_view, loss_first_view
+from ..adapters.mlflow_tracker.run.view import MAX_RUNS, MODEL_TRAINING_QUERY, compared_view, loss_first_view, view_page
 from ..adapters.mindinsight_sink import rank_dir
 from ..adapters.mlflow_sink import RUN_ID_TAG
 from ..errors import MsbridgeError
@@ -193,8 +193,7 @@ def _share(api: str, exp_id: str, view: "tuple[str, str]", mode: str = "") -> st
     """Write ``view`` (``(tag key, JSON)``) to the experiment, the way MLflow's Share button does; its page."""
     key, value = view
     _request(f"{api}/experiments/set-experiment-tag", {"experiment_id": exp_id, "key": key, "value": value})
-    query = {"viewStateShareKey": key[len(VIEW_TAG_PREFIX):], **({"compareRunsMode": mode} if mode else {})}
-    return f"/#/experiments/{exp_id}/runs?{urllib.parse.urlencode(query)}&{MODEL_TRAINING_QUERY}"
+    return view_page(exp_id, key, mode)
 
 
 def _compared(api: str, exp_id: str) -> Optional["tuple[str, str]"]:

@@ -148,7 +148,8 @@ def render_readme(run_name: str, run_id: str, meta: Mapping[str, Any],
     if git:
         lines.append(f"- git: {git['commit']}{' (dirty)' if git.get('dirty') else ''}")
     lines += ["", "## Sinks", ""]
-    lines += [f"- **{name}**: {info.get('where', '')}{_replayed(info)}" for name, info in sinks.items()]
+    lines += [f"- **{name}**: {info.get('where', '')}{_opened_at(info)}{_replayed(info)}"
+              for name, info in sinks.items()]
     if failed:
         lines += ["", "## Sinks that failed", ""]
         lines += [f"- **{name}** failed in {why}" + ("" if name in sinks else "; it holds nothing of this run "
@@ -167,6 +168,11 @@ def _outcome_value(key: str, value: Any) -> Any:
     if key == COST_KEY and isinstance(value, Mapping):
         return describe_cost(value)
     return value
+
+
+def _opened_at(info: Mapping[str, str]) -> str:
+    """After a sink's place in the README: the page that opens this run in its tracker's UI (``url``), if any."""
+    return f"; open it: {info['url']}" if info.get("url") else ""
 
 
 def _replayed(info: Mapping[str, str]) -> str:

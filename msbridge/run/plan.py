@@ -133,8 +133,9 @@ class RunPlan:
         if not hasattr(self, "_meta"):
             return True
         release_space(self.run_dir)
-        unopened = self._dispatcher.unopened
-        self._where = {name: info for name, info in self._where.items() if name not in unopened}
+        unopened, said = self._dispatcher.unopened, self._dispatcher.said_at_close
+        self._where = {name: {**info, **said.get(name, {})} for name, info in self._where.items()
+                       if name not in unopened}
         self._meta["sinks"] = self._where
         return self._write(outcome)
 

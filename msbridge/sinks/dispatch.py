@@ -87,6 +87,13 @@ class Dispatcher:
         """Every sink's host: jsonl first."""
         return ([self._wal] if self._wal is not None else []) + self._trackers
 
+    @property
+    def said_at_close(self) -> Dict[str, Dict[str, str]]:
+        """Each closed tracker's ``describe(run)`` asked again after its close (``SinkHost.said``), where it
+        returned in time: what only the closed run knows (MLflow's address of the run, or of its sweep's view)."""
+        return {host.sink.name: host.said.result for host in self._trackers
+                if host.closed.is_set() and host.said is not None and host.said.done.is_set() and host.said.result}
+
     def describe(self, run: RunInfo) -> Dict[str, Dict[str, str]]:
         """Each sink's ``describe(run)`` (where it writes), asked in parallel, each on its sink's thread, waited for
         ``DESCRIBE_BOUND`` s in all; one not back by then is a failure, and its sink gets nothing."""

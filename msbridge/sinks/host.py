@@ -64,6 +64,8 @@ class SinkHost:
         missed_records / missed_steps / missed_events, behind_from: what it was not handed (queue full, no log).
         caught_up: times it read the log back to live.
         closed: set once its close and its final ``undelivered()`` returned (or failed).
+        said: the ``describe(run)`` asked again right after its close (what only the closed run knows, such as
+            MLflow's address of the run or its sweep's view), once ``closed`` is set; None before a close.
         hung: a call it waited for overran: its thread is still held by it.
 
     Example:
@@ -96,22 +98,27 @@ class SinkHost:
         self._slow: Set[str] = set()  # the calls said to have returned after their bound
         self._dead = False  # failed to open, or a call hung: handed nothing more
         self._closing: Optional[Call] = None  # the last call, once ``close`` (or ``retire``) queued it
+        self._run: Optional[RunInfo] = None
+        self.said: Optional[Call] = None
         self._thread = threading.Thread(target=self._loop, name=f"msbridge-{sink.name}", daemon=True)
         self._thread.start()
 
     def open(self, run: RunInfo) -> None:
         """Queue ``open(run)``, ``held()`` and a first ``flush`` (first contact: MLflow makes its run at once);
         returns at once (writes queue behind them)."""
+        self._run = run
         for call in (Call("open", run=run), Call("held"), Call("flush")):
             self.put(call)
 
     def close(self, status: str) -> Call:
-        """Queue ``close(status)``, then ``undelivered()``, the host's last call; ``closed`` is set once that
-        returned (or failed). Returns the ``undelivered`` call: its result is the sink's final word."""
+        """Queue ``close(status)``, ``describe(run)`` again (``said``), then ``undelivered()``, the host's last call;
+        ``closed`` is set once that returned (or failed). Returns the ``undelivered`` call: its result is the
+        sink's final word."""
         with self._ready:
             if self._closing is None:
                 self._closing = Call("undelivered")
-                self._items.extend([Call("close", status=status), self._closing])
+                self.said = Call("describe", run=self._run) if self._run is not None else None
+                self._items.extend(c for c in (Call("close", status=status), self.said, self._closing) if c)
                 self._ready.notify_all()
             return self._closing
 
@@ -233,7 +240,9 @@ class SinkHost:
             if call.method == "write" and self._cursor.offset:  # read the log once: a batch may be in both
                 call.records = [r for r in call.records if self._cursor.new_record(r, self.done_step)]
                 call.events = [e for e in call.events if self._cursor.new_event(e, self.sink.name)]
-            if not self._dead or call is self._closing:
+            if call is self.said:
+                self._ask_again(call)
+            elif not self._dead or call is self._closing:
                 self._make(call)
             elif call.method == "write":  # failed to open, or hung: nothing more reaches it
                 self._count_missed(call)
@@ -241,6 +250,16 @@ class SinkHost:
             if call is self._closing:
                 self.closed.set()
                 return
+
+    def _ask_again(self, call: Call) -> None:
+        """``describe`` after the close (``said``): what it returns, else nothing; never a failure of the sink's
+        (what it delivered is settled by then)."""
+        if self._dead:
+            return
+        try:
+            call.result = call.check(call.invoke(self.sink))
+        except Exception as exc:
+            log.debug("msbridge: sink %r: describe() after its close: %s: %s", self.sink.name, type(exc).__name__, exc)
 
     def _may_read(self) -> bool:
         """Behind, able to read, not closing, and due for a read of the log. The caller holds the lock."""

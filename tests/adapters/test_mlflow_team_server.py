@@ -4,10 +4,12 @@ PostgreSQL is Debian's (``bash .ci/postgres.sh``), started per session on 127.0.
 ``helpers.postgres``; every trial is a real demo training run in its own process (tests/helpers/sweep_job.py)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,3 +117,9 @@ def test_three_trials_at_once_land_under_one_parent_through_a_server_restart(pg_
     assert sorted(float(c.data.params["optimizer.learning_rate"]) for c in children) == list(LEARNING_RATES)
     table = compare(EXPERIMENT, pg_mlflow.uri)
     assert len(table.rows) == 3 and "optimizer.learning_rate" in table.differing
+    pages = {re.search(r"open it: (\S+)", (Path(d) / "README.md").read_text()).group(1) for d in run_dirs}
+    (page,) = pages  # every trial's README names the sweep's one saved view, on the team server
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert page.startswith(f"{pg_mlflow.uri.rstrip('/')}/#/experiments/{experiment.experiment_id}/runs?"), page
+    key = urllib.parse.parse_qs(page.partition("/runs?")[2])["viewStateShareKey"][0]
+    assert experiment.tags["mlflow.sharedViewState." + key], "the view the README opens is on the server"

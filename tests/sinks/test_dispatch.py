@@ -389,3 +389,26 @@ def test_a_refused_batch_is_read_from_jsonl_before_any_later_one(tmp_path):
     d.close()
     assert tracker.refused and tracker.steps == list(range(1, 26))
     assert d.undelivered == {} and d.hosts[1].caught_up >= 1
+
+
+def test_what_a_tracker_says_after_its_close_reaches_the_run_and_a_failure_there_is_no_failure():
+    """``describe`` is asked again after each tracker's close (``Dispatcher.said_at_close``): a page only the
+    closed run has (MLflow's view of a sweep) is kept; one that raises then is left out and counts for nothing."""
+    class Pages(Recording):
+        def describe(self, run):
+            return {"where": "here", **({"url": "http://127.0.0.1:5000/#/run"} if self.status else {})}
+
+    class Raises(Recording):
+        def describe(self, run):
+            if self.status:
+                raise RuntimeError("closed")
+            return {"where": "there"}
+
+    journal = []
+    d = Dispatcher([Recording("jsonl", journal), Pages("pages", journal), Raises("raises", journal)], RUN)
+    assert d.describe(RUN) == {"pages": {"where": "here"}, "raises": {"where": "there"}}
+    d.open(RUN)
+    d.submit(make_records([1, 2]), [])
+    d.close("FINISHED")
+    assert d.said_at_close == {"pages": {"where": "here", "url": "http://127.0.0.1:5000/#/run"}}
+    assert d.undelivered == {}, "a describe that fails after the close is no failure"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.parse
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from msbridge.adapters.mlflow_tracker.run.fields import clean_key
@@ -227,18 +228,45 @@ def mark_best(client: Any, experiment_id: str, sweep_id: Optional[str], mode: st
     return best
 
 
-def share_sweep_view(client: Any, experiment_id: str, sweep_id: str) -> None:
+def server_address(uri: str) -> str:
+    """The UI's address of a tracking server URI without its credentials ("" for a store that is no server).
+
+    Example:
+        >>> server_address("https://me:s3cret@mlflow.team.example:8443/"), server_address("sqlite:///m.db")
+        ('https://mlflow.team.example:8443', '')
+    """
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')}"
+
+
+def view_page(experiment_id: str, key: str, mode: str = "") -> str:
+    """The page, under the server's address, that opens the saved view ``key`` (its tag) in the model-training UI;
+    ``mode``: ``CHART`` or ``TABLE`` (else the browser's last choice).
+
+    Example:
+        >>> view_page("3", "mlflow.sharedViewState.msbridge-sweep-a1", "TABLE")
+        '/#/experiments/3/runs?viewStateShareKey=msbridge-sweep-a1&compareRunsMode=TABLE&workflowType=machine_learning'
+    """
+    query = {"viewStateShareKey": key[len(VIEW_TAG_PREFIX):], **({"compareRunsMode": mode} if mode else {})}
+    return f"/#/experiments/{experiment_id}/runs?{urllib.parse.urlencode(query)}&{MODEL_TRAINING_QUERY}"
+
+
+def share_sweep_view(client: Any, experiment_id: str, sweep_id: str) -> Optional[str]:
     """Write the saved view of the sweep's runs (``compared_view``) to the experiment, as MLflow's Share button
-    does, unless it holds that view already or the sweep has fewer than two runs to compare. One tag per sweep, so
-    every run ending writes the same one, in place; of two runs writing it at once, a store may refuse the second
-    insert: the first one's view stands. Open it at ``#/experiments/<id>/runs?viewStateShareKey=msbridge-sweep-<sweep
-    id>``."""
+    does, unless it holds that view already; its page (``view_page``), None while the sweep has fewer than two runs
+    to compare. One tag per sweep, so every run ending writes the same one, in place; of two runs writing it at
+    once, a store may refuse the second insert: the first one's view stands."""
     runs = client.search_runs([experiment_id], _group_filter(sweep_id), max_results=MAX_RUNS)
     view = compared_view([(r.data.params, r.data.tags) for r in runs])
-    if view is None or client.get_experiment(experiment_id).tags.get(view[0]) == view[1]:
-        return
-    try:
-        client.set_experiment_tag(experiment_id, *view)
-    except Exception:  # a store may refuse the second of two inserts of one tag at once: the first one stands
-        if client.get_experiment(experiment_id).tags.get(view[0]) is None:
-            raise
+    if view is None:
+        return None
+    if client.get_experiment(experiment_id).tags.get(view[0]) != view[1]:
+        try:
+            client.set_experiment_tag(experiment_id, *view)
+        except Exception:  # a store may refuse the second of two inserts of one tag at once: the first one stands
+            if client.get_experiment(experiment_id).tags.get(view[0]) is None:
+                raise
+    return view_page(experiment_id, view[0], "TABLE")
