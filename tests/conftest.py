@@ -15,19 +15,29 @@ if os.environ.get("LOG_MF_PATH", _MF_LOG).startswith(_MF_LOG):
 
 import msbridge  # noqa: E402,F401,I001  (first: it picks the protobuf runtime MindSpore needs)
 import pytest  # noqa: E402
-from helpers.alone import machine_turn  # noqa: E402
+from helpers.alone import Turns  # noqa: E402
+
+
+_TURNS = pytest.StashKey[Turns]()  # this worker's turns on the machine (tests/helpers/alone.py)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked ``alone`` has the machine to itself, its fixtures' setup and teardown
-    included (tests/helpers/alone.py); every other test shares it with the other worker's."""
+    included, and keeps it for a next test marked ``alone`` (tests/helpers/alone.py); every other test shares it
+    with the other worker's."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/..
-    with machine_turn(str(shared), alone=item.get_closest_marker("alone") is not None):
+    if _TURNS not in item.config.stash:
+        shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/..
+        item.config.stash[_TURNS] = Turns(str(shared))
+    with item.config.stash[_TURNS].test(_alone(item), next_alone=nextitem is not None and _alone(nextitem)):
         yield
+
+
+def _alone(item):
+    return item.get_closest_marker("alone") is not None
 
 
 @pytest.fixture(autouse=True)

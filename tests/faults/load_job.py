@@ -1,6 +1,7 @@
 """A real MindSpore training job with every sink on, for the load-fault test, run as a script.
 
-Usage: ``python load_job.py OUT_DIR STEPS [TRACKING_URI]`` (no URI: MLflow's embedded sqlite store).
+Usage: ``python load_job.py OUT_DIR STEPS [TRACKING_URI [EXPERIMENT]]`` (no URI: MLflow's embedded sqlite store;
+the experiment is ``load`` unless named).
 Prints the run dir, exits with ``BridgeMonitor.outcome.exit_code``.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from msbridge import BridgeMonitor  # noqa: E402
 def main() -> None:
     out, steps = sys.argv[1], int(sys.argv[2])
     mlflow = {"tracking_uri": sys.argv[3]} if len(sys.argv) > 3 else {}
-    monitor = BridgeMonitor({"experiment": "load", "run_name": "r", "flush_steps": 5,
+    experiment = sys.argv[4] if len(sys.argv) > 4 else "load"
+    monitor = BridgeMonitor({"experiment": experiment, "run_name": "r", "flush_steps": 5,
                              "output_dir": os.path.join(out, "{experiment}", "{run_name}"),
                              "sinks": {"jsonl": {}, "tensorboard": {}, "mlflow": mlflow, "mindinsight": {}}},
                             progress=False)

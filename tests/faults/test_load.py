@@ -35,13 +35,13 @@ STEPS = 60
 TRACKERS = ("tensorboard", "mlflow", "mindinsight")
 
 
-def tracker_steps(name: str, run_dir: Path, uri: str) -> list:
+def tracker_steps(name: str, run_dir: Path, uri: str, experiment: str) -> list:
     """The steps of ``train/loss`` the tracker holds, a step held twice listed twice (its own reader)."""
     meta = json.loads((run_dir / "run.json").read_text())
     if name == "mlflow":
         client = MlflowClient(uri)
-        return steps(client, only_run(client, "load").info.run_id)
-    run = make_run(run_dir.parent.parent, name=meta["run_name"], experiment="load", run_id=meta["run_id"])
+        return steps(client, only_run(client, experiment).info.run_id)
+    run = make_run(run_dir.parent.parent, name=meta["run_name"], experiment=experiment, run_id=meta["run_id"])
     sink = TensorBoardSink() if name == "tensorboard" else MindInsightSink()
     return [step for step, _ in sink.read_back(run).get("train/loss", [])]
 
@@ -52,10 +52,10 @@ def run_printed(command: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"))
 
 
-def check_under_load(tmp_path: Path, hogs: int, uri: str = "") -> None:
+def check_under_load(tmp_path: Path, hogs: int, uri: str = "", experiment: str = "load") -> None:
     out = tmp_path / "runs"
     with cpu_hogs(hogs):
-        job = subprocess.run([sys.executable, JOB, str(out), str(STEPS), *([uri] if uri else [])],
+        job = subprocess.run([sys.executable, JOB, str(out), str(STEPS), *([uri, experiment] if uri else [])],
                              capture_output=True, text=True, timeout=900)
     assert job.returncode in (EXIT_OK, EXIT_UNDELIVERED), job.stderr[-3000:]
     run_dir = Path(job.stdout.split()[-1])
@@ -66,14 +66,15 @@ def check_under_load(tmp_path: Path, hogs: int, uri: str = "") -> None:
     missing = outcome["not delivered"] if outcome["not delivered"] != "none" else {}
     assert (job.returncode == EXIT_UNDELIVERED) == bool(missing)
     assert set(missing) <= set(TRACKERS), missing
-    uri = uri or f"sqlite:///{out / 'load' / 'mlflow.db'}"
+    uri = uri or f"sqlite:///{out / experiment / 'mlflow.db'}"
     for name in TRACKERS:
         if name in missing:
             command = f"msbridge replay {shlex.quote(str(run_dir))} --to {name}"
             assert missing[name].endswith(f"fill it: {command}"), missing[name]
             done = run_printed(command)
             assert done.returncode == 0, done.stderr[-3000:]
-        assert tracker_steps(name, run_dir, uri) == list(range(1, STEPS + 1)), f"{name}: every step, each once"
+        held = tracker_steps(name, run_dir, uri, experiment)
+        assert held == list(range(1, STEPS + 1)), f"{name}: every step, each once"
 
 
 @pytest.mark.parametrize("hogs", [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
@@ -81,11 +82,14 @@ def test_every_step_in_jsonl_and_each_tracker_complete_or_named_embedded_mlflow(
     check_under_load(tmp_path, hogs)
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """One ``mlflow server`` for the module's tests (an experiment each): its start is seconds of an alone test."""
+    with MlflowServer(tmp_path_factory.mktemp("mlflow-server")) as server:
+        yield server
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("hogs", [2, 4, 8])
-def test_every_step_in_jsonl_and_each_tracker_complete_or_named_mlflow_server(tmp_path, hogs):
-    server = MlflowServer(tmp_path / "server").start()
-    try:
-        check_under_load(tmp_path, hogs, server.uri)
-    finally:
-        server.stop()
+def test_every_step_in_jsonl_and_each_tracker_complete_or_named_mlflow_server(tmp_path, mlflow_server, hogs):
+    check_under_load(tmp_path, hogs, mlflow_server.uri, experiment=f"load-{hogs}")

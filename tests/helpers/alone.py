@@ -5,7 +5,9 @@ into false failures, or a process in Linux's idle class, which the other worker'
 Two ``fcntl.flock`` files in a folder the workers share: every test holds ``machine`` shared while it runs; an
 ``alone`` test holds it exclusively, so it starts once the other worker's current test ends, and that worker
 waits before its next one. ``turnstile`` is taken first by both, so a worker running one test after another
-cannot keep an ``alone`` test waiting forever. The kernel drops both when a worker dies.
+cannot keep an ``alone`` test waiting forever. The kernel drops both when a worker dies. A worker keeps its
+``alone`` turn into its next test when that one is ``alone`` too (``Turns``): the other worker, which would wait
+through that test anyway, does not run one of its own in between while this one waits idle for it.
 
 Example:
     >>> with machine_turn(str(tmp_path), alone=True):
@@ -16,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
 
 @contextlib.contextmanager
@@ -38,3 +40,25 @@ def machine_turn(folder: str, alone: bool) -> Iterator[None]:
         with _flock(turnstile, fcntl.LOCK_EX):
             held.enter_context(_flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH))
         yield
+
+
+class Turns:
+    """One worker's turns on the machine (in ``folder``), a test at a time; an ``alone`` turn is kept, not given
+    back, when the worker's next test is ``alone`` too."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._kept: Optional[contextlib.ExitStack] = None
+
+    @contextlib.contextmanager
+    def test(self, alone: bool, next_alone: bool) -> Iterator[None]:
+        """The turn for one test: the one kept from the previous test, or a new one."""
+        if self._kept is None:
+            self._kept = contextlib.ExitStack()
+            self._kept.enter_context(machine_turn(self.folder, alone))
+        try:
+            yield
+        finally:
+            if not (alone and next_alone):
+                kept, self._kept = self._kept, None
+                kept.close()
