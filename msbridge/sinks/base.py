@@ -289,7 +289,9 @@ class Sink:
 
     - gaps: ``write``/``flush``/``close`` return the ``GAP`` events of what it finally lost;
     - behind: ``write`` raises ``Behind`` for a batch it cannot take now; its host reads it from the log later;
-    - ``describe(run)``: where it writes (``{"where": ...}``), for the run README;
+    - ``describe(run)``: where it writes (``{"where": ...}``), for the run README; asked again after the close,
+      where a ``"url"`` (a page of the closed run) is named beside it;
+    - ``every_n_steps``: an option declared as ``EVERY_N_STEPS``: the hand-off then thins the steps it is handed;
     - ``undelivered()``: what it gave up delivering ("30 records and status FINISHED ...");
     - ``observe(undelivered)`` with ``observer = True``: the others' final ``undelivered``;
     - ``hurry()``: training has ended and its close has run ``HURRY_AFTER`` s (a throwaway thread).
