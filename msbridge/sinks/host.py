@@ -240,6 +240,9 @@ class SinkHost:
             if call.method == "write" and self._cursor.offset:  # read the log once: a batch may be in both
                 call.records = [r for r in call.records if self._cursor.new_record(r, self.done_step)]
                 call.events = [e for e in call.events if self._cursor.new_event(e, self.sink.name)]
+                if not call.records and not call.events:  # all of it handed from the log already
+                    call.done.set()
+                    continue
             if call is self.said:
                 self._ask_again(call)
             elif not self._dead or call is self._closing:

@@ -132,8 +132,9 @@ def test_a_tracker_that_stalled_catches_up_from_jsonl_and_goes_back_to_live_batc
     assert d.flush(timeout=30), "caught up before the close"
     host = d.hosts[1]
     assert host.caught_up == 1 and host.behind_from is None
-    for i in range(41, 51):  # live again: each batch from memory, one write a batch
-        d.submit(make_records([i]))
+    for i in range(41, 51):  # live again: each batch from memory, one write a batch (each flushed: a tracker
+        d.submit(make_records([i]))  # slower than the test's loop on a busy host would be behind again)
+        assert d.flush(timeout=30)
     d.close()
     writes = [(steps, events) for who, steps, events in journal if who == "stalls"]
     assert [s for steps, _ in writes for s in steps] == list(range(1, 51)), "every step once, in order"
