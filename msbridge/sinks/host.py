@@ -7,8 +7,8 @@ write-ahead log with a cursor of its own, as Prometheus remote write tails its W
 memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks,
 each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the steps the sink holds or was handed
 already), then goes back to live batches once a read reached the end of the log with no batch left out meanwhile.
-No record waits in memory for a sink that is behind, and a sink is never left behind for the rest of a run; at the close it reads what is left within its close bound,
-and what it still lacks is named with the replay that fills it. Without a write-ahead log (``wal``), a full queue
+No record waits in memory for a sink that is behind, and a sink is never left behind for the rest of a run; at the
+close it reads what is left within its close bound, and what it still lacks is named with the replay that fills it. Without a write-ahead log (``wal``), a full queue
 leaves the sink behind for the run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer``
 wait instead, at most the sink's bound. ``ask`` waits for one call, at most its bound.
 
