@@ -1,16 +1,17 @@
 """One sink on a thread of its own: every call of it is a ``Call`` (``calls.py``), made there, bounded.
 
 The host's thread ``msbridge-<name>`` takes calls from its queue in order: ``describe``, ``open`` and ``held``
-(queued: nobody waits for the open), then ``write``/``flush``, and last ``close`` and ``undelivered``. ``offer`` queues a batch and
-never waits: a full queue means the sink is far behind (stalled, starved or unreachable). A tracker then reads the
-write-ahead log with a cursor of its own, as Prometheus remote write tails its WAL: it takes no more batches from
-memory, and once its queue is empty it reads the jsonl from where it stopped (``runlog.read_from``), in chunks,
-each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the steps the sink holds or was handed
-already), then goes back to live batches once a read reached the end of the log with no batch left out meanwhile.
-No record waits in memory for a sink that is behind, and a sink is never left behind for the rest of a run; at the
-close it reads what is left within its close bound, and what it still lacks is named with the replay that fills it. Without a write-ahead log (``wal``), a full queue
-leaves the sink behind for the run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer``
-wait instead, at most the sink's bound. ``ask`` waits for one call, at most its bound.
+(queued: nobody waits for the open), then ``write``/``flush``, and last ``close`` and ``undelivered``. ``offer``
+queues a batch and never waits: a full queue means the sink is far behind (stalled, starved or unreachable). A
+tracker then reads the write-ahead log with a cursor of its own, as Prometheus remote write tails its WAL: it takes
+no more batches from memory, and once its queue is empty it reads the jsonl from where it stopped
+(``runlog.read_from``), in chunks, each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the
+steps the sink holds or was handed already), then goes back to live batches once a read reached the end of the log
+with no batch left out meanwhile. No record waits in memory for a sink that is behind, and a sink is never left
+behind for the rest of a run; at the close it reads what is left within its close bound, and what it still lacks is
+named with the replay that fills it. Without a write-ahead log (``wal``), a full queue leaves the sink behind for the
+run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer`` wait instead, at most the sink's
+bound. ``ask`` waits for one call, at most its bound.
 
 Whatever goes wrong with a call (a raise, a wrong return type, a call still running when its bound ran out
 while it was waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
