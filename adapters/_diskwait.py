@@ -2,9 +2,10 @@
 is written when space returns.
 
 Each event file is a ``WaitingFile``, written through MindSpore's C++ ``EventWriter_`` (TFRecord framing). Its
-``Write`` and ``Flush`` do not report a short write reliably, so each event is checked by the file's size: a
-write that did not land whole is a failure. The file is then cut back to its last whole event and left; the
-event and every later one of the sink wait in its ``DiskWait``: at most ``MAX_WAITING_EVENTS`` events and
+``Write`` and ``Flush`` do not report a short write reliably, so a batch's events are checked by the file's size
+once the batch is written (``DiskWait.check``: one flush to the OS and one ``stat`` a file and batch, not an
+event): a batch that did not land whole is a failure. The file is then cut back to its last whole event before
+the batch and left; the batch's events in it and every later one of the sink wait in its ``DiskWait``: at most ``MAX_WAITING_EVENTS`` events and
 ``MAX_WAITING_BYTES`` bytes (encoded). At each later write and flush, once the file system has room for the
 oldest waiting event, a fresh file is opened next to the old one (a later name: TensorBoard's and MindInsight's
 readers go on to it) and the waiting events are written in order, so no point is lost or doubled.
@@ -21,6 +22,7 @@ Example:
     >>> wait = DiskWait("tensorboard")
     >>> events = WaitingFile(wait, "/tmp/tb", lambda: "/tmp/tb/events.out.tfevents.1.host")
     >>> events.write(b"...", step=1)         # never raises for a full disk: the event waits
+    >>> wait.check()                          # the batch landed whole, or it waits
     >>> wait.retry(); wait.text()
 """
 from __future__ import annotations
@@ -94,16 +96,37 @@ class WaitingFile:
         self.paths: List[str] = []  # every file it wrote, oldest first
         self._writer: Any = None
         self._good = 0  # bytes of whole events in the current file
+        self._unchecked: List[Tuple[bytes, int, str]] = []  # written since the last check: data, step, kind
 
     def write(self, data: bytes, step: int = 0, kind: str = RECORD) -> None:
         """Write one event now, or let it wait (a full disk); never raises for the disk."""
         self._wait.write(self, data, step, kind)
 
-    def write_now(self, data: bytes) -> None:
-        """One event into the file (a fresh one if the last write failed); ``OSError`` if it did not land whole."""
+    def put(self, data: bytes, step: int, kind: str) -> None:
+        """One event handed to the file's writer (a fresh file if the last write failed), checked by ``check``."""
         if self._writer is None:
             self._open()
-        self._put(data)
+        self._writer.Write(data)
+        self._unchecked.append((data, step, kind))
+
+    def check(self) -> List[int]:
+        """The events put since the last check are in the file whole: the steps of its records; ``OSError`` if
+        they did not all land (``unchecked`` still holds them)."""
+        if not self._unchecked:
+            return []
+        expected = self._good + sum(len(data) + _FRAME for data, _, _ in self._unchecked)
+        landed = self._writer.Flush() is not False
+        if not landed or os.path.getsize(self.path) != expected:
+            raise _failure(self.path, expected - self._good)
+        self._good = expected
+        steps = [step for _, step, kind in self._unchecked if kind == RECORD]
+        self._unchecked = []
+        return steps
+
+    def take_unchecked(self) -> List[Tuple[bytes, int, str]]:
+        """The events put since the last check, which did not land whole."""
+        unchecked, self._unchecked = self._unchecked, []
+        return unchecked
 
     def _open(self) -> None:
         from mindspore._c_expression import EventWriter_
@@ -120,6 +143,7 @@ class WaitingFile:
                 raise
 
     def _put(self, data: bytes) -> None:
+        """The header: written and checked at once."""
         self._writer.Write(data)
         landed = self._writer.Flush() is not False
         expected = self._good + len(data) + _FRAME
@@ -133,6 +157,7 @@ class WaitingFile:
 
     def abandon(self) -> None:
         """After a failed write: let go of the writer, cut the file to its whole events (none: remove it)."""
+        self._unchecked = []
         if self._writer is None:
             return
         self._writer.Shut()
@@ -149,6 +174,7 @@ class WaitingFile:
     def flush(self) -> None:
         """Everything written is on disk (fsync). Each event was checked whole when written; an fsync that fails
         (EIO) is said, and the events stay as the OS holds them."""
+        self._wait.check()
         if self._writer is not None:
             try:
                 fsync(self.path)
@@ -179,6 +205,7 @@ class DiskWait:
         self.sink = sink
         self.where = self.run_dir = self.reason = ""
         self._queue: Deque[Tuple[WaitingFile, bytes, int, str]] = deque()
+        self._unchecked: Dict[WaitingFile, None] = {}  # files written since the last check, in order
         self._bytes = 0
         self._gap: Optional[Dict[str, Any]] = None  # dropped in the current episode
         self._done: List[Dict[str, Any]] = []  # gaps final and not yet handed out
@@ -202,14 +229,29 @@ class DiskWait:
             self.retry()
             return
         try:
-            file.write_now(data)
-        except OSError as exc:
+            file.put(data, step, kind)
+        except OSError as exc:  # a fresh file could not be opened
             file.abandon()
             self.failed(file, exc)
             self._hold(file, data, step, kind)
             return
-        if kind == RECORD:
-            self.written_step = max(self.written_step, step)
+        self._unchecked[file] = None
+
+    def check(self) -> None:
+        """Each file written since the last check holds its batch whole; where one does not, the file is cut back
+        to before the batch, and the batch's events in it wait for space."""
+        files, self._unchecked = list(self._unchecked), {}
+        for file in files:
+            try:
+                steps = file.check()
+            except OSError as exc:
+                held = file.take_unchecked()
+                file.abandon()
+                self.failed(file, exc)
+                for data, step, kind in held:
+                    self._hold(file, data, step, kind)
+                continue
+            self.written_step = max(self.written_step, *steps) if steps else self.written_step
 
     def retry(self) -> bool:
         """Write what waits once the disk has room for the oldest event; True when nothing waits."""
@@ -220,7 +262,8 @@ class DiskWait:
             try:
                 if free_bytes(file.folder) < file.room_for(data):
                     return False
-                file.write_now(data)  # a removed folder is made again: a fresh file in it
+                file.put(data, step, kind)  # a removed folder is made again: a fresh file in it
+                file.check()
             except OSError:
                 file.abandon()
                 return False
@@ -347,6 +390,7 @@ class WaitsForSpace:
         if not self._wait.retry():
             raise Behind(f"{self._wait.where} has no space ({self._wait.reason}); {self._wait.waiting} events wait")
         self._write_files(records, events)
+        self._wait.check()
         return self._gap_events()
 
     def _gap_events(self, final: bool = False, status: str = "") -> List[Any]:
@@ -359,6 +403,7 @@ class WaitsForSpace:
                 for d in details]
         if gaps and not final:
             self._write_files([], gaps)
+            self._wait.check()
         return gaps
 
     def undelivered(self) -> str:

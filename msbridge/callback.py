@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
+import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
@@ -32,12 +33,13 @@ from .capture.ring_reader import ring_source
 from .capture.train_step import TrainStep
 from .capture.window import StepSource, Window
 from .config.load import Config, load_config
-from .health.runner import EXCEPTION, INTERRUPT, Health, make_event
+from .health.runner import EXCEPTION, INTERRUPT, Health, Verdict, make_event
 from .eval_hooks import EvalHooks
 from .masking import mask_text
 from .metrics.rank_timing import StepTimer, data_wait_values
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
+from .run.converter import Converter
 from .run.cost import KEY as COST_KEY, CostMeter
 from .run.outcome import PRUNED, RUN_FILES, RunOutcome, RunTally
 from .run.plan import RunPlan, plan_run
@@ -98,6 +100,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._lr: Optional[LrReader] = None
         self._internals: Optional[Internals] = None  # layer_norms, histograms, memory, system
         self._reducer: Optional[Any] = None
+        self._converter: Optional[Converter] = None  # builds and checks the records off the training thread
         self._timer = StepTimer()  # host stamps of each step: step, run and data wait times
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
@@ -181,6 +184,8 @@ class BridgeMonitor(EvalHooks, Callback):
         self._timer = self._reducer.timer if self._reducer is not None else StepTimer()
         self._budget = OverheadBudget(cfg.overhead_budget, cfg.flush_steps, cfg.flush_seconds, widest,
                                       adapt=self._reducer is None)
+        if self._reducer is None and not self.health.every_step and self.trial_link is None:
+            self._converter = Converter()  # nothing it does can stop training at a step: it may convert later
         self._last_step = first_step
         self._offset = None
         if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
@@ -241,7 +246,10 @@ class BridgeMonitor(EvalHooks, Callback):
                 self._reducer is None and start - self._last_flush >= budget.flush_seconds)
         if due or self.health.every_step:  # a check that can stop training sees each step as it ends
             self._watchdog.mark(AT_FLUSH)
-            self.flush(dispatch=due)
+            if due and self._converter is not None:
+                self._hand_off()
+            else:
+                self.flush(dispatch=due)
             self._watchdog.mark(IN_STEP)
         if self.health.stop is not None:
             run_context.request_stop()
@@ -298,23 +306,71 @@ class BridgeMonitor(EvalHooks, Callback):
     def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
         """Convert and check the buffered steps, then hand everything converted to the sinks (non-blocking).
         ``dispatch=False`` keeps the records for a later flush, unless health emitted an event: that goes out at once,
-        with the records before it. ``reduce=False`` skips the cross-rank collective (this rank is ending alone)."""
+        with the records before it. ``reduce=False`` skips the cross-rank collective (this rank is ending alone).
+        The windows handed to the converter thread before it are converted first."""
+        if self._converter is not None:
+            self._converter.wait()
         t0 = time.perf_counter()
+        taken = self._take(dispatch)
+        if taken is None:
+            if dispatch or self._pending_events:
+                self._dispatch_pending()
+            return
+        window, timing = taken
+        budget = self._budget
+        budget.add("drain", time.perf_counter() - t0)
+        verdict = self._check(window, timing, reduce, budget)
+        t3 = time.perf_counter()
+        self._pending.extend(verdict.records)
+        self._pending_events.extend(verdict.events)
+        if dispatch or self._pending_events:
+            self._dispatch_pending()
+        budget.add("submit", time.perf_counter() - t3)
+        budget.observe(window.monitor_s, window.step_time_s)
+
+    def _hand_off(self) -> None:
+        """A step end's flush with a converter thread: drain here, and leave building the records, checking them
+        and handing them to the sinks to that thread."""
+        t0 = time.perf_counter()
+        taken = self._take(dispatch=True)
+        records, events = self._pending, self._pending_events  # what was waiting goes with this window
+        self._pending, self._pending_events = [], []
+        self._last_flush = time.perf_counter()
+        if taken is None:
+            if records or events:
+                self._converter.put(lambda: self._dispatch(records, events))
+            return
+        window, timing = taken
+        self._budget.add("drain", self._last_flush - t0)
+        self._budget.observe(window.monitor_s, window.step_time_s)
+
+        def convert() -> None:
+            verdict = self._check(window, timing, reduce=False)
+            self._dispatch(records + verdict.records, events + verdict.events)
+        self._converter.put(convert)
+
+    def _take(self, dispatch: bool) -> Optional[Tuple[Window, np.ndarray]]:
+        """On the training thread: the buffered steps drained into a window with what is read once per flush (the
+        other monitors' events, the model's internals, the step timing), or None when there is nothing to convert."""
         budget = self._budget
         window = self._buffer.drain(budget.timed_lr(self._lr) if budget is not None else self._lr)
         forwarded = self.forwarded_events(window)
         self._pending_events.extend(forwarded)
         self.events.extend(forwarded)
         if window is None or self._stream is None or self.dispatcher is None:
-            if dispatch or forwarded:
-                self._dispatch_pending()
-            return
+            return None
         if self._internals is not None:
             self._internals.fill(window, at_flush=dispatch, step=self._last_step)  # histograms: at the last step
             self._pending_events.extend(Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d)
                                         for d in window.histograms)  # to the sinks, not into the outcome
         timing = self._timer.drain()
         window.at_flush.update(data_wait_values(timing, self._timer.wait_share))  # on the window's last step
+        return window, timing
+
+    def _check(self, window: Window, timing: np.ndarray, reduce: bool,
+               budget: Optional[OverheadBudget] = None) -> Verdict:
+        """``window``'s records, checked, and with ``reduce`` agreed across ranks (health's stop too); the phases'
+        time charged to ``budget`` (None: off the training thread, which the budget does not count)."""
         t1 = time.perf_counter()
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
@@ -329,18 +385,12 @@ class BridgeMonitor(EvalHooks, Callback):
             agreement = self._reducer.reduce(window, verdict, self.health.stop, timing)
             self._watchdog.mark(AT_FLUSH)
             verdict, self.health.stop = agreement.verdict, agreement.stop
-        t3 = time.perf_counter()
-        self._pending.extend(verdict.records)
-        self._pending_events.extend(verdict.events)
+        if budget is not None:
+            budget.add("records", t2 - t1)
+            budget.add("reduce", time.perf_counter() - t2)
         self.events.extend(verdict.events)
         self.tally.track_loss(window.given(LOSS))
-        if dispatch or self._pending_events:
-            self._dispatch_pending()
-        if budget is not None:
-            for phase, seconds in (("drain", t1 - t0), ("records", t2 - t1), ("reduce", t3 - t2),
-                                   ("submit", time.perf_counter() - t3)):
-                budget.add(phase, seconds)
-            budget.observe(window.monitor_s, window.step_time_s)
+        return verdict
 
     def forwarded_events(self, window: Optional[Window]) -> List[Event]:
         """Events other monitors found, sent with each flush (none here; ``msbridge.mindformers``
@@ -364,6 +414,9 @@ class BridgeMonitor(EvalHooks, Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            if self._converter is not None:
+                self._converter.stop()
+                self._converter = None
             self.say_unevaluated()
             if status == FINISHED and self.health.stop is not None:  # the final window's check stopped the run
                 status = self.health.stop.status
@@ -442,10 +495,14 @@ class BridgeMonitor(EvalHooks, Callback):
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""
         self._last_flush = time.perf_counter()
-        self._before_dispatch(self._pending)
-        if self.dispatcher is not None:
-            self.dispatcher.submit(self._pending, self._pending_events)
+        records, events = self._pending, self._pending_events
         self._pending, self._pending_events = [], []
+        self._dispatch(records, events)
+
+    def _dispatch(self, records: List[Record], events: List[Event]) -> None:
+        self._before_dispatch(records)
+        if self.dispatcher is not None:
+            self.dispatcher.submit(records, events)
 
     @property
     def outcome(self) -> RunOutcome:

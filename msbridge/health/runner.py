@@ -203,7 +203,8 @@ class Health:
             last = records[-1].step
             if self._snapshot is None or last - self._snapshot[0] >= self.spec.snapshot_every:
                 self._take_snapshot(last)
-        self._batches.clear()
+        for step in window.steps.tolist():  # only this window's: a converter thread checks it while steps go on
+            self._batches.pop(step, None)
         return Verdict(list(records), events)
 
     def check_eval(self, record: Record) -> List[Event]:

@@ -39,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -101,16 +100,18 @@ class StepTimer:
     def drain(self) -> np.ndarray:
         """``TIMING_FIELDS`` in ms over the steps since the last drain (NaN where unknown); resets."""
         out = np.full(len(TIMING_FIELDS), np.nan)
+        self.wait_share = math.nan
         if self._rows:
             rows = np.array(self._rows) * 1e3
-            with warnings.catch_warnings():  # no step-begin stamps: all-NaN columns, NaN medians
-                warnings.simplefilter("ignore", RuntimeWarning)
-                out[:3] = np.nanmedian(rows, axis=0)
-                out[3] = np.nanmax(rows[:, 2])
-            timed = np.isfinite(rows[:, 2])
-            self.wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum()) if timed.any() else math.nan
-        else:
-            self.wait_share = math.nan
+            known = ~np.isnan(rows)  # no step-begin stamps: NaN run and wait, NaN medians
+            for column in range(3):  # np.nanmedian costs ~10x this on a window's few hundred rows
+                values = rows[known[:, column], column]
+                if values.size:
+                    out[column] = np.median(values)
+            timed = known[:, 2]
+            if timed.any():
+                out[3] = rows[timed, 2].max()
+                self.wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum())
         out[4] = self._callback_s * 1e3
         self._rows, self._callback_s = [], 0.0
         return out

@@ -119,10 +119,10 @@ class MSBridgeMonitor(BridgeMonitor):
     def on_train_end(self, run_context: Any, state: Any = None, **kwargs: Any) -> None:
         super().on_train_end(run_context)
 
-    def flush(self, dispatch: bool = True, reduce: bool = True) -> None:
-        """``BridgeMonitor.flush``; the attention logits are read only by one that writes (``dispatch``)."""
+    def _take(self, dispatch: bool) -> Any:
+        """``BridgeMonitor._take``; the attention logits are read only by a flush that writes (``dispatch``)."""
         self._flushing = dispatch
-        super().flush(dispatch, reduce)
+        return super()._take(dispatch)
 
     def _take_loss_as_mindformers(self, cb: Any) -> None:
         """The loss from the last pipeline stage, scaled as MFLossMonitor's (``pipeline.PipelineLoss``)."""

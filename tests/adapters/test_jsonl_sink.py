@@ -6,6 +6,8 @@ import math
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from helpers.runs import Handed, make_records, make_run
 
 from msbridge.adapters.jsonl_sink import JsonlSink
@@ -110,3 +112,17 @@ def test_ranks_write_their_own_files(tmp_path):
     assert sorted(run.ranks) == [0, 1]
     assert all(r.rank == rank for rank, log in run.ranks.items() for r in log.records)
     assert os.path.basename(run.ranks[1].path) == "rank_1.jsonl"
+
+
+@settings(max_examples=500, deadline=None)
+@given(step=st.integers(0, 2 ** 62), rank=st.integers(0, 4096), time=st.floats(0, 4e9),
+       values=st.dictionaries(st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True), max_size=6))
+def test_a_line_built_by_hand_is_the_text_json_writes(step, rank, time, values):
+    """encode_record builds its line by hand for speed: the very text json's encoder gives, names escaped alike."""
+    nonfinite = [name for name, value in values.items() if not math.isfinite(value)]
+    line = {"type": "metrics", "step": step, "rank": rank, "time": time,
+            "values": {name: value if math.isfinite(value) else None for name, value in values.items()}}
+    if nonfinite:
+        line["nonfinite"] = nonfinite
+    expected = json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n"
+    assert encode_record(Record(step, rank, time, values)) == expected
