@@ -83,6 +83,7 @@ class BridgeMonitor(EvalHooks, Callback):
             overrides = [*overrides, *self.trial_link.overrides()]
         self.config: Config = load_config(config, overrides=overrides)
         self.health = Health(self.config.health_spec)
+        self._keeps_batches = self.health.keeps_batches  # read at each step: a dump wants its input batch
         self.plan: Optional[RunPlan] = None
         self.cost = CostMeter()  # what monitoring costs this run, into its outcome (``run.cost``)
         if self.config.monitor_on:
@@ -238,8 +239,10 @@ class BridgeMonitor(EvalHooks, Callback):
         self._last_step = step
         if step % self._every == 0:
             self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
-            self.health.on_step(step, cb)
-        self._pending_events.extend(self._checkpoints.poll())  # ModelCheckpoint's files: two attribute reads
+            if self._keeps_batches:
+                self.health.on_step(step, cb)
+        if self._checkpoints.savers:
+            self._pending_events.extend(self._checkpoints.poll())  # ModelCheckpoint's files: two attribute reads
         budget = self._budget
         due = len(self._buffer) + len(self._pending) >= budget.flush_steps or (
                 # Ranks must flush at the same steps (one collective each), so time triggers single processes only.

@@ -167,10 +167,14 @@ class Health:
         root = self._dir(spec.dump_dir, "dumps")
         self.dumps = DumpWriter(root, run.rank, spec.dump_quota_mb, spec.dump_min_free_mb, spec.dump_every_steps)
 
+    @property
+    def keeps_batches(self) -> bool:
+        """Whether dumps want each step's input batch (``on_step``)."""
+        return self.spec.dump_batch and self.spec.dump_on_anomaly
+
     def on_step(self, step: int, cb_params: Any) -> None:
-        """Keep a reference to the step's input batch when dumps want it (O(1), no copy)."""
-        if self.spec.dump_batch and self.spec.dump_on_anomaly:
-            self._batches[step] = getattr(cb_params, "train_dataset_element", None)
+        """Keep a reference to the step's input batch (O(1), no copy); call it when ``keeps_batches``."""
+        self._batches[step] = getattr(cb_params, "train_dataset_element", None)
 
     # -- every flush -------------------------------------------------------------
     def check(self, window: Window, records: Sequence[Record]) -> Verdict:

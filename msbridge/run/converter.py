@@ -6,8 +6,10 @@ dispatcher while training goes on. Jobs run one at a time, in the order they wer
 sinks in step order. The callback uses it only where nothing it does can stop training at a step: a single
 process whose checks have no stop action, outside an Optuna trial (``BridgeMonitor._begin``).
 
-A job that raises is raised again on the training thread, at the next hand-off or wait, as a flush that raised on
-that thread would have been. At most ``MAX_QUEUED`` windows wait: a hand-off beyond that waits for the thread.
+One window is in its hands at a time: a hand-off first waits for the window before it, which takes a few ms of a
+flush window's ~100 steps, so the console's line of a flush is printed by the next flush at the latest, and the
+windows waiting in memory are one. A job that raises is raised again on the training thread, at the next hand-off
+or wait, as a flush that raised on that thread would have been.
 
 Example:
     >>> converter = Converter()
@@ -22,22 +24,19 @@ import queue
 import threading
 from typing import Callable, Optional
 
-#: Windows waiting for the thread before a hand-off waits for it.
-MAX_QUEUED = 4
-
 
 class Converter:
     """Runs handed jobs in order on the daemon thread ``msbridge-convert``."""
 
     def __init__(self) -> None:
-        self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue(maxsize=MAX_QUEUED)
+        self._jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._loop, name="msbridge-convert", daemon=True)
         self._thread.start()
 
     def put(self, job: Callable[[], None]) -> None:
-        """Run ``job`` after those handed before it (raises what an earlier job raised)."""
-        self._raise()
+        """Run ``job`` once the job before it has run (raises what that one raised)."""
+        self.wait()
         self._jobs.put(job)
 
     def wait(self) -> None:

@@ -321,9 +321,9 @@ class Sink:
     #: False for a sink that is not a store (the console's progress line): its host hands it every record and
     #: event, a resumed run's steps trained again too.
     skips_held = True
-    #: True only for msbridge's own sinks as cheap as a print (the console): ``Dispatcher.submit`` calls them on
-    #: the training thread. A plug-in's True is ignored: its sink is hosted like every other.
-    on_training_thread = False
+    #: True only for msbridge's own sinks as cheap as a print (the console): ``Dispatcher.submit`` calls them itself,
+    #: on the thread that flushes. A plug-in's True is ignored: its sink is hosted like every other.
+    in_submit = False
     #: True for a sink that reports on the others (alerts): it is closed last, after ``observe``.
     observer = False
 

@@ -4,7 +4,7 @@ Every ``print_interval`` steps: step/total, loss, samples/s and the ETA (from th
 step, which compiles the graph, left out); each evaluation, one line of its
 ``eval/*`` values. Events
 (anomalies, actions) are printed as they arrive, one readable line each. The sink
-is ``on_training_thread``: the dispatcher calls it in ``submit``, so a line is
+is ``in_submit``: the dispatcher calls it in ``submit``, so a line is
 never behind a slow tracker; it does nothing but format and print a line.
 
 Example output:
@@ -76,7 +76,7 @@ class ConsoleSink(Sink):
     name = "console"
     options = {"print_interval": Option(int, 20, "a progress line every N steps", 1)}
     skips_held = False  # progress, not a store: a resumed run's steps trained again are printed too
-    on_training_thread = True
+    in_submit = True
 
     def __init__(self, stream: Optional[IO[str]] = None, **options: Any) -> None:
         super().__init__(**options)

@@ -10,9 +10,9 @@ What a sink returns of its own accord (``Gaps``: the ``gap`` events of what it f
 other sink and kept in ``gaps``. What went wrong with a call (``Failure``: a raise, a wrong type, an overrun)
 is kept per sink; the run's outcome lists the sink as undelivered, with the replay that fills it.
 
-msbridge's own sinks marked ``on_training_thread`` (the console's progress line) are called in ``submit`` itself,
-through the same typed calls: a progress line is printed at the flush of the step it reports, never behind a
-sink. A plug-in's ``on_training_thread`` is ignored: its sink is hosted like any other.
+msbridge's own sinks marked ``in_submit`` (the console's progress line) are called in ``submit`` itself (on the
+thread that flushes: the converter thread, or the training thread), through the same typed calls: a progress line
+is printed at the flush of the step it reports, never behind a sink. A plug-in's ``in_submit`` is ignored: its sink is hosted like any other.
 
 ``close(status)`` drains and closes jsonl, then closes the trackers in parallel, each within its ``close_bound``
 from the start of the close (one still closing ``HURRY_AFTER`` s in is told to ``hurry``, on a throwaway thread
@@ -257,7 +257,7 @@ class Dispatcher:
                 host.offer([], gaps.events, relayed=True)
 
     def _inline(self, sink: Sink, call: Call) -> Any:
-        """``call`` on the training thread (an ``on_training_thread`` sink); a failure is kept, never raised."""
+        """``call`` on the thread that flushes (an ``in_submit`` sink); a failure is kept, never raised."""
         if sink.name in self._inline_failures:
             return None
         try:
@@ -269,8 +269,8 @@ class Dispatcher:
 
 
 def _runs_inline(sink: Sink) -> bool:
-    """``on_training_thread`` is honoured for msbridge's own sinks only (the console): a plug-in's is ignored."""
-    return bool(sink.on_training_thread) and type(sink).__module__.split(".")[0] == "msbridge"
+    """``in_submit`` is honoured for msbridge's own sinks only (the console): a plug-in's is ignored."""
+    return bool(sink.in_submit) and type(sink).__module__.split(".")[0] == "msbridge"
 
 
 def _hurry(sink: Sink) -> None:

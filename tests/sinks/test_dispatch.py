@@ -1,5 +1,5 @@
 """The dispatcher: jsonl first on its thread, each tracker on its own, isolation, bounded close, no polling; a
-plug-in's ``hurry`` or ``on_training_thread`` never holds the training thread."""
+plug-in's ``hurry`` or ``in_submit`` never holds the training thread."""
 from __future__ import annotations
 
 import os
@@ -342,13 +342,13 @@ def test_a_hurry_that_blocks_forever_holds_no_close_past_its_bound():
 
 
 class PluginInline(Recording):
-    """A plug-in's sink (not msbridge's own class) that sets ``on_training_thread``; its ``write`` blocks on its
+    """A plug-in's sink (not msbridge's own class) that sets ``in_submit``; its ``write`` blocks on its
     gate."""
 
-    on_training_thread = True
+    in_submit = True
 
 
-def test_a_plug_ins_on_training_thread_is_ignored_its_sink_hosted_like_any_other():
+def test_a_plug_ins_in_submit_is_ignored_its_sink_hosted_like_any_other():
     journal, gate = [], threading.Event()
     plugin = PluginInline("inline", journal, gate=gate)
     d = Dispatcher([Recording("jsonl", journal), plugin], RUN)
