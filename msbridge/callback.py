@@ -3,9 +3,10 @@
 Two paces: every step, O(1) host work (the step's output tensors and a timestamp kept); every flush
 (``flush_steps`` steps or ``flush_seconds`` seconds, whichever first, and at train end), one device->host copy
 per column (of the whole device ring with ``msbridge.TrainStep`` / ``attach_ring``: ``RingReader``), records
-built and handed to the dispatcher: no tracker I/O ever runs on this thread. ``OverheadBudget`` widens the
-flush window when the monitor's own time goes over ``overhead_budget`` of the step time. Evaluations
-(``on_eval_*``) are ``EvalHooks``'.
+built and handed to the dispatcher: no tracker I/O ever runs on this thread. Where nothing can stop training at a
+step (a single process, no stop action, no Optuna trial), the records are built on the converter thread
+(``run.converter``) while training goes on. ``OverheadBudget`` widens the flush window when the monitor's own time
+goes over ``overhead_budget`` of the step time. Evaluations (``on_eval_*``) are ``EvalHooks``'.
 
 Example:
     >>> from msbridge import BridgeMonitor
