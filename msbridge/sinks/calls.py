@@ -123,7 +123,7 @@ CALLS: Dict[str, Shape] = {
 class Call:
     """One call of a sink, run on its host's thread; ``done`` is set once it returned (or failed).
 
-    ``records``/``events`` for ``write`` (``relayed``: another sink's gaps, handed to the trackers already;
+    ``records``/``events`` for ``write`` (``relayed_from``: the sink whose gaps they are, for every other tracker;
     ``refused``: the sink raised ``Behind``, nothing taken), ``run`` for ``open``/``describe``/``read_back``,
     ``status`` for ``close``, ``others`` (each other sink's final ``undelivered``) for an observer's ``observe``.
 
@@ -139,7 +139,7 @@ class Call:
     events: Sequence[Event] = ()
     status: str = FINISHED
     others: Mapping[str, str] = field(default_factory=dict)
-    relayed: bool = False
+    relayed_from: str = ""
     refused: bool = field(default=False, init=False, compare=False)
     done: threading.Event = field(default_factory=threading.Event, init=False, repr=False, compare=False)
     result: Any = field(default=None, init=False, repr=False, compare=False)

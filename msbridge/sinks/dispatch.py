@@ -241,20 +241,22 @@ class Dispatcher:
 
     # -- the sinks' threads ----------------------------------------------------------
     def _written(self, call: Call) -> None:
-        """jsonl's thread, once jsonl wrote a batch: offer it to every tracker (never waits)."""
-        if not call.relayed:
-            for host in self._trackers:
+        """jsonl's thread, once jsonl wrote a batch: offer it to every tracker but the one whose gaps it holds (never
+        waits)."""
+        for host in self._trackers:
+            if host.sink.name != call.relayed_from:
                 host.offer(call.records, call.events)
 
     def _relay(self, sink: Sink, gaps: Gaps) -> None:
-        """A sink's own ``gap`` events: into ``gaps``, jsonl, and every other tracker."""
+        """A sink's own ``gap`` events: into ``gaps``, then jsonl, which hands them to every other tracker once they
+        are in the log (a tracker reading the log never passes them); straight to the trackers after jsonl's close."""
         with self._lock:
             self.gaps.extend(gaps.events)
-        if self._wal is not None and sink is not self._wal.sink:
-            self._wal.offer([], gaps.events, relayed=True)  # after jsonl's close: in ``gaps`` only
+        if self._wal is not None and sink is not self._wal.sink and self._wal.offer([], gaps.events, sink.name):
+            return
         for host in self._trackers:
             if host.sink is not sink:
-                host.offer([], gaps.events, relayed=True)
+                host.offer([], gaps.events)
 
     def _inline(self, sink: Sink, call: Call) -> Any:
         """``call`` on the thread that flushes (an ``in_submit`` sink); a failure is kept, never raised."""

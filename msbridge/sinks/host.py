@@ -132,10 +132,10 @@ class SinkHost:
                 self._ready.notify_all()
 
     # -- any thread ----------------------------------------------------------------
-    def offer(self, records: Sequence[Record], events: Sequence[Event], relayed: bool = False) -> bool:
+    def offer(self, records: Sequence[Record], events: Sequence[Event], relayed_from: str = "") -> bool:
         """Queue a batch; never waits (``lossless``: waits while the queue is full, at most the sink's bound,
-        once). ``relayed``: another sink's gaps, which ``after_write`` does not pass on again."""
-        call = Call("write", records=list(records), events=list(events), relayed=relayed)
+        once). ``relayed_from``: the sink whose gaps they are (see ``Call``)."""
+        call = Call("write", records=list(records), events=list(events), relayed_from=relayed_from)
         with self._ready:
             if self._closing is not None:  # closed: what comes after its close is in ``gaps`` only
                 return False

@@ -35,6 +35,7 @@ class DiskTrouble(Callback):
     def on_train_step_end(self, run_context: Any) -> None:
         step = int(run_context.original_args().cur_step_num)
         if step in (FULL_AT, FREE_AT):
+            self.monitor.flush()  # the window the converter thread may still hold, then the sinks
             assert self.monitor.dispatcher.flush(timeout=60)
             (self.full if step == FULL_AT else self.free)()
 

@@ -79,13 +79,14 @@ class DiskShim:
             return False
 
     def write(self, fd: int, data: Any) -> int:
-        if self.space is None or not self._ours(fd):
+        space = self.space  # once: a test sets it on another thread
+        if space is None or not self._ours(fd):
             return self._write(fd, data)
-        if self.space == 0:
+        if space == 0:
             self.failures += 1
             raise OSError(self.error, os.strerror(self.error))
-        n = self._write(fd, bytes(data[:self.space]))
-        self.space -= n
+        n = self._write(fd, bytes(data[:space]))
+        self.space = space - n
         return n
 
     def fsync(self, fd: int) -> None:
