@@ -1,6 +1,6 @@
 """``BridgeMonitor``: the one callback that turns every training step into the metric stream.
 
-Two paces: every step, O(1) host work (the step's output tensors and a timestamp kept); every flush
+Two paces: every step, O(1) host work (one row: the step, its outputs, its timestamps); every flush
 (``flush_steps`` steps or ``flush_seconds`` seconds, whichever first, and at train end), one device->host copy
 per column (of the whole device ring with ``msbridge.TrainStep`` / ``attach_ring``: ``RingReader``), records
 built and handed to the dispatcher: no tracker I/O ever runs on this thread. Where nothing can stop training at a
@@ -20,7 +20,6 @@ import time
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mindspore as ms
-import numpy as np
 from mindspore.train import Callback
 
 from .capture.budget import OverheadBudget
@@ -37,7 +36,7 @@ from .config.load import Config, load_config
 from .health.runner import EXCEPTION, INTERRUPT, Health, Verdict, make_event
 from .eval_hooks import EvalHooks
 from .masking import mask_text
-from .metrics.rank_timing import StepTimer, data_wait_values
+from .metrics.rank_timing import Stamps, StepTimer, data_wait_values, timing_summary
 from .metrics.stream import Stream
 from .names import GLOBAL_LOSS, HISTOGRAM, LOSS
 from .run.converter import Converter
@@ -52,6 +51,10 @@ from .sinks.dispatch import Dispatcher
 from .sweep.trial import SWEEP_METRIC, TrialLink, join_trial
 
 log = logging.getLogger("msbridge")
+
+#: A step end as its hook saw it: the step (with the resume offset), the epoch, the step's outputs, the last
+#: step-begin hook's time (None: never called), the time the hook was entered and when the hook before it returned.
+Row = Tuple[int, Any, Any, Optional[float], float, float]
 
 
 class BridgeMonitor(EvalHooks, Callback):
@@ -104,10 +107,14 @@ class BridgeMonitor(EvalHooks, Callback):
         self._reducer: Optional[Any] = None
         self._converter: Optional[Converter] = None  # builds and checks the records off the training thread
         self._timer = StepTimer()  # host stamps of each step: step, run and data wait times
+        self._rows: List[Row] = []  # the step ends not settled yet (``_settle``)
+        self._quick = False  # a step end only adds its row (``on_train_step_end``)
+        self._begin_stamp: Optional[float] = None  # the last step-begin hook's time
+        self._entered: Optional[float] = None  # when the last settled step's end hook was entered
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
         self._seen_outputs: Any = None  # the last step's outputs this callback saw
         self._offset: Optional[int] = None
-        self._last_end = self._last_flush = self._monitor_s = 0.0
+        self._last_end = self._last_flush = 0.0
         self._last_step = 0
         self.tally = RunTally()  # steps recorded, losses, events; status and undelivered once closed
         self._signals = SignalGuard()
@@ -186,10 +193,12 @@ class BridgeMonitor(EvalHooks, Callback):
         self._timer = self._reducer.timer if self._reducer is not None else StepTimer()
         self._budget = OverheadBudget(cfg.overhead_budget, cfg.flush_steps, cfg.flush_seconds, widest,
                                       adapt=self._reducer is None)
+        self._next_flush()
         if self._reducer is None and not self.health.every_step and self.trial_link is None:
             self._converter = Converter()  # nothing it does can stop training at a step: it may convert later
         self._last_step = first_step
-        self._offset = None
+        self._offset = self._entered = None
+        self._rows, self._quick = [], False
         if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
             self.dispatcher.submit([], [self._resume_event(first_trained)])
         self._cb = cb
@@ -215,39 +224,53 @@ class BridgeMonitor(EvalHooks, Callback):
         return event
 
     def on_train_step_begin(self, run_context: Any) -> None:
-        self._timer.begin(time.perf_counter())  # the data wait: this stamp minus the last step-end hook's return
+        self._begin_stamp = time.perf_counter()  # the data wait: this stamp minus the last step-end hook's return
 
     def on_train_step_end(self, run_context: Any) -> None:
+        entered = time.perf_counter()
+        if self._quick:  # nothing wants this step before the flush: its row, the watchdog's stamp, the flush check
+            cb = run_context.original_args()
+            step, outputs = cb.cur_step_num + self._offset, cb.net_outputs
+            self._rows.append((step, cb.cur_epoch_num, outputs, self._begin_stamp, entered, self._last_end))
+            self._seen_outputs = outputs  # after the row: a signal raised between them loses no step
+            dog = self._watchdog
+            dog.last_end, dog.step = entered, step
+            if dog.stalled_at is not None:
+                dog.resume(step, entered)
+            if len(self._rows) >= self._due_rows or entered - self._last_flush >= self._flush_seconds:
+                with self._signals.critical():  # a SIGTERM landing in here is raised once the buffers are consistent
+                    dog.mark(AT_FLUSH)
+                    self._hand_off()
+                    dog.mark(IN_STEP)
+            self._last_end = time.perf_counter()
+            return
         if self.dispatcher is None:
             return
-        with self._signals.critical():  # a SIGTERM landing in here is raised once the buffers are consistent
-            self._step_end(run_context)
+        with self._signals.critical():
+            self._step_end(run_context, entered)
+        self._last_end = time.perf_counter()
 
-    def _step_end(self, run_context: Any) -> None:
-        start = time.perf_counter()
+    def _step_end(self, run_context: Any, entered: float) -> None:
+        """A step end that is settled at once: the first of a training, or where health, a ``ModelCheckpoint``, the
+        device ring or the other ranks want each step as it ends."""
         cb, self._train_context = run_context.original_args(), run_context  # an evaluation's stop goes to it
         step = int(cb.cur_step_num)
         if self._offset is None:
             self._offset = self._checkpoints.offset = resume_offset(cb, step)
         step += self._offset
-        self._watchdog.step_ended(step)
+        self._watchdog.step_ended(step, entered)
         self._seen_outputs = cb.net_outputs
-        if step <= self._last_step:  # a step is recorded once, in increasing order: refused, counted, said once
-            return self.tally.refuse(f"step {step}", self._last_step)
-        advanced = max(step - self._last_step, 1)
-        step_time = (start - self._last_end) / advanced
-        self._timer.step_ended(start, advanced)  # this step's data wait and run go into the window it ends
-        self._last_step = step
-        if step % self._every == 0:
-            self._buffer.append(step, int(cb.cur_epoch_num), cb.net_outputs, step_time, self._monitor_s)
-            if self._keeps_batches:
-                self.health.on_step(step, cb)
+        self._rows.append((step, cb.cur_epoch_num, cb.net_outputs, self._begin_stamp, entered, self._last_end))
+        if not self._settle():
+            return
+        if self._keeps_batches and step % self._every == 0:
+            self.health.on_step(step, cb)
         if self._checkpoints.savers:
             self._pending_events.extend(self._checkpoints.poll())  # ModelCheckpoint's files: two attribute reads
         budget = self._budget
         due = len(self._buffer) + len(self._pending) >= budget.flush_steps or (
                 # Ranks must flush at the same steps (one collective each), so time triggers single processes only.
-                self._reducer is None and start - self._last_flush >= budget.flush_seconds)
+                self._reducer is None and entered - self._last_flush >= budget.flush_seconds)
         if due or self.health.every_step:  # a check that can stop training sees each step as it ends
             self._watchdog.mark(AT_FLUSH)
             if due and self._converter is not None:
@@ -258,12 +281,45 @@ class BridgeMonitor(EvalHooks, Callback):
         if self.health.stop is not None:
             run_context.request_stop()
             self.close(self.health.stop.status)
-        end = time.perf_counter()
-        self._monitor_s = end - start  # charged to the next step: its own cost is not known yet
-        self.cost.hooks_s += self._monitor_s
-        self.cost.steps += advanced
-        self._last_end = end
-        self._timer.hook_done(start, end)
+        # from the next step on, a row is all a step end adds where nothing here wants each step as it ends
+        self._quick = (self._converter is not None and not self._keeps_batches and not self._checkpoints.savers
+                       and type(self._buffer) is StepBuffer and self.dispatcher is not None)
+        if self._quick:
+            self._next_flush()
+
+    def _settle(self) -> bool:
+        """The rows of the step ends since the last settle into the buffer, the step timer, the watchdog and the
+        cost, in order (a step that does not come after the last one is refused, counted and said once); whether
+        the last row was taken. A row's hook time is known at the next row: it is charged to that step."""
+        rows, self._rows = self._rows, []
+        taken, wall_at = False, time.time() - time.perf_counter()  # a perf_counter stamp's wall-clock time
+        step_times = []
+        for step, epoch, outputs, begin, entered, last_end in rows:
+            step = int(step)
+            if step <= self._last_step:
+                self.tally.refuse(f"step {step}", self._last_step)
+                taken = False
+                continue
+            advanced = max(step - self._last_step, 1)
+            first = self._entered is None  # of this training: it only starts the step timer's clock
+            hook_s = 0.0 if first else last_end - self._entered  # the step before it: its hook returned at last_end
+            # this step's data wait and run go into the window it ends
+            self._timer.step(entered, None if first else last_end, begin, advanced, hook_s)
+            step_time = (entered - last_end) / advanced
+            step_times.append(step_time)
+            self.cost.hooks_s += hook_s
+            self.cost.steps += advanced
+            if step % self._every == 0:
+                self._buffer.append(step, int(epoch), outputs, step_time, hook_s, wall_at + entered)
+            self._last_step, self._entered, taken = step, entered, True
+        self._watchdog.observe(step_times)
+        return taken
+
+    def skip_time(self, seconds: float) -> None:
+        """Leave ``seconds`` since the last step end out of the next step's time (an evaluation's)."""
+        self._last_end += seconds
+        if self._entered is not None:
+            self._entered += seconds  # the hook time of the step before it stays its own
 
     def on_train_end(self, run_context: Any) -> None:
         if not self._depth:  # inside Model.train the manager's exit closes, after every callback's train end
@@ -297,13 +353,14 @@ class BridgeMonitor(EvalHooks, Callback):
         cb = self._cb
         if self.dispatcher is None or cb is None or self._offset is None:
             return
+        self._settle()
         step = int(param(cb, "cur_step_num", 0) or 0) + self._offset
         outputs = param(cb, "net_outputs", None)
         if outputs is self._seen_outputs:  # the step itself raised: there are no new outputs
             return
         if step > self._last_step and outputs is not None and step % self._every == 0:
             self._buffer.append(step, int(param(cb, "cur_epoch_num", 0) or 0), outputs,
-                                (time.perf_counter() - self._last_end) / (step - self._last_step), 0.0)
+                                (time.perf_counter() - self._last_end) / (step - self._last_step), 0.0, time.time())
             self._last_step = step
 
     # -- flush / close -----------------------------------------------------------
@@ -320,10 +377,10 @@ class BridgeMonitor(EvalHooks, Callback):
             if dispatch or self._pending_events:
                 self._dispatch_pending()
             return
-        window, timing = taken
+        window, stamps = taken
         budget = self._budget
         budget.add("drain", time.perf_counter() - t0)
-        verdict = self._check(window, timing, reduce, budget)
+        verdict = self._check(window, stamps, reduce, budget)
         t3 = time.perf_counter()
         self._pending.extend(verdict.records)
         self._pending_events.extend(verdict.events)
@@ -331,6 +388,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self._dispatch_pending()
         budget.add("submit", time.perf_counter() - t3)
         budget.observe(window.monitor_s, window.step_time_s)
+        self._next_flush()
 
     def _hand_off(self) -> None:
         """A step end's flush with a converter thread: drain here, and leave building the records, checking them
@@ -344,18 +402,20 @@ class BridgeMonitor(EvalHooks, Callback):
             if records or events:
                 self._converter.put(lambda: self._dispatch(records, events))
             return
-        window, timing = taken
+        window, stamps = taken
         self._budget.add("drain", self._last_flush - t0)
-        self._budget.observe(window.monitor_s, window.step_time_s)
 
         def convert() -> None:
-            verdict = self._check(window, timing, reduce=False)
+            self._budget.observe(window.monitor_s, window.step_time_s)  # read by the next hand-off's _next_flush
+            verdict = self._check(window, stamps, reduce=False)
             self._dispatch(records + verdict.records, events + verdict.events)
         self._converter.put(convert)
+        self._next_flush()  # with the budget as the window before this one left it
 
-    def _take(self, dispatch: bool) -> Optional[Tuple[Window, np.ndarray]]:
+    def _take(self, dispatch: bool) -> Optional[Tuple[Window, Stamps]]:
         """On the training thread: the buffered steps drained into a window with what is read once per flush (the
-        other monitors' events, the model's internals, the step timing), or None when there is nothing to convert."""
+        other monitors' events, the model's internals, the step timer's stamps), or None when there is nothing to convert."""
+        self._settle()
         budget = self._budget
         window = self._buffer.drain(budget.timed_lr(self._lr) if budget is not None else self._lr)
         forwarded = self.forwarded_events(window)
@@ -367,15 +427,16 @@ class BridgeMonitor(EvalHooks, Callback):
             self._internals.fill(window, at_flush=dispatch, step=self._last_step)  # histograms: at the last step
             self._pending_events.extend(Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d)
                                         for d in window.histograms)  # to the sinks, not into the outcome
-        timing = self._timer.drain()
-        window.at_flush.update(data_wait_values(timing, self._timer.wait_share))  # on the window's last step
-        return window, timing
+        return window, self._timer.take()
 
-    def _check(self, window: Window, timing: np.ndarray, reduce: bool,
+    def _check(self, window: Window, stamps: Stamps, reduce: bool,
                budget: Optional[OverheadBudget] = None) -> Verdict:
-        """``window``'s records, checked, and with ``reduce`` agreed across ranks (health's stop too); the phases'
-        time charged to ``budget`` (None: off the training thread, which the budget does not count)."""
+        """``window``'s records, checked, and with ``reduce`` agreed across ranks (health's stop too); ``stamps``:
+        its steps' ``StepTimer.take()``; the phases' time charged to ``budget`` (None: off the training thread,
+        which the budget does not count)."""
         t1 = time.perf_counter()
+        timing, wait_share = timing_summary(stamps)
+        window.at_flush.update(data_wait_values(timing, wait_share))  # on the window's last step
         if self._reducer is None and LOSS in window.scalars:  # a single process: the global loss is the local one
             window.global_scalars[GLOBAL_LOSS] = window.scalars[LOSS]
             if LOSS in window.absent:
@@ -407,6 +468,7 @@ class BridgeMonitor(EvalHooks, Callback):
         if self.dispatcher is None:
             self._signals.restore()
             return
+        self._quick = False  # a step end after the close is not recorded
         with self._signals.critical():
             self.cost.closing()
             self._watchdog.stop()
@@ -418,6 +480,8 @@ class BridgeMonitor(EvalHooks, Callback):
                 self.flush(reduce=status == FINISHED)
             except Exception:  # a failed final copy (device error) must not keep the sinks from closing
                 log.exception("msbridge: the final flush failed; closing the sinks with what they have")
+            if self._entered is not None and self._last_end > self._entered:  # the last step's hook: no next row
+                self.cost.hooks_s += self._last_end - self._entered
             if self._converter is not None:
                 self._converter.stop()
                 self._converter = None
@@ -495,6 +559,12 @@ class BridgeMonitor(EvalHooks, Callback):
             self.events.append(event)
             if self._train_context is not None:
                 self._train_context.request_stop()
+
+    def _next_flush(self) -> None:
+        """When a step end in ``_quick`` flushes: once the rows and the buffer hold ``flush_steps`` recorded steps,
+        or ``flush_seconds`` after the last flush (the budget may have widened both)."""
+        self._due_rows = (self._budget.flush_steps - len(self._buffer)) * self._every
+        self._flush_seconds = self._budget.flush_seconds
 
     def _dispatch_pending(self) -> None:
         """Hand every converted record and event to the sinks (non-blocking)."""

@@ -141,7 +141,7 @@ class EvalHooks:
 
     def on_eval_step_end(self, run_context: Any) -> None:
         self._eval_round.step(run_context.original_args())
-        self._watchdog.step_ended(self._last_step)  # an evaluation that steps is not a stall
+        self._watchdog.step_ended(max(self._watchdog.step, self._last_step))  # an evaluation that steps: no stall
 
     def on_eval_end(self, run_context: Any) -> None:
         cb = run_context.original_args()
@@ -171,7 +171,7 @@ class EvalHooks:
         self._dispatch_pending()
         if self.health.stop is not None and self._train_context is not None:  # training ends after this step
             self._train_context.request_stop()
-        self._last_end += values.get(EVAL_TIME, 0.0)  # the next step's time is its own, not the evaluation's
+        self.skip_time(values.get(EVAL_TIME, 0.0))  # the next step's time is its own, not the evaluation's
 
     def say_unevaluated(self) -> None:
         """At the run's close: an objective named on an evaluation (``objective.metric: eval/...``) that no

@@ -63,7 +63,8 @@ class NamedStepBuffer(StepBuffer):
         [True, False]
     """
 
-    def append(self, step: int, epoch: int, outputs: Mapping[str, Any], step_time_s: float, monitor_s: float) -> None:
+    def append(self, step: int, epoch: int, outputs: Mapping[str, Any], step_time_s: float, monitor_s: float,
+               wall: Optional[float] = None) -> None:
         if self.layout is None:
             from mindspore import get_context
 
@@ -74,7 +75,7 @@ class NamedStepBuffer(StepBuffer):
             self._tensors[name] = [None] * held
         for name, column in self._tensors.items():
             column.append(outputs.get(name))
-        self._host.add(step, epoch, step_time_s, monitor_s)
+        self._host.add(step, epoch, step_time_s, monitor_s, wall)
 
     def drain(self, lr_at: Optional[Callable[[np.ndarray], Optional[np.ndarray]]] = None) -> Optional[Window]:
         absent = {name: np.array([v is None for v in column]) for name, column in self._tensors.items()}

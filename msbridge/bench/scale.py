@@ -19,7 +19,7 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -83,6 +83,7 @@ class VirtualJob:
         self.reducer = Reducer(rank=0, world_size=self.ranks, is_global=True, batch_size=8, capacity=self.window,
                                per_rank_curves=self.per_rank_curves, gather=self._gather)
         self.stream = Stream(rank=0, batch_size=8, seq_length=2048, is_global=True)
+        self._last_end: Optional[float] = None  # when rank 0's last step-end hook returned (``_stamp``)
 
     # -- what the N ranks would send --------------------------------------------------------------------------
     def _fill(self, index: int, first: int) -> None:
@@ -133,9 +134,8 @@ class VirtualJob:
         timer, wait, run = self.reducer.timer, float(self._table[0, TIMING + 2]) / 1e3, float(self._table[0, TIMING + 1]) / 1e3
         for step in window.steps.tolist():
             start = step * (STEP_MS + 0.3 * STEP_MS) / 1e3
-            timer.begin(start + wait)
-            timer.step_ended(start + wait + run)
-            timer.hook_done(start + wait + run, start + wait + run + 1e-5)
+            timer.step(start + wait + run, self._last_end, start + wait, hook_s=0.0 if self._last_end is None else 1e-5)
+            self._last_end = start + wait + run + 1e-5
 
     def flush(self, index: int) -> Flush:
         """One window through rank 0's stream and reducer; ``cpu_s`` is the reducer's CPU time."""

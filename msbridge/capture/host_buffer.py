@@ -68,10 +68,10 @@ class HostSteps:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def add(self, step: int, epoch: int, step_time_s: float, monitor_s: float) -> None:
+    def add(self, step: int, epoch: int, step_time_s: float, monitor_s: float, wall: Optional[float] = None) -> None:
         self.steps.append(step)
         self.epochs.append(epoch)
-        self.wall.append(time.time())
+        self.wall.append(time.time() if wall is None else wall)
         self.step_time.append(step_time_s)
         self.monitor.append(monitor_s)
 
@@ -104,7 +104,8 @@ class StepBuffer:
     def __len__(self) -> int:
         return len(self._host)
 
-    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
+    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float,
+               wall: Optional[float] = None) -> None:
         if self.layout is None:
             self._set_layout(outputs)
         for index, name in self.layout:
@@ -112,7 +113,7 @@ class StepBuffer:
                 self._tensors[name].append(outputs if index < 0 else outputs[index])
             else:
                 self._live[name] = outputs[index]
-        self._host.add(step, epoch, step_time_s, monitor_s)
+        self._host.add(step, epoch, step_time_s, monitor_s, wall)
 
     def _set_layout(self, outputs: Any) -> None:
         """The layout, and which outputs are live Parameters (mindformers hands back its ``scale_sense``

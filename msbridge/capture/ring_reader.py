@@ -109,7 +109,8 @@ class RingReader:
         """Device steps written since the last drain (what the ring must still hold)."""
         return self._pending
 
-    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
+    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float,
+               wall: Optional[float] = None) -> None:
         if self._loss_index is None:
             self._set_layout(outputs)
         if not self._checked_shape:
@@ -118,7 +119,7 @@ class RingReader:
         count = min(max(step - last, 1), self.steps_per_call)
         self._pending += count
         self._counts.append(count)
-        self._host.add(step, epoch, step_time_s, monitor_s)
+        self._host.add(step, epoch, step_time_s, monitor_s, wall)
 
     def drain(self, lr_at: Optional[LrAt] = None) -> Optional[Window]:
         """Everything since the last drain as a Window (None when empty)."""

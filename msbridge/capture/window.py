@@ -88,8 +88,10 @@ class StepSource(Protocol):
     def __len__(self) -> int:
         """Steps collected since the last drain."""
 
-    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float) -> None:
-        """Keep one step: its outputs (never converted to floats here) and host timings."""
+    def append(self, step: int, epoch: int, outputs: Any, step_time_s: float, monitor_s: float,
+               wall: Optional[float] = None) -> None:
+        """Keep one step: its outputs (never converted to floats here), host timings and its end's wall-clock time
+        (``wall``, default now)."""
 
     def drain(self, lr_at: Optional[LrAt] = None) -> Optional[Window]:
         """Everything since the last drain as a ``Window`` (None when empty)."""

@@ -32,7 +32,7 @@ time). A one-off stall moves one step of a window, not its median.
 
 Example:
     >>> timer = StepTimer()
-    >>> timer.begin(10.00); timer.step_ended(10.05); timer.hook_done(10.05, 10.051)
+    >>> timer.step(entered=10.05, last_end=10.00, begin=10.01)   # a step of 50 ms, 10 of them waiting for data
     >>> watch = StragglerWatch(world_size=4, margin=0.15, windows=3)
     >>> metrics, events = watch.observe(table_timing, first_step=11, last_step=20)
 """
@@ -53,17 +53,19 @@ from .spread import spread, stall_event
 STRAGGLER = "straggler"
 STEP_TIME_MIN, STEP_TIME_MEDIAN, STEP_TIME_MAX = (spread_name(STEP_TIME_SPREAD, s) for s in ("min", "p50", "max"))
 DATA_WAIT_MAX = spread_name(DATA_WAIT_SPREAD, "max")
+#: ``StepTimer.take()``: each step's (step, run, data wait) seconds, and the hooks' own time meanwhile
+Stamps = Tuple[List[Tuple[float, float, float]], float]
 
 
 class StepTimer:
-    """This rank's host stamps of each step between two flushes; ``drain`` sums them up.
+    """This rank's host stamps of each step between two flushes; ``drain`` sums them up (``take`` on the
+    training thread, ``summary`` on any thread: the two halves of ``drain``).
 
-    Call ``begin`` in the step-begin hook, ``step_ended`` on entering the step-end
-    hook (before it flushes: the step belongs to the window it ends) and
-    ``hook_done`` as the hook returns. A step without a begin stamp (no
-    step-begin call: device sink mode) has a step time but no data wait or run
-    time. The first step only starts the clock. The hook's own time of a flush
-    step is charged to the next window (it is not over when the window is drained).
+    ``step`` is given each step end: when its hook was entered (before it flushes: the step belongs to the window it
+    ends), when the hook before it returned, this step's begin stamp and the hook before it's own time. A step
+    without a begin stamp (no step-begin call: device sink mode) has a step time but no data wait or run time. The
+    first step only starts the clock. The hook's own time of a flush step is charged to the next window (it is not
+    over when the window is drained).
 
     Example:
         >>> timer.drain()      # step_ms, run_ms, data_wait_ms (medians), data_wait_max_ms, callback_ms (sum)
@@ -73,48 +75,54 @@ class StepTimer:
     """
 
     def __init__(self) -> None:
-        self._begin: Optional[float] = None
-        self._last_end: Optional[float] = None
         self._rows: List[Tuple[float, float, float]] = []  # step, run, data wait (seconds)
         self._callback_s = 0.0
         self.wait_share = math.nan  # the last drained window's data wait over its step time (steps with both)
 
-    def begin(self, now: float) -> None:
-        self._begin = now
-
-    def step_ended(self, entered: float, steps: int = 1) -> None:
-        """The step-end hook is entered at ``entered``; the call covers ``steps`` steps."""
-        if self._last_end is None:
+    def step(self, entered: float, last_end: Optional[float], begin: Optional[float] = None, steps: int = 1,
+             hook_s: float = 0.0) -> None:
+        """The step-end hook is entered at ``entered``, for ``steps`` steps; the hook before it returned at
+        ``last_end`` (None: this is the first step) after ``hook_s`` of its own; the step began at ``begin`` (None,
+        or before ``last_end``: no step-begin call)."""
+        self._callback_s += hook_s
+        if last_end is None:
             return
-        began = self._begin if self._begin is not None and self._begin >= self._last_end else None
-        wait = math.nan if began is None else began - self._last_end
+        began = begin if begin is not None and begin >= last_end else None
+        wait = math.nan if began is None else began - last_end
         run = math.nan if began is None else (entered - began) / steps
-        self._rows.append(((entered - self._last_end) / steps, run, wait))
+        self._rows.append(((entered - last_end) / steps, run, wait))
 
-    def hook_done(self, entered: float, left: float) -> None:
-        """The step-end hook entered at ``entered`` returns at ``left``: its time is the monitor's."""
-        if self._last_end is not None:
-            self._callback_s += left - entered
-        self._last_end, self._begin = left, None
+    def take(self) -> Stamps:
+        """The stamps since the last take, and the hooks' own time meanwhile; resets."""
+        taken = (self._rows, self._callback_s)
+        self._rows, self._callback_s = [], 0.0
+        return taken
 
     def drain(self) -> np.ndarray:
         """``TIMING_FIELDS`` in ms over the steps since the last drain (NaN where unknown); resets."""
-        out = np.full(len(TIMING_FIELDS), np.nan)
-        self.wait_share = math.nan
-        if self._rows:
-            rows = np.array(self._rows) * 1e3
-            known = ~np.isnan(rows)  # no step-begin stamps: NaN run and wait, NaN medians
-            for column in range(3):  # np.nanmedian costs ~10x this on a window's few hundred rows
-                values = rows[known[:, column], column]
-                if values.size:
-                    out[column] = np.median(values)
-            timed = known[:, 2]
-            if timed.any():
-                out[3] = rows[timed, 2].max()
-                self.wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum())
-        out[4] = self._callback_s * 1e3
-        self._rows, self._callback_s = [], 0.0
+        out, self.wait_share = timing_summary(self.take())
         return out
+
+
+def timing_summary(taken: Stamps) -> Tuple[np.ndarray, float]:
+    """``TIMING_FIELDS`` in ms of ``StepTimer.take()``'s stamps (NaN where unknown), and the window's summed data
+    wait over its summed step time (steps with both; NaN without)."""
+    rows_s, callback_s = taken
+    out = np.full(len(TIMING_FIELDS), np.nan)
+    wait_share = math.nan
+    if rows_s:
+        rows = np.array(rows_s) * 1e3
+        known = ~np.isnan(rows)  # no step-begin stamps: NaN run and wait, NaN medians
+        for column in range(3):  # np.nanmedian costs ~10x this on a window's few hundred rows
+            values = rows[known[:, column], column]
+            if values.size:
+                out[column] = np.median(values)
+        timed = known[:, 2]
+        if timed.any():
+            out[3] = rows[timed, 2].max()
+            wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum())
+    out[4] = callback_s * 1e3
+    return out, wait_share
 
 
 def data_wait_values(timing: np.ndarray, wait_share: float) -> Dict[str, float]:

@@ -174,11 +174,11 @@ def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypa
     per_step = {}
     original_step_end = mon._step_end
 
-    def step_end(run_context):
+    def step_end(run_context, entered):
         step = int(run_context.original_args().cur_step_num)
         reads["on"], reads["count"] = True, 0
         flushes = mon._last_flush
-        original_step_end(run_context)
+        original_step_end(run_context, entered)
         reads["on"] = False
         per_step[step] = (reads["count"], mon._last_flush != flushes)
     monkeypatch.setattr(mon, "_step_end", step_end)

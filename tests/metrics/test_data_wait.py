@@ -49,11 +49,10 @@ def test_a_slower_step_is_named_as_the_cause(tmp_path):
 
 def test_the_share_is_the_summed_wait_over_the_summed_step():
     timer = StepTimer()
-    timer.hook_done(0.0, 0.0)  # the first step only starts the clock
+    last_end = 0.0
     for begin, end in ((0.002, 0.010), (0.018, 0.020), (0.030, 0.040)):  # waits 2, 8, 10 ms; steps 10, 10, 20 ms
-        timer.begin(begin)
-        timer.step_ended(end)
-        timer.hook_done(end, end)
+        timer.step(end, last_end, begin)
+        last_end = end
     timing = timer.drain()
     assert timer.wait_share == pytest.approx(20 / 40) and timing[2] == pytest.approx(8.0)  # the median wait
 

@@ -88,20 +88,17 @@ def test_each_rank_takes_the_agreed_stop_and_the_cause_keeps_its_own_reason():
 # -- timing and stragglers -----------------------------------------------------------------------------------------
 def test_step_timer_splits_each_step_into_data_wait_and_run():
     timer = StepTimer()
-    timer.step_ended(0.000)
-    timer.hook_done(0.000, 0.001)  # the first step only starts the clock
-    t = 0.001
+    timer.step(0.000, None)  # the first step only starts the clock; its hook returns at 1 ms
+    t, hook_s = 0.001, 0.001
     for wait, run in ((0.002, 0.010), (0.004, 0.010), (0.003, 0.030)):
-        timer.begin(t + wait)
-        timer.step_ended(t + wait + run)
-        timer.hook_done(t + wait + run, t + wait + run + 0.0005)
-        t += wait + run + 0.0005
+        timer.step(t + wait + run, t, t + wait, hook_s=hook_s)  # the hook before it: its time, known now
+        t, hook_s = t + wait + run + 0.0005, 0.0005
     step, run, wait, wait_max, callback = timer.drain()
     assert (step, run, wait, wait_max) == pytest.approx((14.0, 10.0, 3.0, 4.0))
-    assert callback == pytest.approx(1.5)
-    timer.step_ended(t + 0.02)  # no begin stamp (device sink mode): a step time, nothing else
+    assert callback == pytest.approx(2.0)  # the hooks before the three steps: 1 + 0.5 + 0.5 ms
+    timer.step(t + 0.02, t, hook_s=0.0005)  # no begin stamp (device sink mode): a step time, nothing else
     out = timer.drain()
-    assert out[0] == pytest.approx(20.0) and np.isnan(out[1:4]).all() and out[4] == 0.0
+    assert out[0] == pytest.approx(20.0) and np.isnan(out[1:4]).all() and out[4] == pytest.approx(0.5)
 
 
 def timing(*rows):
