@@ -228,10 +228,12 @@ class BridgeMonitor(EvalHooks, Callback):
 
     def on_train_step_end(self, run_context: Any) -> None:
         entered = time.perf_counter()
-        if self._quick:  # nothing wants this step before the flush: its row, the watchdog's stamp, the flush check
-            cb = run_context.original_args()
-            step, outputs = cb.cur_step_num + self._offset, cb.net_outputs
-            self._rows.append((step, cb.cur_epoch_num, outputs, self._begin_stamp, entered, self._last_end))
+        # Nothing wants this step before the flush: its row, the watchdog's stamp, the flush check. The callback
+        # parameters are the ones of train begin, MindSpore's dict, read without its __getattr__.
+        if self._quick and run_context is self._train_context:
+            cb = self._cb
+            step, outputs = cb["cur_step_num"] + self._offset, cb["net_outputs"]
+            self._rows.append((step, cb["cur_epoch_num"], outputs, self._begin_stamp, entered, self._last_end))
             self._seen_outputs = outputs  # after the row: a signal raised between them loses no step
             dog = self._watchdog
             dog.last_end, dog.step = entered, step
@@ -283,7 +285,8 @@ class BridgeMonitor(EvalHooks, Callback):
             self.close(self.health.stop.status)
         # from the next step on, a row is all a step end adds where nothing here wants each step as it ends
         self._quick = (self._converter is not None and not self._keeps_batches and not self._checkpoints.savers
-                       and type(self._buffer) is StepBuffer and self.dispatcher is not None)
+                       and type(self._buffer) is StepBuffer and self.dispatcher is not None
+                       and cb is self._cb and isinstance(cb, dict))
         if self._quick:
             self._next_flush()
 
