@@ -61,7 +61,9 @@ def train(disk, free_at, caplog=None, said="cannot write"):
     with msbridge.track(cfg, progress=False) as run:
         for step in ALL:
             run.step(loss=1.0 / step, lr=0.01)
-            if step == FULL_AT:
+            if step == FULL_AT:  # every sink opened and holds steps 1-60 (MLflow's child starts late on a busy host)
+                run.monitor.flush()
+                assert run.monitor.dispatcher.flush(timeout=60)
                 filler = fill(disk)
             if step == free_at:
                 wait_until_said(caplog, said)
