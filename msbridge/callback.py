@@ -109,6 +109,7 @@ class BridgeMonitor(EvalHooks, Callback):
         self._timer = StepTimer()  # host stamps of each step: step, run and data wait times
         self._rows: List[Row] = []  # the step ends not settled yet (``_settle``)
         self._quick = False  # a step end only adds its row (``on_train_step_end``)
+        self._later = False  # in ``_quick``, the rows settle and drain on the converter thread (``_rows_later``)
         self._begin_stamp: Optional[float] = None  # the last step-begin hook's time
         self._entered: Optional[float] = None  # when the last settled step's end hook was entered
         self._cb: Any = None  # MindSpore's callback params, kept from train begin
@@ -198,7 +199,7 @@ class BridgeMonitor(EvalHooks, Callback):
             self._converter = Converter()  # nothing it does can stop training at a step: it may convert later
         self._last_step = first_step
         self._offset = self._entered = None
-        self._rows, self._quick = [], False
+        self._rows, self._quick, self._later = [], False, False
         if self.run.resumed_from_step:  # steps up to here are in the log already and are not written again
             self.dispatcher.submit([], [self._resume_event(first_trained)])
         self._cb = cb
@@ -288,13 +289,23 @@ class BridgeMonitor(EvalHooks, Callback):
                        and type(self._buffer) is StepBuffer and self.dispatcher is not None
                        and cb is self._cb and isinstance(cb, dict))
         if self._quick:
-            self._next_flush()
+            self._next_flush(len(self._buffer))
+        # On CPU the outputs are in host memory, read on any thread. A subclass that forwards events reads the window
+        # at the flush, on this thread.
+        self._later = (self._quick and self._buffer.in_host_memory
+                       and type(self).forwarded_events is BridgeMonitor.forwarded_events)
 
     def _settle(self) -> bool:
-        """The rows of the step ends since the last settle into the buffer, the step timer, the watchdog and the
-        cost, in order (a step that does not come after the last one is refused, counted and said once); whether
-        the last row was taken. A row's hook time is known at the next row: it is charged to that step."""
+        """``_settle_rows`` of the rows on hand, once the converter thread has settled the ones handed to it."""
+        if self._later:
+            self._converter.wait()
         rows, self._rows = self._rows, []
+        return self._settle_rows(rows)
+
+    def _settle_rows(self, rows: List[Row]) -> bool:
+        """``rows`` into the buffer, the step timer, the watchdog and the cost, in order (a step that does not come
+        after the last one is refused, counted and said once); whether the last row was taken. A row's hook time is
+        known at the next row: it is charged to that step."""
         taken, wall_at = False, time.time() - time.perf_counter()  # a perf_counter stamp's wall-clock time
         step_times = []
         for step, epoch, outputs, begin, entered, last_end in rows:
@@ -356,7 +367,10 @@ class BridgeMonitor(EvalHooks, Callback):
         cb = self._cb
         if self.dispatcher is None or cb is None or self._offset is None:
             return
-        self._settle()
+        try:
+            self._settle()
+        except Exception:  # the converter thread's last job raised: training raised already, that is what ends it
+            log.exception("msbridge: converting the steps before the interruption failed")
         step = int(param(cb, "cur_step_num", 0) or 0) + self._offset
         outputs = param(cb, "net_outputs", None)
         if outputs is self._seen_outputs:  # the step itself raised: there are no new outputs
@@ -394,26 +408,58 @@ class BridgeMonitor(EvalHooks, Callback):
         self._next_flush()
 
     def _hand_off(self) -> None:
-        """A step end's flush with a converter thread: drain here, and leave building the records, checking them
-        and handing them to the sinks to that thread."""
+        """A step end's flush with a converter thread: the steps drain here, or there where their outputs are in host
+        memory (``_rows_later``); building the records, checking them and handing them to the sinks is left to it."""
         t0 = time.perf_counter()
-        taken = self._take(dispatch=True)
+        later = self._rows_later()
+        taken = None if later is not None else self._take(dispatch=True)
         records, events = self._pending, self._pending_events  # what was waiting goes with this window
         self._pending, self._pending_events = [], []
         self._last_flush = time.perf_counter()
-        if taken is None:
-            if records or events:
-                self._converter.put(lambda: self._dispatch(records, events))
-            return
-        window, stamps = taken
         self._budget.add("drain", self._last_flush - t0)
-
-        def convert() -> None:
-            self._budget.observe(window.monitor_s, window.step_time_s)  # read by the next hand-off's _next_flush
-            verdict = self._check(window, stamps, reduce=False)
-            self._dispatch(records + verdict.records, events + verdict.events)
-        self._converter.put(convert)
+        if later is not None:
+            self._converter.put(lambda: self._convert_rows(*later, records, events))
+        elif taken is not None:
+            self._converter.put(lambda: self._convert(*taken, records, events))
+        elif records or events:
+            self._converter.put(lambda: self._dispatch(records, events))
         self._next_flush()  # with the budget as the window before this one left it
+
+    def _rows_later(self) -> Optional[Tuple[List[Row], Window]]:
+        """Where the steps drain on the converter thread (``_later``): the rows since the last flush, taken from this
+        thread, and a window of what is read here, at this step (the model's internals; the learning rate's
+        schedule evaluated up to it). None where they drain here: they record no step, or the schedule is evaluated
+        step by step."""
+        rows = self._rows
+        every = self._every
+        if not self._later or not (every == 1 or any(row[0] % every == 0 for row in rows)):
+            return None
+        step = int(rows[-1][0])
+        if self._lr is not None and not self._lr.prepare(step):
+            return None
+        self._rows, read = [], Window.at_step(step)
+        self._internals.fill(read, at_flush=True, step=step)
+        return rows, read
+
+    def _convert_rows(self, rows: List[Row], read: Window, records: List[Record], events: List[Event]) -> None:
+        """The converter thread's part of ``_rows_later``: ``rows`` settled and drained, with ``read``, then
+        ``_convert``."""
+        self._settle_rows(rows)
+        window = self._buffer.drain(self._lr)
+        if window is None or self._stream is None or self.dispatcher is None:
+            if records or events:
+                self._dispatch(records, events)
+            return
+        window.absorb(read)
+        histograms = [Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d) for d in window.histograms]
+        self._convert(window, self._timer.take(), records, events + histograms)
+
+    def _convert(self, window: Window, stamps: Stamps, records: List[Record], events: List[Event]) -> None:
+        """On the converter thread: ``window`` into records, checked, handed to the sinks after ``records`` and
+        ``events``, which were waiting."""
+        self._budget.observe(window.monitor_s, window.step_time_s)  # read by the next hand-off's _next_flush
+        verdict = self._check(window, stamps, reduce=False)
+        self._dispatch(records + verdict.records, events + verdict.events)
 
     def _take(self, dispatch: bool) -> Optional[Tuple[Window, Stamps]]:
         """On the training thread: the buffered steps drained into a window with what is read once per flush (the
@@ -471,7 +517,7 @@ class BridgeMonitor(EvalHooks, Callback):
         if self.dispatcher is None:
             self._signals.restore()
             return
-        self._quick = False  # a step end after the close is not recorded
+        self._quick = self._later = False  # a step end after the close is not recorded; the flush waits for the rest
         with self._signals.critical():
             self.cost.closing()
             self._watchdog.stop()
@@ -563,10 +609,10 @@ class BridgeMonitor(EvalHooks, Callback):
             if self._train_context is not None:
                 self._train_context.request_stop()
 
-    def _next_flush(self) -> None:
-        """When a step end in ``_quick`` flushes: once the rows and the buffer hold ``flush_steps`` recorded steps,
-        or ``flush_seconds`` after the last flush (the budget may have widened both)."""
-        self._due_rows = (self._budget.flush_steps - len(self._buffer)) * self._every
+    def _next_flush(self, held: int = 0) -> None:
+        """When a step end in ``_quick`` flushes: once the rows and the ``held`` steps of the buffer make
+        ``flush_steps`` recorded steps, or ``flush_seconds`` after the last flush (the budget may have widened both)."""
+        self._due_rows = (self._budget.flush_steps - held) * self._every
         self._flush_seconds = self._budget.flush_seconds
 
     def _dispatch_pending(self) -> None:

@@ -4,15 +4,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from importlib.metadata import version
 
 import numpy as np
 import pytest
 from helpers.runs import monitor
 from helpers.training import OutputRecorder, train_regression
-from mindspore import nn
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from msbridge import BridgeMonitor, ConfigError, Sink
+from msbridge.capture.host_buffer import StepBuffer
 from msbridge.sinks.registry import available
 from msbridge.sinks.runlog import read_run
 
@@ -51,6 +55,52 @@ def test_lr_from_a_dynamic_list_and_a_fixed_value(tmp_path):
     mon = monitor(tmp_path / "fixed")
     train_regression([mon], steps=6, learning_rate=0.03)
     assert [v for _, v in read_run(mon.run_dir).ranks[0].series("train/lr")] == pytest.approx([0.03] * 6)
+
+
+class _StepwiseWarmup(LearningRateSchedule):
+    """Python control flow on the step, as mindformers' schedules have: it cannot be evaluated for many steps in one
+    call, so the monitor evaluates it one step at a time."""
+
+    def construct(self, global_step):
+        if global_step < 4:
+            return ops.cast(global_step + 1, ms.float32) * 0.01
+        return ops.cast(global_step, ms.float32) * 0.0 + 0.04
+
+
+def _drain_threads(monkeypatch) -> list:
+    """The name of the thread of every ``StepBuffer.drain`` from here on."""
+    names, drain = [], StepBuffer.drain
+
+    def noted(self, lr_at=None):
+        names.append(threading.current_thread().name)
+        return drain(self, lr_at)
+    monkeypatch.setattr(StepBuffer, "drain", noted)
+    return names
+
+
+@pytest.mark.slow
+def test_on_cpu_the_steps_drain_on_the_converter_thread_each_once_at_its_rate(tmp_path, monkeypatch):
+    """On CPU a step's outputs are in host memory: the flushes during training leave the drain (the reads, the
+    learning rate) to ``msbridge-convert``; the close drains the last steps on the training thread."""
+    threads = _drain_threads(monkeypatch)
+    mon, ref = monitor(tmp_path), OutputRecorder()
+    train_regression([mon, ref], steps=23, learning_rate=nn.ExponentialDecayLR(0.1, 0.9, 4))
+    log = read_run(mon.run_dir).ranks[0]
+    assert [r.step for r in log.records] == list(range(1, 24)) == ref.steps
+    np.testing.assert_allclose([v for _, v in log.series("train/loss")], ref.losses, rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in log.series("train/lr")], [0.1 * 0.9 ** ((s - 1) / 4) for s in
+                                                                        range(1, 24)], rtol=1e-5)
+    assert threads[:-1] == ["msbridge-convert"] * 4 and threads[-1] == threading.main_thread().name, threads
+
+
+@pytest.mark.slow
+def test_a_schedule_evaluated_step_by_step_drains_on_the_training_thread(tmp_path, monkeypatch):
+    threads = _drain_threads(monkeypatch)
+    mon = monitor(tmp_path)
+    train_regression([mon], steps=12, learning_rate=_StepwiseWarmup())
+    assert [v for _, v in read_run(mon.run_dir).ranks[0].series("train/lr")] == pytest.approx(
+        [0.01, 0.02, 0.03, 0.04] + [0.04] * 8)
+    assert set(threads) == {threading.main_thread().name}, threads
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ On the step path it only appends references and host timestamps (O(1), no
 device->host sync). ``drain`` stacks each column into one tensor and copies it
 to the host once, then hands back a ``stream.Window``. On the CPU backend the
 tensors are in host memory already: each is read as it is (~1.5 µs a tensor,
-where launching the stack op costs ~30 µs a step).
+where launching the stack op costs ~30 µs a step), on any thread.
 
 The layout of a train step's output is read once, from its first step:
 
@@ -99,7 +99,7 @@ class StepBuffer:
         self._tensors: Dict[str, List[Any]] = {}
         self._live: Dict[str, Any] = {}  # name -> a live Parameter, read once per flush
         self._warned_shape = False
-        self._in_host_memory = False  # CPU backend: read each tensor, no stack op
+        self.in_host_memory = False  # CPU backend: read each tensor where it is, no stack op, on any thread
 
     def __len__(self) -> int:
         return len(self._host)
@@ -120,7 +120,7 @@ class StepBuffer:
         itself: holding it per step would read its value at the flush for every step)."""
         from mindspore import Parameter, get_context
 
-        self._in_host_memory = get_context("device_target") == "CPU"
+        self.in_host_memory = get_context("device_target") == "CPU"
         self.layout = detect_layout(outputs)
         live = {name for index, name in self.layout if index >= 0 and isinstance(outputs[index], Parameter)}
         self._tensors = {name: [] for _, name in self.layout if name not in live}
@@ -160,6 +160,6 @@ class StepBuffer:
                 shape = next(tuple(t.shape) for t in tensors if t.size != 1)
                 log.warning("msbridge: %s has shape %s, not a scalar; recording its mean", name, shape)
             tensors = [t.mean() if t.shape != () else t for t in tensors]
-        if self._in_host_memory:
+        if self.in_host_memory:
             return np.array([t.item() for t in tensors], dtype=np.float64)
         return ops.stack(tensors).asnumpy().astype(np.float64).reshape(len(tensors))

@@ -47,6 +47,7 @@ class LrReader:
         self._table: Optional[np.ndarray] = None
         self._ahead: Optional[np.ndarray] = None  # the schedule's values, evaluated ahead
         self._chunk = SCHEDULE_CHUNK
+        self._stepwise = False  # the schedule is not elementwise: each step is evaluated alone
         if self._param is not None and len(self._param.shape) == 1:
             self._table = self._param.asnumpy().astype(np.float64)  # dynamic lr list: fixed for the run
 
@@ -58,21 +59,35 @@ class LrReader:
             return self._from_schedule(used)
         return np.full(len(steps), float(self._param.asnumpy()), dtype=np.float64)
 
+    def prepare(self, step: int) -> bool:
+        """Evaluate what steps up to ``step`` need here, on the training thread: True when a call for them then
+        only reads host values, which another thread may do; False for a schedule evaluated step by step."""
+        return self._schedule is None or self._extend(max(step, 1))
+
     def _from_schedule(self, used: np.ndarray) -> np.ndarray:
-        needed = int(used.max()) + 1
+        if self._extend(int(used.max()) + 1):
+            return self._ahead[used]
+        return np.array([self._scalar(s) for s in used])  # not elementwise: the window step by step
+
+    def _extend(self, needed: int) -> bool:
+        """The schedule's first ``needed`` values known (evaluated ahead); False when it is not elementwise."""
         have = 0 if self._ahead is None else len(self._ahead)
-        if have < needed:
-            try:
-                more = self._evaluate(np.arange(have, needed + self._chunk, dtype=np.int32))
-            except RuntimeError:
-                if not self._chunk:
-                    raise
-                self._chunk = 0  # defined for the run's steps only (a dynamic-lr list): never ahead again
-                more = self._evaluate(np.arange(have, needed, dtype=np.int32))
-            if more is None:  # not elementwise: evaluate the window step by step
-                return np.array([self._scalar(s) for s in used])
-            self._ahead = more if self._ahead is None else np.concatenate([self._ahead, more])
-        return self._ahead[used]
+        if have >= needed:
+            return True
+        if self._stepwise:
+            return False
+        try:
+            more = self._evaluate(np.arange(have, needed + self._chunk, dtype=np.int32))
+        except RuntimeError:
+            if not self._chunk:
+                raise
+            self._chunk = 0  # defined for the run's steps only (a dynamic-lr list): never ahead again
+            more = self._evaluate(np.arange(have, needed, dtype=np.int32))
+        if more is None:
+            self._stepwise = True
+            return False
+        self._ahead = more if self._ahead is None else np.concatenate([self._ahead, more])
+        return True
 
     def _evaluate(self, steps: np.ndarray) -> Optional[np.ndarray]:
         """The schedule at ``steps`` in one call, or None if it is not elementwise."""

@@ -54,6 +54,26 @@ class Window:
     def __len__(self) -> int:
         return len(self.steps)
 
+    @classmethod
+    def at_step(cls, step: int) -> "Window":
+        """An empty one-step window at ``step``: what is read at a flush on the training thread gathers in it while
+        the steps are drained on another thread, and ``absorb`` adds it to their window there."""
+        one = np.zeros(1)
+        return cls(np.array([step]), one, one, one, one)
+
+    def absorb(self, read: "Window") -> None:
+        """Add what ``read`` (``at_step``) gathered at the flush: its series, timed samples, histograms and values.
+
+        Example:
+            >>> w, read = Window.at_step(5), Window.at_step(5)
+            >>> read.at_flush["memory/used_gb"] = 1.5; w.absorb(read); w.at_flush
+            {'memory/used_gb': 1.5}
+        """
+        self.series.update(read.series)
+        self.timed.extend(read.timed)
+        self.histograms.extend(read.histograms)
+        self.at_flush.update(read.at_flush)
+
     def given(self, name: str) -> Optional[List[Optional[float]]]:
         """The scalar ``name`` step by step, None at a step that did not give it; None when the window has none.
 

@@ -1,8 +1,9 @@
 """The converter thread: turns drained windows into records off the training thread.
 
-At a flush the training thread only drains (the device->host copy, the values read once per flush) and hands the
-window here; the thread ``msbridge-convert`` builds its records, checks their health and hands them to the
-dispatcher while training goes on. Jobs run one at a time, in the order they were handed, so records reach the
+At a flush the training thread hands the window here: drained on a device (the device->host copy, the values read
+once per flush), as the step rows themselves on CPU, where the outputs are in host memory. The thread
+``msbridge-convert`` drains those, builds the records, checks their health and hands them to the dispatcher while
+training goes on. Jobs run one at a time, in the order they were handed, so records reach the
 sinks in step order. The callback uses it only where nothing it does can stop training at a step: a single
 process whose checks have no stop action, outside an Optuna trial (``BridgeMonitor._begin``).
 

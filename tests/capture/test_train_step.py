@@ -210,7 +210,7 @@ def test_fallback_to_the_step_buffer_with_any_train_one_step_cell(tmp_path):
     for i, cell in enumerate((nn.TrainOneStepCell, DoubledLoss, lambda n, o: nn.TrainOneStepCell(n, o, sens=2.0))):
         mon, ref = monitor(tmp_path / str(i)), OutputRecorder()
         train_regression([mon, ref], steps=7, train_cell=cell)
-        assert isinstance(mon._buffer, StepBuffer) and mon._buffer._in_host_memory  # CPU: read in place
+        assert isinstance(mon._buffer, StepBuffer) and mon._buffer.in_host_memory  # CPU: read in place
         assert [r.step for r in records(mon)] == list(range(1, 8))
         np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
 
@@ -223,12 +223,12 @@ def test_the_device_path_stacks_each_column_to_the_same_values(tmp_path, monkeyp
 
     def as_on_a_device(self, outputs):
         detect(self, outputs)
-        self._in_host_memory = False
+        self.in_host_memory = False
 
     monkeypatch.setattr(StepBuffer, "_set_layout", as_on_a_device)
     mon, ref = monitor(tmp_path), OutputRecorder()
     train_regression([mon, ref], steps=7)
-    assert mon._buffer._in_host_memory is False
+    assert mon._buffer.in_host_memory is False
     np.testing.assert_allclose(series(mon, "train/loss"), ref.losses, rtol=1e-6)
 
 
