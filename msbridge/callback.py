@@ -451,8 +451,7 @@ class BridgeMonitor(EvalHooks, Callback):
                 self._dispatch(records, events)
             return
         window.absorb(read)
-        histograms = [Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d) for d in window.histograms]
-        self._convert(window, self._timer.take(), records, events + histograms)
+        self._convert(window, self._timer.take(), records, events + self._histogram_events(window))
 
     def _convert(self, window: Window, stamps: Stamps, records: List[Record], events: List[Event]) -> None:
         """On the converter thread: ``window`` into records, checked, handed to the sinks after ``records`` and
@@ -474,9 +473,12 @@ class BridgeMonitor(EvalHooks, Callback):
             return None
         if self._internals is not None:
             self._internals.fill(window, at_flush=dispatch, step=self._last_step)  # histograms: at the last step
-            self._pending_events.extend(Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d)
-                                        for d in window.histograms)  # to the sinks, not into the outcome
+            self._pending_events.extend(self._histogram_events(window))
         return window, self._timer.take()
+
+    def _histogram_events(self, window: Window) -> List[Event]:
+        """``window``'s histograms as events at its last step, to the sinks (not into the outcome)."""
+        return [Event(HISTOGRAM, self._last_step, self.run.rank, time.time(), d) for d in window.histograms]
 
     def _check(self, window: Window, stamps: Stamps, reduce: bool,
                budget: Optional[OverheadBudget] = None) -> Verdict:
