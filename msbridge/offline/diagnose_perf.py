@@ -3,8 +3,10 @@
 - ``slowdown``: the step where ``perf/step_time_ms`` shifts to a level at least ``SLOWER`` (20 %) above the
   one before: the single split of the run into two levels with the least absolute deviation from each side's
   median (log step times, each side at least ``MIN_SIDE`` steps; on the medians of up to ``BLOCKS`` blocks of
-  steps, then to the step within the boundary blocks), kept when the two medians are at least ``MIN_Z`` pooled
-  MAD sigmas apart.
+  steps, then to the step within the boundary blocks), kept when the two medians are at least ``MIN_Z`` standard
+  errors of their difference apart (the pooled MAD sigma of a step, over the square root of each side's length).
+  A level, not each step, is what moves: on a busy host a step's own noise is 10-15 % of it, and a 50 % shift
+  is ~4 of those sigmas but ~25 standard errors over 60 steps a side.
   With ``perf/data_wait_pct`` (per flush window) the reading compares the share before the step with the share
   in the windows that start after it, and names the cause by ``throughput_drop``'s rule (``cause_of``): the
   input pipeline when the wait's growth is at least half of the step's, else the step itself. With
@@ -29,6 +31,7 @@ from .report import Diagnosis, Skip
 from .series import mad_sigma, metric_series
 
 SLOWER, MIN_Z, MIN_SIDE, BLOCKS = 1.2, 5.0, 10, 200
+MEDIAN_SE = 1.2533  # sqrt(pi / 2): a median's standard error over the mean's, for normal noise
 
 _ADVICE = {
     "input_pipeline": "the input pipeline is what slowed: the step waits for its next batch. Look at the dataset's "
@@ -56,10 +59,12 @@ def _refine(logs: np.ndarray, low: float, high: float, lo: int, hi: int) -> int:
 
 
 def _z(x: np.ndarray, k: int) -> float:
-    """The gap between the two sides' medians over their pooled MAD sigma."""
+    """The gap between the two sides' medians over the standard error of their difference (a median's is
+    ``MEDIAN_SE`` times the mean's, from the pooled MAD sigma)."""
     before, after = x[:k], x[k:]
     spread = mad_sigma(np.concatenate([before - np.median(before), after - np.median(after)]))
-    return float(np.median(after) - np.median(before)) / max(spread, 1e-3)
+    error = MEDIAN_SE * max(spread, 1e-3) * np.sqrt(1 / len(before) + 1 / len(after))
+    return float(np.median(after) - np.median(before)) / error
 
 
 def _around(log: Any, name: str, step: int) -> Optional[Tuple[float, float]]:
@@ -116,5 +121,5 @@ def _finding(log: Any, at: int, before_ms: float, after_ms: float, z: float) -> 
             evidence[name] = [round(moved[0], 6), round(moved[1], 6)]
     confidence = round(min(1.0, 0.5 + 0.5 * min(1.0, (ratio - 1) / 0.5)) * (1.0 if wait is not None else 0.8), 3)
     return Diagnosis("slowdown", title, _ADVICE[cause], confidence,
-                     f"two levels of {STEP_TIME} split at step {at}, {z:.0f} sigma apart; cause by the data wait's "
+                     f"two levels of {STEP_TIME} split at step {at}, {z:.0f} standard errors apart; cause by the data wait's "
                      "growth against the step's (throughput_drop's rule)", STEP_TIME, [at], evidence=evidence)
