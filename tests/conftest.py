@@ -7,7 +7,7 @@ import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
 # `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log; one folder
-# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1), never two processes rotating the same log files. A worker
+# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1, gw2), never two processes rotating the same log files. A worker
 # inherits the controller's LOG_MF_PATH, so ours is set again; one the user set is kept.
 _MF_LOG = os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log")
 if os.environ.get("LOG_MF_PATH", _MF_LOG).startswith(_MF_LOG):
@@ -25,12 +25,12 @@ _TURNS = pytest.StashKey[Turns]()  # this worker's turns on the machine (tests/h
 def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked ``alone`` has the machine to itself, its fixtures' setup and teardown
     included, and keeps it for a next test marked ``alone`` (tests/helpers/alone.py); every other test shares it
-    with the other worker's."""
+    with the other workers'."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     if _TURNS not in item.config.stash:
-        shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/..
+        shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/.., gw2/..
         item.config.stash[_TURNS] = Turns(str(shared))
     with item.config.stash[_TURNS].test(_alone(item), next_alone=nextitem is not None and _alone(nextitem)):
         yield

@@ -1,4 +1,4 @@
-"""The suite's two pytest-xdist workers share the machine, and a test marked ``alone`` has it to itself
+"""The suite's pytest-xdist workers share the machine, and a test marked ``alone`` has it to itself
 (tests/helpers/alone.py): real ``fcntl.flock`` locks held by real processes, as the workers hold them."""
 from __future__ import annotations
 

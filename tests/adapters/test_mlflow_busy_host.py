@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from msbridge.adapters.mlflow_tracker.store.template import copy_template
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 4 CPU-bound processes: the other pytest -n 2 worker waits
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 4 CPU-bound processes: the other pytest-xdist workers wait
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "mlflow_live_job.py"

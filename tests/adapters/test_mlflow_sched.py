@@ -38,7 +38,7 @@ def judged(pid: int, seconds: float) -> tuple:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # judges starvation from CPU and wait: the other pytest -n 2 worker waits
+@pytest.mark.alone  # judges starvation from CPU and wait: the other pytest-xdist workers wait
 def test_an_idle_class_process_beside_a_busy_cpu_is_starved_before_linux_counts_its_wait():
     busy = subprocess.Popen([sys.executable, "-c", SPIN + LOOP])
     child = subprocess.Popen([sys.executable, "-c", SPIN + IDLE + LOOP])

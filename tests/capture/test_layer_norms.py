@@ -169,7 +169,7 @@ def test_no_device_to_host_read_on_a_step_that_does_not_flush(tmp_path, monkeypa
             return _original(self, *args, **kwargs)
         monkeypatch.setattr(ms.Tensor, method, counted)
     # gradient copies in the step too; flushes by step count only (flush_seconds out of reach): a first step compiled
-    # slowly beside the other pytest -n 2 worker flushed at step 1 on its 10 s default
+    # slowly beside another pytest-xdist worker flushed at step 1 on its 10 s default
     mon = monitor(tmp_path, memory=True, histograms=".*", histogram_interval=20, flush_seconds=3600)
     per_step = {}
     original_step_end = mon._step_end

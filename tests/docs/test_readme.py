@@ -114,4 +114,4 @@ def test_the_front_door_commands_come_first_and_ci_runs_the_suite_s_exactly():
     assert demo.endswith(".venv/bin/msbridge demo") and '-e ".[all]"' in demo
     assert suite in (README.parent / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     install, run = fast.split(" && ")
-    assert '-e ".[test]"' in install and run == '.venv/bin/python -m pytest -n 2 --dist loadfile -m "not slow"'
+    assert '-e ".[test]"' in install and run == '.venv/bin/python -m pytest -n 3 --dist loadfile -m "not slow"'

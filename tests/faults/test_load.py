@@ -26,8 +26,8 @@ from msbridge.adapters.tensorboard_sink import TensorBoardSink
 from msbridge.bench.servers import MlflowServer
 from msbridge.run.outcome import EXIT_OK, EXIT_UNDELIVERED
 
-# each test over 1 s here (the fast tier: pytest -m 'not slow'); beside CPU-bound processes: the other pytest -n 2
-# worker waits (tests/helpers/alone.py)
+# each test over 1 s here (the fast tier: pytest -m 'not slow'); beside CPU-bound processes: the other pytest-xdist
+# workers wait (tests/helpers/alone.py)
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "load_job.py")

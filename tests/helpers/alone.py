@@ -1,13 +1,13 @@
-"""The machine shared between pytest-xdist workers (``pytest -n 2``), with a turn of its own for a test marked
-``alone``: one that starts CPU-bound processes (tests/helpers/load.py), which would starve the other worker's tests
-into false failures, or a process in Linux's idle class, which the other worker's training would starve.
+"""The machine shared between pytest-xdist workers (``pytest -n 3``), with a turn of its own for a test marked
+``alone``: one that starts CPU-bound processes (tests/helpers/load.py), which would starve the other workers' tests
+into false failures, or a process in Linux's idle class, which the other workers' training would starve.
 
 Two ``fcntl.flock`` files in a folder the workers share: every test holds ``machine`` shared while it runs; an
-``alone`` test holds it exclusively, so it starts once the other worker's current test ends, and that worker
-waits before its next one. ``turnstile`` is taken first by both, so a worker running one test after another
-cannot keep an ``alone`` test waiting forever. The kernel drops both when a worker dies. A worker keeps its
-``alone`` turn into its next test when that one is ``alone`` too (``Turns``): the other worker, which would wait
-through that test anyway, does not run one of its own in between while this one waits idle for it.
+``alone`` test holds it exclusively, so it starts once the other workers' current tests end, and they wait before
+their next ones. ``turnstile`` is taken first by all, so a worker running one test after another cannot keep an
+``alone`` test waiting forever. The kernel drops both when a worker dies. A worker keeps its ``alone`` turn into
+its next test when that one is ``alone`` too (``Turns``): the other workers, which would wait through that test
+anyway, do not run one of their own in between while this one waits idle for them.
 
 Example:
     >>> with machine_turn(str(tmp_path), alone=True):
@@ -33,7 +33,7 @@ def _flock(path: str, mode: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def machine_turn(folder: str, alone: bool) -> Iterator[None]:
-    """Hold the machine (in ``folder``) exclusively if ``alone``, else shared with the other worker's tests."""
+    """Hold the machine (in ``folder``) exclusively if ``alone``, else shared with the other workers' tests."""
     turnstile = os.path.join(folder, "msbridge-turnstile.lock")
     machine = os.path.join(folder, "msbridge-machine.lock")
     with contextlib.ExitStack() as held:

@@ -74,7 +74,7 @@ def test_a_run_at_one_speed_has_no_slowdown(tmp_path):
     assert found == []
 
 
-@pytest.mark.alone  # 2 CPU-bound processes: the other pytest -n 2 worker waits
+@pytest.mark.alone  # 2 CPU-bound processes: the other pytest-xdist workers wait
 @pytest.mark.parametrize("slowed", ["step", "input_pipeline", None])
 def test_beside_2_busy_processes_the_slowdown_and_its_cause_are_found_and_a_steady_run_has_none(tmp_path, slowed):
     """On a busy host a step's own noise is 10-15 % of it: the 50 % shift is a level that moved, not each step
