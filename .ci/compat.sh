@@ -28,7 +28,7 @@ run_one() {
     local name="$1" pins="$2" extras="$3" mindformers="$4" venv="$root/.venv-compat-$1" start=$SECONDS
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     "$venv/bin/pip" install -q -r "$pins"
-    "$venv/bin/pip" install -q -e ".[$extras]" pytest hypothesis
+    "$venv/bin/pip" install -q -e ".[$extras]" pytest pytest-xdist hypothesis
     # Every pin still in place after msbridge's own install: its ranges did not replace them.
     local versions
     versions="$("$venv/bin/python" - "$pins" <<'PY'
@@ -52,7 +52,7 @@ PY
     fi
     echo "[compat] $name ($versions): venv ready in $((SECONDS - start)) s"
     start=$SECONDS
-    "$venv/bin/python" -m pytest -m compat -p no:cacheprovider -q
+    "$venv/bin/python" -m pytest -n 3 --dist loadfile -m compat -p no:cacheprovider -q
     echo "[compat] $name: tests took $((SECONDS - start)) s"
 }
 
