@@ -24,9 +24,8 @@ from helpers.load import cpu_hogs
 from helpers.postgres import pg_mlflow, postgres  # noqa: F401  (fixtures)
 from mlflow.tracking import MlflowClient
 
-from msbridge.adapters.mlflow_tracker.store.template import copy_template
-
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # 4 CPU-bound processes: the other pytest-xdist workers wait
+# 4 CPU-bound processes: the other pytest-xdist workers wait; measured on a machine past its first MLflow store
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.usefixtures("mlflow_store_template")]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "mlflow_live_job.py"
@@ -46,14 +45,6 @@ flush_seconds: 3600
 print_interval: 1000
 sinks: {jsonl: {}, tensorboard: {}, mlflow: {}, mindinsight: {}}
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _store_template(tmp_path_factory):
-    """MLflow's store template made before the hogs start: a machine's very first sqlite store is made by MLflow's
-    own migrations (seconds of CPU, once per MLflow version, ``mlflow_tracker.store.template``), and these tests
-    measure every later run. On a fresh machine (a clean CI cache) the first trial would otherwise pay for it."""
-    assert copy_template(str(tmp_path_factory.mktemp("template") / "mlflow.db"))
 
 
 def _jsonl_times(root):

@@ -109,6 +109,7 @@ def child_classes(tmp_path, kind: str):
 
 @pytest.mark.slow
 @pytest.mark.alone  # an idle-class child: the other pytest-xdist workers' training would starve it
+@pytest.mark.usefixtures("mlflow_store_template")
 @needs_idle_class
 def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_first_metrics(tmp_path):
     at_connect, before, after, nice, restarted = child_classes(tmp_path, "training")
@@ -120,6 +121,7 @@ def test_beside_training_the_child_starts_at_nice_5_and_goes_idle_after_its_firs
 
 @pytest.mark.slow
 @pytest.mark.alone  # an idle-class child: the other pytest-xdist workers' training would starve it
+@pytest.mark.usefixtures("mlflow_store_template")
 @needs_idle_class
 def test_away_from_training_the_child_keeps_its_parents_priority(tmp_path):
     """``msbridge replay`` is waited on: a niced child behind busy processes made it several times slower."""
@@ -128,6 +130,7 @@ def test_away_from_training_the_child_keeps_its_parents_priority(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.alone  # an idle-class child: the other pytest-xdist workers' training would starve it
+@pytest.mark.usefixtures("mlflow_store_template")
 @needs_idle_class
 @pytest.mark.parametrize("when", ["starved", "not starved", "in create_run"])
 def test_after_training_a_starved_child_is_replaced_at_its_parents_priority_and_loses_no_call(tmp_path, when):

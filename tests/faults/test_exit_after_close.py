@@ -60,6 +60,7 @@ def measure(args):
 
 @pytest.mark.slow
 @pytest.mark.alone  # beside CPU-bound processes: the other pytest-xdist workers wait
+@pytest.mark.usefixtures("mlflow_store_template")
 @pytest.mark.parametrize("how", ["track", "model", "silent tracker"])
 def test_the_job_and_its_pipes_end_soon_after_its_close_beside_busy_processes(tmp_path, how):
     with socket.socket() as silent:

@@ -28,7 +28,7 @@ from msbridge.run.outcome import EXIT_OK, EXIT_UNDELIVERED
 
 # each test over 1 s here (the fast tier: pytest -m 'not slow'); beside CPU-bound processes: the other pytest-xdist
 # workers wait (tests/helpers/alone.py)
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.usefixtures("mlflow_store_template")]
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "load_job.py")
 STEPS = 60
