@@ -40,14 +40,6 @@ def _alone(item):
     return item.get_closest_marker("alone") is not None
 
 
-def pytest_collection_modifyitems(items):
-    """The files that hold an ``alone`` test first, each in its order: under pytest-xdist every worker starts with
-    them, so an ``alone`` test waits for the other workers' first tests to end, not for a long test (a 100 s tracker
-    fault) that happens to be running when its turn comes."""
-    alone_files = {item.path for item in items if _alone(item)}
-    items.sort(key=lambda item: item.path not in alone_files)  # a stable sort: the rest keep their order
-
-
 @pytest.fixture(scope="session")
 def mlflow_store_template(tmp_path_factory):
     """MLflow's store template in the user's cache, made before a test starts CPU-bound processes: a machine's very
