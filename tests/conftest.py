@@ -7,8 +7,8 @@ import tempfile
 
 os.environ.setdefault("GLOG_v", "3")
 # `import mindformers` (at collection, in the checkout) creates ./output/log unless told where to log; one folder
-# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1, gw2), never two processes rotating the same log files. A worker
-# inherits the controller's LOG_MF_PATH, so ours is set again; one the user set is kept.
+# per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1, gw2), never two processes rotating the same log files. A
+# worker inherits the controller's LOG_MF_PATH, so ours is set again; one the user set is kept.
 _MF_LOG = os.path.join(tempfile.gettempdir(), "msbridge-tests-mindformers-log")
 if os.environ.get("LOG_MF_PATH", _MF_LOG).startswith(_MF_LOG):
     os.environ["LOG_MF_PATH"] = os.path.join(_MF_LOG, os.environ.get("PYTEST_XDIST_WORKER", "main"))
@@ -30,7 +30,7 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     if _TURNS not in item.config.stash:
-        shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/.., gw2/..
+        shared = item.config._tmp_path_factory.getbasetemp().parent  # the controller's basetemp: gw0/.., gw1/..
         item.config.stash[_TURNS] = Turns(str(shared))
     with item.config.stash[_TURNS].test(_alone(item), next_alone=nextitem is not None and _alone(nextitem)):
         yield

@@ -5,8 +5,8 @@
   median (log step times, each side at least ``MIN_SIDE`` steps; on the medians of up to ``BLOCKS`` blocks of
   steps, then to the step within the boundary blocks), kept when the two medians are at least ``MIN_Z`` standard
   errors of their difference apart (the pooled MAD sigma of a step, over the square root of each side's length).
-  A level, not each step, is what moves: on a busy host a step's own noise is 10-15 % of it, and a 50 % shift
-  is ~4 of those sigmas but ~25 standard errors over 60 steps a side.
+  A level, not each step, is what moves: beside 2 busy processes a step's own noise is 10-15 % of it, and a 50 %
+  shift was 3-6 of those sigmas but 15-30 standard errors over 60 steps a side (this 2-vCPU VM, 2026-12-07).
   With ``perf/data_wait_pct`` (per flush window) the reading compares the share before the step with the share
   in the windows that start after it, and names the cause by ``throughput_drop``'s rule (``cause_of``): the
   input pipeline when the wait's growth is at least half of the step's, else the step itself. With
@@ -121,5 +121,5 @@ def _finding(log: Any, at: int, before_ms: float, after_ms: float, z: float) -> 
             evidence[name] = [round(moved[0], 6), round(moved[1], 6)]
     confidence = round(min(1.0, 0.5 + 0.5 * min(1.0, (ratio - 1) / 0.5)) * (1.0 if wait is not None else 0.8), 3)
     return Diagnosis("slowdown", title, _ADVICE[cause], confidence,
-                     f"two levels of {STEP_TIME} split at step {at}, {z:.0f} standard errors apart; cause by the data wait's "
-                     "growth against the step's (throughput_drop's rule)", STEP_TIME, [at], evidence=evidence)
+                     f"two levels of {STEP_TIME} split at step {at}, {z:.0f} standard errors apart; cause by the data "
+                     "wait's growth against the step's (throughput_drop's rule)", STEP_TIME, [at], evidence=evidence)
