@@ -12,6 +12,7 @@
 #
 #   bash .ci/compat.sh            # both
 #   bash .ci/compat.sh 2.10       # one
+#   bash .ci/compat.sh --venvs    # only build the venvs (.ci/run builds them beside .ci/setup.sh's parts)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -24,11 +25,18 @@ ENVS=(
     "2.10|.ci/pins/mindspore-2.10.txt|mlflow,tensorboard,plot|no"
 )
 
-run_one() {
+venvs_only=no
+if [ "${1:-}" = --venvs ]; then
+    venvs_only=yes
+    shift
+fi
+
+make_venv() {
     local name="$1" pins="$2" extras="$3" mindformers="$4" venv="$root/.venv-compat-$1" start=$SECONDS
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     "$venv/bin/pip" install -q -r "$pins"
-    "$venv/bin/pip" install -q -e ".[$extras]" pytest pytest-xdist hypothesis
+    # one editable install at a time (.ci/setup.sh's too): setuptools writes msbridge.egg-info in the repository
+    flock "$root" "$venv/bin/pip" install -q -e ".[$extras]" pytest pytest-xdist hypothesis
     # Every pin still in place after msbridge's own install: its ranges did not replace them.
     local versions
     versions="$("$venv/bin/python" - "$pins" <<'PY'
@@ -51,14 +59,18 @@ PY
         rm -rf "$scratch"
     fi
     echo "[compat] $name ($versions): venv ready in $((SECONDS - start)) s"
-    start=$SECONDS
-    "$venv/bin/python" -m pytest -n 3 --dist loadfile -m compat -p no:cacheprovider -q
+}
+
+run_tests() {
+    local name="$1" start=$SECONDS
+    "$root/.venv-compat-$name/bin/python" -m pytest -n 3 --dist loadfile -m compat -p no:cacheprovider -q
     echo "[compat] $name: tests took $((SECONDS - start)) s"
 }
 
 for spec in "${ENVS[@]}"; do
     IFS='|' read -r name pins extras mindformers <<<"$spec"
     if [ $# -eq 0 ] || [[ " $* " == *" $name "* ]]; then
-        run_one "$name" "$pins" "$extras" "$mindformers"
+        make_venv "$name" "$pins" "$extras" "$mindformers"
+        [ "$venvs_only" = yes ] || run_tests "$name"
     fi
 done

@@ -5,7 +5,8 @@
 #   .venv-mlflow-next  mlflow-skinny 3.18.0: a store a newer MLflow made (a schema this MLflow does not know)
 # mlflow-skinny is MLflow's client without its UI and ML libraries (~160 MB a venv); its sqlite store needs SQLAlchemy
 # and alembic, and MLflow 2.22 imports a pool that SQLAlchemy 2.1 removed. Idempotent: a venv that already imports its
-# MLflow is left alone. The tests build them through this script when they are missing.
+# MLflow is left alone. .ci/setup.sh builds them before the suite; the tests build them through this script when
+# they are missing.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
