@@ -83,9 +83,17 @@ if when == "starved":  # two busy processes: the idle-class child gets almost no
         for hog in hogs:
             hog.kill()
 else:
-    if when == "not starved":
-        said["hurried"] = client.hurry()
-    client.log_batch(run_id, metrics=step_2)
+    if when in ("not starved", "starved later"):
+        said["hurried"] = client.hurry()  # not starved: the child is left, for now
+    if when == "starved later":  # the busy processes come after the hurry, the call after them
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        client.log_batch(run_id, metrics=step_2)
+        if when == "starved later":
+            said["redone"] = client._proc is not first  # replaced while the call ran, not after it
+    finally:
+        for hog in hogs:
+            hog.kill()
 said["killed"] = first.poll() == -signal.SIGKILL
 new = client._proc.pid
 said["normal class"] = os.sched_getscheduler(new) == os.SCHED_OTHER
@@ -132,21 +140,24 @@ def test_away_from_training_the_child_keeps_its_parents_priority(tmp_path):
 @pytest.mark.alone  # an idle-class child: the other pytest-xdist workers' training would starve it
 @pytest.mark.usefixtures("mlflow_store_template")
 @needs_idle_class
-@pytest.mark.parametrize("when", ["starved", "not starved", "in create_run"])
+@pytest.mark.parametrize("when", ["starved", "not starved", "starved later", "in create_run"])
 def test_after_training_a_starved_child_is_replaced_at_its_parents_priority_and_loses_no_call(tmp_path, when):
     """``hurry`` (the run's close, training over): an idle-class child starved by two busy processes (started and
     stopped in the test) is killed, and the call it was in is redone on a new child at the parent's priority; every
     step is stored once. A child that gets the CPU it needs is left alone, and a ``create_run`` is never cut short
-    (run twice it would make two runs)."""
+    (run twice it would make two runs). One left alone is looked at again: starved by a call after the hurry, it is
+    replaced while that call runs (before it was, that call ran on for 6 minutes)."""
     out = subprocess.run([sys.executable, "-c", HURRIED, f"sqlite:///{tmp_path}/mlflow.db", when],
                          capture_output=True, text=True, timeout=600, env=dict(os.environ, GLOG_v="3"))
     assert out.returncode == 0, out.stderr[-3000:]
     said = json.loads(out.stdout.splitlines()[-1])
     assert (said.pop("steps"), said.pop("wide rows"), said.pop("runs")) == ([1, 2], 1, 1), "each row stored once"
-    replaced = when == "starved"
-    expected = {"idle": True, "hurried": replaced, "killed": replaced, "normal class": replaced,
+    replaced = when in ("starved", "starved later")
+    expected = {"idle": True, "hurried": when == "starved", "killed": replaced, "normal class": replaced,
                 "nice": 0 if replaced else NICE}
-    if when != "not starved":
+    if when == "starved later":
+        expected["redone"] = True
+    if when in ("starved", "in create_run"):
         expected.update(waited=True, returned=True)
     assert said == expected
 

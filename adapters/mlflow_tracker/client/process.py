@@ -61,6 +61,8 @@ _CONNECT = "_connect"
 EXIT_WAIT = 1.0
 #: Calls ``hurry`` does not cut short: run twice, they would make two runs, or two LoggedModels of one checkpoint.
 NOT_REDONE = ("create_run", "create_logged_model")
+#: Seconds between two looks of ``hurry`` at a child it has not replaced yet (not starved, or in a ``NOT_REDONE`` call).
+RECHECK_S = 0.5
 
 
 #: Run first in the child: ``msbridge`` as a bare package (its ``__path__`` only), so that importing this module does
@@ -105,6 +107,7 @@ class ClientProcess:
         self._timing: Tuple[float, CpuAndWait, Optional[float], CpuAndWait] = (0.0, None, None, None)
         self._replaced: Optional[subprocess.Popen] = None  # the child ``hurry`` killed: its call is redone
         self._lock = threading.Lock()  # ``hurry`` (any thread) against a call starting
+        self._recheck: Optional[threading.Timer] = None  # ``hurry``'s next look at a child it left
         self.start()
 
     def start(self) -> None:
@@ -133,15 +136,27 @@ class ClientProcess:
     def hurry(self) -> bool:
         """Training has ended: from now the child runs at this process's priority. A child slowed for training
         (niced or idle-class, which no unprivileged process can undo) and ``_starved`` is killed, its call redone on
-        a new one; in a ``NOT_REDONE`` call, or not starved yet, it is replaced after its first starved call. Safe
+        a new one. One in a ``NOT_REDONE`` call, or not starved yet, is looked at again every ``RECHECK_S`` s until
+        it is replaced or closed: a call that starts or starves later is caught while it runs, not after it. Safe
         from any thread; True if a child was killed."""
         with self._lock:
             proc, self._beside_training = self._proc, False
-            if proc is None or not self._slowed or self._in_flight in NOT_REDONE or not self._starved():
+            if proc is None or not self._slowed:
+                return False
+            if self._in_flight in NOT_REDONE or not self._starved():
+                if self._recheck is None:
+                    self._recheck = threading.Timer(RECHECK_S, self._look_again)
+                    self._recheck.daemon = True
+                    self._recheck.start()
                 return False
             self._replaced, self._slowed = proc, False
             proc.kill()
             return True
+
+    def _look_again(self) -> None:
+        """``hurry``'s next look, on its timer's thread."""
+        self._recheck = None
+        self.hurry()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
