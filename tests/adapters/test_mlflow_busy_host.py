@@ -78,7 +78,8 @@ def _mlflow_steps(store, experiment):
 
 def _watch(command, cwd, root, store, experiment):
     """Run ``command`` beside the hogs: the wall time a read first returned a point from MLflow while it ran (None
-    if none did), the jsonl's ``{step: time}`` and MLflow's steps at exit."""
+    if none did), the jsonl's ``{step: time}``, MLflow's steps at exit and the end of its stderr (msbridge's
+    warnings: a close past its bound, a tracker given up on)."""
     proc = subprocess.Popen(command, cwd=cwd, env=dict(os.environ, GLOG_v="3"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seen = None
@@ -92,12 +93,13 @@ def _watch(command, cwd, root, store, experiment):
             proc.kill()
         stderr = proc.communicate()[1].decode(errors="replace")
     assert proc.returncode == 0, stderr[-3000:]
-    return seen, _jsonl_times(root), _mlflow_steps(store, experiment)
+    return seen, _jsonl_times(root), _mlflow_steps(store, experiment), stderr[-3000:]
 
 
-def _check(seen, logged, stored, steps, what, limit=LIMIT_S):
+def _check(watched, steps, what, limit=LIMIT_S):
+    seen, logged, stored, stderr = watched
     assert sorted(logged) == list(range(1, steps + 1)), f"{what}: jsonl steps {sorted(logged)}"
-    assert stored == set(logged), f"{what}: MLflow lacks steps {sorted(set(logged) - stored)} at exit"
+    assert stored == set(logged), f"{what}: MLflow lacks steps {sorted(set(logged) - stored)} at exit; {stderr}"
     assert seen is not None, f"{what}: no point in MLflow before the training process ended"
     delay = seen - logged[FLUSH_STEPS]
     assert seen <= logged[steps], f"{what}: the first point came {seen - logged[steps]:.1f} s after the last step"
@@ -112,18 +114,18 @@ def test_quickstart_beside_4_busy_processes_is_live_in_mlflow(tmp_path, trial):
     (tmp_path / "monitor.yaml").write_text(MONITOR)
     root = tmp_path / "msbridge_runs"
     with cpu_hogs(HOGS):
-        seen, logged, stored = _watch([sys.executable, "quickstart.py", "--epochs", "2"], tmp_path, root,
-                                      str(root / "quickstart" / "mlflow.db"), "quickstart")
-    _check(seen, logged, stored, QUICKSTART_STEPS, f"quickstart trial {trial}")
+        watched = _watch([sys.executable, "quickstart.py", "--epochs", "2"], tmp_path, root,
+                         str(root / "quickstart" / "mlflow.db"), "quickstart")
+    _check(watched, QUICKSTART_STEPS, f"quickstart trial {trial}")
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_model_train_beside_4_busy_processes_is_live_in_mlflow(tmp_path, trial):
     out = tmp_path / "out"
     with cpu_hogs(HOGS):
-        seen, logged, stored = _watch([sys.executable, str(JOB), str(out), str(JOB_STEPS), "live"], tmp_path, out,
-                                      str(out / "mlflow.db"), "live")
-    _check(seen, logged, stored, JOB_STEPS, f"Model.train trial {trial}")
+        watched = _watch([sys.executable, str(JOB), str(out), str(JOB_STEPS), "live"], tmp_path, out,
+                         str(out / "mlflow.db"), "live")
+    _check(watched, JOB_STEPS, f"Model.train trial {trial}")
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
@@ -132,6 +134,6 @@ def test_model_train_beside_4_busy_processes_is_live_on_a_team_server_on_postgre
     child imports MLflow's client first: ``SERVER_LIMIT_S``."""
     out, experiment = tmp_path / "out", f"live-{trial}"
     with cpu_hogs(HOGS):
-        seen, logged, stored = _watch([sys.executable, str(JOB), str(out), str(JOB_STEPS), experiment,
-                                       pg_mlflow.uri], tmp_path, out, pg_mlflow.uri, experiment)
-    _check(seen, logged, stored, JOB_STEPS, f"Model.train on the team server, trial {trial}", SERVER_LIMIT_S)
+        watched = _watch([sys.executable, str(JOB), str(out), str(JOB_STEPS), experiment, pg_mlflow.uri],
+                         tmp_path, out, pg_mlflow.uri, experiment)
+    _check(watched, JOB_STEPS, f"Model.train on the team server, trial {trial}", SERVER_LIMIT_S)

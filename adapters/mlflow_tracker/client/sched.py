@@ -22,9 +22,9 @@ MLflow undelivered), and an unprivileged process can undo neither (``RLIMIT_NICE
 time waiting for a CPU) is killed and the call it was in runs again on a new child at the parent's priority; one
 not starved yet is looked at again every ``RECHECK_S`` s until it is, so a call that starts or starves later is
 caught while it runs (before, such a call of 20,000 rows beside 2 busy processes ran on for 6 minutes, idle-class);
-on an idle host nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are written the
-same again; the store survives a kill at any moment, ``mlflow_tracker.store.local``) except ``create_run``, which is left to finish
-first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) the child keeps its parent's priority: no
+on an idle host nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are
+written the same again; the store survives a kill at any moment, ``mlflow_tracker.store.local``) except
+``create_run``, which is left to finish first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) the child keeps its parent's priority: no
 training runs there that it could slow, and the user is waiting on it.
 
 """
