@@ -24,8 +24,8 @@ not starved yet is looked at again every ``RECHECK_S`` s until it is, so a call 
 caught while it runs (before, such a call of 20,000 rows beside 2 busy processes ran on for 6 minutes, idle-class);
 on an idle host nothing changes. Every call the sink makes is safe to redo (metrics, tags, texts and status are
 written the same again; the store survives a kill at any moment, ``mlflow_tracker.store.local``) except
-``create_run``, which is left to finish first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand) the child keeps its parent's priority: no
-training runs there that it could slow, and the user is waiting on it.
+``create_run``, which is left to finish first. Elsewhere (``msbridge replay``, ``compare``, a sink opened by hand)
+the child keeps its parent's priority: no training runs there that it could slow, and the user is waiting on it.
 
 """
 from __future__ import annotations
