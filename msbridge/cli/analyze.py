@@ -16,14 +16,15 @@ import argparse
 import json
 import os
 
-from ..offline.diagnose import diagnose
-from ..offline.series import run_notes
-from ..sinks.columns import read_run_columns
+# The readers (numpy, ~0.1 s) are imported by the two commands only: every other subcommand starts without them.
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """``msbridge plot RUN_DIR [-o FILE.png]``: notes first, then the PNG's path (the last line)."""
+    from ..offline.diagnose import diagnose
     from ..offline.plot import plot_run
+    from ..offline.series import run_notes
+    from ..sinks.columns import read_run_columns
 
     run = read_run_columns(args.run_dir, strict=args.strict)
     output = args.output or os.path.join(args.run_dir, "plot.png")
@@ -35,6 +36,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     """``msbridge diagnose RUN_DIR [--format text|json]``: exit code 0 whatever it finds."""
+    from ..offline.diagnose import diagnose
+    from ..sinks.columns import read_run_columns
+
     report = diagnose(read_run_columns(args.run_dir, strict=args.strict))
     print(json.dumps(report.to_dict(), indent=2) if args.format == "json" else report.to_text())
     return 0
