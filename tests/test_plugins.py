@@ -36,12 +36,7 @@ def install(root: Path, dist: str, group: str, entries: str, module: str, code: 
     return root
 
 
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
-
-
-def test_a_plug_in_sink_named_like_a_built_in_is_an_error_naming_both_packages(tmp_path, monkeypatch, fresh_registry):
+def test_a_plug_in_sink_named_like_a_built_in_is_an_error_naming_both_packages(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(install(tmp_path, "tb-clone", "msbridge.sinks", "tensorboard = tb_clone:Tb",
                                             "tb_clone", SINK.format(cls="Tb"))))
     assert registry.available().count("tensorboard") == 1
@@ -51,7 +46,7 @@ def test_a_plug_in_sink_named_like_a_built_in_is_an_error_naming_both_packages(t
         load_config({"sinks": {"tensorboard": {}}})
 
 
-def test_two_packages_with_one_sink_name_is_an_error_naming_both(tmp_path, monkeypatch, fresh_registry):
+def test_two_packages_with_one_sink_name_is_an_error_naming_both(tmp_path, monkeypatch):
     for dist, module in (("csv-one", "csv_one"), ("csv-two", "csv_two")):
         monkeypatch.syspath_prepend(str(install(tmp_path / dist, dist, "msbridge.sinks", f"csv = {module}:Csv",
                                                 module, SINK.format(cls="Csv"))))
@@ -61,7 +56,7 @@ def test_two_packages_with_one_sink_name_is_an_error_naming_both(tmp_path, monke
         load_config({"sinks": {"csv": {}}})
 
 
-def test_the_registered_name_is_the_entry_points_name(tmp_path, monkeypatch, fresh_registry):
+def test_the_registered_name_is_the_entry_points_name(tmp_path, monkeypatch):
     code = """
         from msbridge.sinks.base import Sink
         from msbridge.sinks.registry import register_sink

@@ -23,12 +23,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-from importlib.metadata import entry_points
 from typing import Any, Callable, Dict, Mapping, Tuple, Type, TypeVar
 
 from ..errors import MissingDependencyError
 from ..options import Option
-from ..plugins import builtin, claim, load_points, unavailable
+from ..plugins import builtin, claim, group_points, load_points, unavailable
 from .base import WAL_NAME, Sink
 
 ENTRY_POINT_GROUP = "msbridge.sinks"
@@ -88,7 +87,7 @@ def names() -> Tuple[str, ...]:
     """Every sink name registered, loading no plug-in (for a command line's choices): built-ins first, then
     the entry points' names and in-process registrations."""
     builtins = builtin_names()
-    plugins = {point.name for point in entry_points(group=ENTRY_POINT_GROUP)}
+    plugins = {point.name for point in group_points(ENTRY_POINT_GROUP)}
     return builtins + tuple(sorted((plugins | set(_REGISTERED)) - set(builtins)))
 
 

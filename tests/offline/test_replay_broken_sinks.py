@@ -15,7 +15,6 @@ from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.cli.main import main
 from msbridge.options import Option
 from msbridge.run.metadata import write_run_files
-from msbridge.sinks import registry
 from msbridge.sinks.base import Event, Held, Sink
 from msbridge.sinks.registry import register_sink
 
@@ -75,8 +74,9 @@ HANGS = [
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+def released():
+    """Each test starts with its blocked calls held (what it registers is gone after it: conftest's
+    ``_plugins_forgotten``)."""
     RELEASE.clear()
     Kept.kept = []
     yield
