@@ -175,6 +175,8 @@ class BridgeMonitor(EvalHooks, Callback):
         self._stream = Stream.for_run(cfg, self.run, batch_size, param(cb, "train_network"),
                                       getattr(optimizer, "parameters", None))
         self._lr = LrReader(optimizer) if optimizer is not None and cfg.learning_rate else None
+        if self._lr is not None:  # the schedule's first eager call (1-9 ms) in the start-up, not in a training step
+            self._lr.prepare(first_step + 1)
         self._internals = Internals(cfg.layer_norms, cfg.layer_norms_group, cfg.memory, cfg.system_interval_s,
                                     int(ms.get_context("device_id")), cfg.histograms, cfg.histogram_interval)
         self._internals.start(param(cb, "train_network"), optimizer, ring_cell, first_step, cb, self)
