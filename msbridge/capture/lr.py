@@ -3,9 +3,9 @@
 MindSpore's optimizer evaluates ``learning_rate(global_step)`` and then
 increments ``global_step``, so step ``s`` (1-based, as callbacks count) used the
 schedule's value at ``s - 1``. A schedule (a pure function of the step) is
-evaluated ahead for ``SCHEDULE_CHUNK`` steps in one call and kept (the first call at
-train begin: ``BridgeMonitor._begin``), so flushes only index a table; a dynamic-lr list is read once; a fixed lr is read
-once per flush.
+evaluated ahead for ``SCHEDULE_CHUNK`` steps in one call and kept, the first call
+at train begin (``BridgeMonitor._begin``), so flushes only index a table; a
+dynamic-lr list is read once; a fixed lr is read once per flush.
 
 Example:
     >>> reader = LrReader(optimizer)
