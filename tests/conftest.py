@@ -20,35 +20,6 @@ from helpers.alone import Turns  # noqa: E402
 
 _TURNS = pytest.StashKey[Turns]()  # this worker's turns on the machine (tests/helpers/alone.py)
 
-#: The files whose tests took longest here, longest first (wall s in all, the README's command, 2026-12-07: about
-#: 350, 180, 130, 125, 100, 90, 85, 65). They start first, so the run does not end on one worker still in one of them.
-LONGEST_FIRST = ("faults/test_tracker_cursor.py", "sweep/test_sweep_command.py", "mindformers_bridge/test_train.py",
-                 "offline/test_replay_compare.py", "sweep/test_sweep_mindformers.py",
-                 "metrics/test_rank_agreement_msrun.py", "bench/test_sidebyside.py", "adapters/test_mlflow_store.py")
-
-
-def pytest_configure(config):
-    """pytest-xdist hands out files in the order ``pytest_collection_modifyitems`` leaves, not by their count of
-    tests (its default puts a file of a few long tests last)."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    """The ``LONGEST_FIRST`` files first; the files with a test marked ``alone`` last, where each waits only for
-    the short tests the other workers are in (it has the machine to itself, so it is not run beside them anyway);
-    the rest in between, in the order collected."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    alone = {item.path for item in items if _alone(item)}
-
-    def rank(item):
-        name = os.path.relpath(item.path, tests)
-        if name in LONGEST_FIRST:
-            return LONGEST_FIRST.index(name)
-        return len(LONGEST_FIRST) + (item.path in alone)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
-
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
