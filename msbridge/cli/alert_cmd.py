@@ -12,8 +12,6 @@ import argparse
 import os
 from typing import Optional, Tuple
 
-from ..alerts.delivery import deliver
-from ..alerts.outbox import OUTBOX_DIR, Outbox, outbox_files, resend
 from ..config.load import load_config
 from ..errors import MsbridgeError
 
@@ -23,6 +21,7 @@ DEFAULT_CONFIG = "msbridge.yaml"
 
 def cmd_alert_test(args: argparse.Namespace) -> int:
     """Exit 0 when every target answered, 1 when one did not."""
+    from ..alerts.delivery import deliver
     from ..alerts.message import sample_alert
 
     path = args.config or DEFAULT_CONFIG
@@ -63,6 +62,9 @@ def send_kept(run_dir: str, config: Optional[str] = None) -> Tuple[int, int]:
     Raises:
         MsbridgeError: nothing was kept, or no config file names the targets.
     """
+    from ..alerts.delivery import deliver
+    from ..alerts.outbox import OUTBOX_DIR, Outbox, outbox_files, resend
+
     files = outbox_files(run_dir)
     if not files:
         raise MsbridgeError(f"{run_dir}: no alert was kept ({OUTBOX_DIR}/outbox_rank_*.jsonl is absent): "
