@@ -2,7 +2,8 @@
 # Builds the two MLflow venvs that the store tests (tests/faults/test_mlflow_stores.py) make real stores with, each
 # with its own MLflow beside this project's (mlflow 3.17 in .venv):
 #   .venv-mlflow2      mlflow-skinny 2.22.5: a team's store made by MLflow 2, with runs in it (an older schema)
-#   .venv-mlflow-next  mlflow-skinny 3.18.0: a store a newer MLflow made (a schema this MLflow does not know)
+#   .venv-mlflow-next  mlflow-skinny 3.18.0: a store a newer MLflow made (a schema this MLflow does not know;
+#                      .ci/pins/default.txt keeps .venv's mlflow below it)
 # mlflow-skinny is MLflow's client without its UI and ML libraries (~160 MB a venv); its sqlite store needs SQLAlchemy
 # and alembic, and MLflow 2.22 imports a pool that SQLAlchemy 2.1 removed. Idempotent: a venv that already imports its
 # MLflow is left alone. .ci/setup.sh builds them before the suite; the tests build them through this script when

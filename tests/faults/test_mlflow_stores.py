@@ -71,6 +71,11 @@ def made(tmp_path_factory):
                        capture_output=True, cwd=folder, timeout=300)
     from mlflow.tracking import MlflowClient
     open_client(f"sqlite:///{stores['current']}", MlflowClient).search_experiments()
+    with sqlite3.connect(stores["next"]) as conn:
+        made_by_next = conn.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+    assert made_by_next != alembic_head(), (
+        f"{MLFLOW_NEXT} is not newer than this venv's MLflow (both at schema {made_by_next}): "
+        "pin this venv's mlflow below .ci/mlflow_venvs.sh's 'next' version in .ci/pins/default.txt")
     return stores
 
 
