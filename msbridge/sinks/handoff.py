@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, FrozenSet, List, Optional, Sequence, Tuple
 
 from ..names import restated
 from .base import Behind, Event, GapEvents, Held, Progress, Record, RunInfo, Sink
@@ -47,7 +47,7 @@ class Handoff:
         self.held = Held()
         self.progress = Progress()
         self._after = 0  # the highest step handed to ``write``
-        self._names: Set[str] = set()  # the metrics handed at that step
+        self._names: AbstractSet[str] = set()  # the metrics handed at that step
         self._times = (0.0, 0.0)  # the start and the latest time handed
         self.every = int(getattr(sink, "settings", {}).get("every_n_steps", 1))
         self._steps = _Steps()  # the metrics of the steps read, for ``every_n_steps``
@@ -90,13 +90,14 @@ class Handoff:
         """The records of steps after the last one handed or held, and of the last step handed with metrics it
         was not handed at that step (``names.restated`` ones aside)."""
         fresh = []
+        held = self.held.last_step
         for rec in records:
-            due = self._due(rec)
-            if rec.step > max(self._after, self.held.last_step):
-                self._after, self._names = rec.step, set(rec.values)
-            elif rec.step == self._after >= self.held.last_step and not {
+            due = self.every == 1 or self._due(rec)
+            if rec.step > self._after and rec.step > held:
+                self._after, self._names = rec.step, rec.values.keys()  # a set only if the step comes again
+            elif rec.step == self._after >= held and not {
                     n for n in self._names & rec.values.keys() if not restated(n)}:
-                self._names.update(rec.values)
+                self._names = set(self._names) | rec.values.keys()
             else:
                 continue
             if due:
@@ -110,8 +111,9 @@ class Handoff:
             return True
         steps = self._steps
         if rec.step != steps.step:
-            steps.step, steps.before, steps.names = rec.step, steps.names, frozenset()
-        steps.names = steps.names | frozenset(rec.values)  # a new set: a snapshot taken before keeps its own
+            steps.step, steps.before, steps.names = rec.step, steps.names, frozenset(rec.values)
+        else:  # a new set: a snapshot taken before keeps its own
+            steps.names = steps.names.union(rec.values)
         return rec.step % self.every == 0 or steps.before is None or not rec.values.keys() <= steps.before
 
     def _show(self) -> None:
@@ -131,7 +133,8 @@ class _Steps:
 
 def _span(records: Sequence[Record], events: Sequence[Event], start: float, end: float) -> Tuple[float, float]:
     """``(start, end)`` moved by the times of a batch: the start is the first time known, the end the latest."""
-    times = [t for t in (*(r.time for r in records), *(e.time for e in events)) if t > 0]
+    times = [r.time for r in records if r.time > 0]
+    times += [e.time for e in events if e.time > 0]
     if not times:
         return start, end
-    return start or min(times), max(end, *times)
+    return start or min(times), max(end, max(times))
