@@ -144,7 +144,7 @@ class JsonlSink(Sink):
         return Held(self._holds)
 
     def write(self, records: Sequence[Record], events: Sequence[Event]) -> GapEvents:
-        self._held.extend((_RECORD, rec.step, encode_record(rec).encode()) for rec in records)
+        self._held.extend((_RECORD, rec.step, encode_record(rec)) for rec in records)
         self._held.extend((_EVENT, ev.step, encode_event(ev).encode()) for ev in events)
         self._drain()
         self._bound()

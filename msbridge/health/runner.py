@@ -277,7 +277,7 @@ class Health:
                                    "step": finding.step, "check": finding.check, "action": action,
                                    "detail": finding.detail, "time": time.time(), "nan_steps": self.nan_steps,
                                    "skipped_steps": self.skipped_steps}),
-            "window.jsonl": "".join(encode_record(r) for r in self._recent).encode(),
+            "window.jsonl": b"".join(encode_record(r) for r in self._recent),
             "config.json": _json(mask_secrets(dict(run.config))),
         }
         batch = self._batches.get(finding.step)

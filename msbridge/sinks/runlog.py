@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
+import orjson
+
 from ..errors import MsbridgeError
 from ..names import restated
 from .base import SCHEMA_VERSION, Event, Record, RunInfo, Series, events_series, json_safe
@@ -61,34 +63,30 @@ def encode_header(run: RunInfo) -> str:
     return _line(header)
 
 
-def encode_record(rec: Record) -> str:
-    """One metrics line: non-finite values as ``null``, their names under ``"nonfinite"``. Built by hand (a third
-    of ``json``'s time, the same text: JSON writes a float as its ``repr``), each name's key encoded once."""
-    values = []
-    bad = []
-    for name, value in rec.values.items():
-        key = _KEYS.get(name) or _key(name)
-        if math.isfinite(value):
-            values.append(key + repr(float(value)))
-        else:
-            values.append(key + "null")
-            bad.append(name)
-    line = (f'{{"type":"metrics","step":{int(rec.step)},"rank":{int(rec.rank)},"time":{float(rec.time)!r},'
-            f'"values":{{{",".join(values)}}}')
-    if bad:
-        line += ',"nonfinite":' + _ENCODER.encode(bad)
-    return line + "}\n"
+def encode_record(rec: Record) -> bytes:
+    """One metrics line, UTF-8: non-finite values as ``null``, their names under ``"nonfinite"``. orjson writes
+    it (0.5 us for 16 values here, where ``json`` takes 10: a float's ``repr`` is most of that); each value is
+    written as a float (``float(value)``: an int, a bool or a numpy scalar too), in the shortest text that parses
+    back to it exactly.
 
-
-_KEYS: Dict[str, str] = {}  # a metric name -> its JSON key with the colon
-_MAX_KEYS = 100_000
-
-
-def _key(name: str) -> str:
-    key = _ENCODER.encode(name) + ":"
-    if len(_KEYS) < _MAX_KEYS:
-        _KEYS[name] = key
-    return key
+    Example:
+        >>> encode_record(Record(3, 0, 1700000000.5, {"train/loss": float("nan"), "train/lr": 1e-05}))
+        b'{"type":"metrics","step":3,"rank":0,"time":1700000000.5,"values":{"train/loss":null,"train/lr":0.00001},"nonfinite":["train/loss"]}\\n'
+    """
+    values = rec.values
+    if set(map(type, values.values())) - {float}:  # rare: ints, bools, numpy scalars
+        values = {name: float(value) for name, value in values.items()}
+    line = {"type": "metrics", "step": int(rec.step), "rank": int(rec.rank), "time": float(rec.time),
+            "values": values}
+    if not math.isfinite(sum(values.values())):  # a NaN or an inf (or finite values whose sum overflows)
+        bad = [name for name, value in values.items() if not math.isfinite(value)]
+        if bad:
+            line["nonfinite"] = bad
+    try:
+        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:  # a name orjson refuses (a lone surrogate): json escapes it
+        line["values"] = {name: value if math.isfinite(value) else None for name, value in values.items()}
+        return _line(line).encode()
 
 
 def encode_event(ev: Event) -> str:

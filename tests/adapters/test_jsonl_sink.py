@@ -33,7 +33,7 @@ def test_schema_header_metrics_events(tmp_path):
     assert lines[1] == {"type": "metrics", "step": 1, "rank": 0, "time": recs[0].time, "values": dict(recs[0].values)}
     assert lines[4] == {"type": "event", "kind": "anomaly", "step": 2, "rank": 0, "time": 1002.0,
                         "detail": {"check": "nonfinite_loss", "value": "nan"}}
-    assert text.splitlines()[1] + "\n" == encode_record(recs[0]), "the sink writes runlog's encoding"
+    assert (text.splitlines()[1] + "\n").encode() == encode_record(recs[0]), "the sink writes runlog's encoding"
 
 
 def test_non_finite_is_null_and_listed_and_reads_back_as_nan(tmp_path):
@@ -116,13 +116,29 @@ def test_ranks_write_their_own_files(tmp_path):
 
 @settings(max_examples=500, deadline=None)
 @given(step=st.integers(0, 2 ** 62), rank=st.integers(0, 4096), time=st.floats(0, 4e9),
-       values=st.dictionaries(st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True), max_size=6))
-def test_a_line_built_by_hand_is_the_text_json_writes(step, rank, time, values):
-    """encode_record builds its line by hand for speed: the very text json's encoder gives, names escaped alike."""
-    nonfinite = [name for name, value in values.items() if not math.isfinite(value)]
+       values=st.dictionaries(st.text(max_size=12), st.one_of(
+           st.floats(allow_nan=True, allow_infinity=True), st.integers(-2 ** 53, 2 ** 53), st.booleans()), max_size=6))
+def test_a_line_reads_back_as_exactly_the_record_it_encodes(step, rank, time, values):
+    """encode_record (orjson) writes each value as a float whose text parses back to it exactly, a non-finite one
+    as null and named, the fields in order, without spaces between them."""
+    as_floats = {name: float(value) for name, value in values.items()}
+    nonfinite = [name for name, value in as_floats.items() if not math.isfinite(value)]
     line = {"type": "metrics", "step": step, "rank": rank, "time": time,
-            "values": {name: value if math.isfinite(value) else None for name, value in values.items()}}
+            "values": {name: value if math.isfinite(value) else None for name, value in as_floats.items()}}
     if nonfinite:
         line["nonfinite"] = nonfinite
-    expected = json.dumps(line, allow_nan=False, separators=(",", ":")) + "\n"
-    assert encode_record(Record(step, rank, time, values)) == expected
+    encoded = encode_record(Record(step, rank, time, values))
+    assert encoded.endswith(b"}\n") and encoded.count(b"\n") == 1
+    assert encoded.startswith(b'{"type":"metrics","step":%d,"rank":%d,"time":' % (step, rank))
+    decoded = json.loads(encoded)
+    assert list(decoded) == list(line) and list(decoded["values"]) == list(line["values"])
+    assert decoded == line
+
+
+def test_a_metric_name_orjson_refuses_is_escaped_as_json_does():
+    """A lone surrogate is not UTF-8: orjson refuses it, and json's escape keeps the name as it was."""
+    encoded = encode_record(Record(1, 0, 1.0, {"loss\ud800": 2.0, "lr": math.inf}))
+    assert json.loads(encoded) == {"type": "metrics", "step": 1, "rank": 0, "time": 1.0,
+                                   "values": {"loss\ud800": 2.0, "lr": None}, "nonfinite": ["lr"]}
+
+
