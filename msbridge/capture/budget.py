@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from statistics import median
 from typing import Any, Callable, Deque, Dict, Optional
 
 import numpy as np
@@ -89,15 +90,16 @@ class OverheadBudget:
 
     def observe(self, monitor_s: np.ndarray, step_time_s: np.ndarray) -> None:
         """Account one flushed window; widen the flush window if the median share is over budget."""
-        step_total = float(np.sum(step_time_s))
-        if not self.active or step_total <= 0 or float(np.median(step_time_s)) < MIN_JUDGED_STEP_S:
+        step_total = float(step_time_s.sum())  # NaN: a step time unknown, the window not judged
+        if not self.active or not step_total > 0 or median(step_time_s.tolist()) < MIN_JUDGED_STEP_S:
             return
-        self._monitor_s += float(np.sum(monitor_s))
+        monitor_total = float(monitor_s.sum())
+        self._monitor_s += monitor_total
         self._steps += len(step_time_s)
-        self.shares.append(float(np.sum(monitor_s)) / step_total)
+        self.shares.append(monitor_total / step_total)
         if len(self.shares) < self.shares.maxlen:
             return
-        share = float(np.median(self.shares))
+        share = median(self.shares)
         if share > self.budget:
             self._over(share)
 

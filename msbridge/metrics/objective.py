@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Set
 
 from ..names import (EVAL_PREFIX, EVAL_SAMPLES, EVAL_TIME, OBJECTIVE_BEST, OBJECTIVE_BEST_STEP, OBJECTIVE_FINAL,
                      objective_metric)
@@ -52,11 +52,12 @@ class Objective:
 
     def observe(self, records: Sequence[Record]) -> None:
         """Take a flush's records (step order): its last record gets the objective's values when they changed."""
-        metric = objective_metric(self.fixed, {n for rec in records for n in rec.values}, self.metric)
+        names = set().union(*(rec.values for rec in records))
+        metric = objective_metric(self.fixed, names, self.metric)
         if metric != self.metric:  # the first evaluation: from now on the run is compared on it
             self.metric, self.best, self.best_step, self.final = metric, None, 0, None
         if metric is not None and not metric.startswith(EVAL_PREFIX) and not self._said_no_eval_loss:
-            self._say_no_eval_loss(records)
+            self._say_no_eval_loss(names)
         changed = False
         for rec in records:
             value = rec.values.get(metric) if metric is not None else None
@@ -71,11 +72,11 @@ class Objective:
                 values.update({OBJECTIVE_BEST: self.best, OBJECTIVE_BEST_STEP: float(self.best_step)})
             values[OBJECTIVE_FINAL] = self.final
 
-    def _say_no_eval_loss(self, records: Sequence[Record]) -> None:
+    def _say_no_eval_loss(self, names: Set[str]) -> None:
         """An evaluation that records no loss (only ``eval/accuracy``, say) leaves the run compared on its best
-        single training step: said once, with the setting that compares it on its evaluation."""
-        evals = sorted({n for rec in records for n in rec.values if n.startswith(EVAL_PREFIX)}
-                       - {EVAL_SAMPLES, EVAL_TIME})
+        single training step: said once, with the setting that compares it on its evaluation. ``names``: the
+        metrics of a flush's records."""
+        evals = sorted({n for n in names if n.startswith(EVAL_PREFIX)} - {EVAL_SAMPLES, EVAL_TIME})
         if evals:
             self._said_no_eval_loss = True
             log.warning("msbridge: the evaluation records %s but no loss: the run is compared on %s (its best "
