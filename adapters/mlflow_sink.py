@@ -34,7 +34,7 @@ import re
 import shlex
 import tempfile
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -333,8 +333,7 @@ class MlflowSink(Sink):
                     break
                 chunk.append(rec)
                 size += n
-            metrics = [(self._key(k), v if math.isfinite(v) else math.nan, int(rec.time * 1000), rec.step)
-                       for rec in chunk if rec.step > self._store_step for k, v in rec.values.items()]
+            metrics = self._metric_rows(chunk)
             step = max(self._logged_step, max(rec.step for rec in chunk))
             # the tag is set after the rows: read back after a failed call, it says what is stored
             try:
@@ -363,6 +362,18 @@ class MlflowSink(Sink):
                 raise
             log.error("msbridge: MLflow rejected %s, skipped (jsonl holds every record): %s",
                       what, mask_text(exception_text(exc)))
+
+    def _metric_rows(self, records: Sequence[Record]) -> List[Tuple[str, float, int, int]]:
+        """``(key, value, timestamp ms, step)`` of each metric of the records after the store's last step; a
+        non-finite value as NaN."""
+        rows: List[Tuple[str, float, int, int]] = []
+        keys, isfinite = self._keys, math.isfinite
+        for rec in records:
+            if rec.step > self._store_step:
+                ms, step = int(rec.time * 1000), rec.step
+                rows += [(keys.get(k) or self._key(k), v if isfinite(v) else math.nan, ms, step)
+                         for k, v in rec.values.items()]
+        return rows
 
     def _key(self, name: str) -> str:
         """A valid MLflow name for a metric or an event tag, with one warning per renamed name."""
