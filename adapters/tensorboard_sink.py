@@ -17,8 +17,8 @@ a running TensorBoard shows it at its next reload; ``flush`` and ``close`` fsync
 Not every batch: the jsonl log is fsynced every batch, and after a machine crash
 a resumed run reads these files back and writes the steps they lack from it (the
 bench's setup (e): this thread's CPU a step 20.5 us with two fsyncs a batch, 14.8
-without, medians of 3 interleaved runs, 2026-12-07). A record's scalars are encoded by hand
-(``_eventwire``: ~0.01 ms, where tensorboardX's protobuf classes take ~0.3 ms
+without, medians of 3 interleaved runs, 2026-12-07). A record's scalars are
+encoded by hand (``_eventwire``: ~0.01 ms, where tensorboardX's protobuf classes take ~0.3 ms
 under MindSpore's pure-Python protobuf) and framed by MindSpore's C++ event
 writer; tensorboardX builds the rare events (text, hparams). On a full disk
 events wait, bounded, and go into a fresh event file when space returns

@@ -105,10 +105,8 @@ class Handoff:
         return fresh
 
     def _due(self, rec: Record) -> bool:
-        """``rec`` is to be handed under ``every_n_steps`` (always when it is 1): its step is divisible by it, or
-        it holds a metric the step before it lacked."""
-        if self.every == 1:
-            return True
+        """``rec`` is to be handed under ``every_n_steps`` (over 1): its step is divisible by it, or it holds a
+        metric the step before it lacked."""
         steps = self._steps
         if rec.step != steps.step:
             steps.step, steps.before, steps.names = rec.step, steps.names, frozenset(rec.values)
