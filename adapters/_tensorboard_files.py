@@ -98,7 +98,11 @@ class SharedFile(EventFile):
         self.summary(self._tbx.Summary.FromString(summary), step, wall_time)
 
     def flush(self) -> None:
-        self._writer.flush()
+        # its own file only: ``SummaryWriter.flush`` iterates the writers ``add_scalars`` adds, which the owner
+        # may add to meanwhile (mindformers' per-head attention logits): "dictionary changed size"
+        own = self._writer.file_writer  # None once the owner closed it
+        if own is not None:
+            own.flush()
 
     def close(self) -> None:
-        self._writer.flush()
+        self.flush()

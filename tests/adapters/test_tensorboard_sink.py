@@ -459,3 +459,32 @@ def test_a_shared_writer_gets_every_series_and_stays_open(tmp_path):
         same_series(series(ea, name), log.series(name))
     assert series(ea, "loss") == [(1, 1.5), (2, 1.25)]
     assert "events/anomaly" in ea.Tags()["tensors"] and "run/README" in ea.Tags()["tensors"]
+
+
+def test_a_shared_writer_whose_owner_adds_series_meanwhile_takes_every_batch(tmp_path):
+    """mindformers' TrainingStateMonitor adds a tensorboardX writer per tag with ``add_scalars`` (the attention
+    logits of each head) on the training thread while the sink flushes on its own: the sink flushes only the file it
+    writes, never iterating the owner's writers ("dictionary changed size during iteration" lost the sink once)."""
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "theirs" / "rank_0"))
+
+    def owner():  # a new sub-writer at every call, as each head's first logit makes one
+        for head in range(200):
+            writer.add_scalars("max_attention_logit", {f"head_{head}": 1.0}, head)
+
+    thread = threading.Thread(target=owner, daemon=True)
+    tb = TensorBoardSink()
+    tb.share_writer(writer)
+    tb.open(tb_run(tmp_path))
+    thread.start()
+    step = 1
+    while thread.is_alive():
+        tb.write(make_records(range(step, step + 10)), [])
+        tb.flush()
+        step += 10
+    thread.join()
+    assert step > 1 and len(writer.all_writers) == 201, "the owner added its writers while the sink wrote"
+    assert tb.undelivered() == ""
+    tb.close(FINISHED)
+    writer.close()
