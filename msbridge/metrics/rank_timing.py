@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -106,23 +107,25 @@ class StepTimer:
 
 def timing_summary(taken: Stamps) -> Tuple[np.ndarray, float]:
     """``TIMING_FIELDS`` in ms of ``StepTimer.take()``'s stamps (NaN where unknown), and the window's summed data
-    wait over its summed step time (steps with both; NaN without)."""
+    wait over its summed step time (steps with both; NaN without). Plain Python: a window's few hundred rows sort
+    in a third of the time numpy takes to mask and partition them."""
     rows_s, callback_s = taken
-    out = np.full(len(TIMING_FIELDS), np.nan)
+    out = [math.nan] * len(TIMING_FIELDS)
     wait_share = math.nan
     if rows_s:
-        rows = np.array(rows_s) * 1e3
-        known = ~np.isnan(rows)  # no step-begin stamps: NaN run and wait, NaN medians
-        for column in range(3):  # np.nanmedian costs ~10x this on a window's few hundred rows
-            values = rows[known[:, column], column]
-            if values.size:
-                out[column] = np.median(values)
-        timed = known[:, 2]
-        if timed.any():
-            out[3] = rows[timed, 2].max()
-            wait_share = float(rows[timed, 2].sum() / rows[timed, 0].sum())
+        steps, runs, waits = zip(*rows_s)
+        out[0] = statistics.median(steps) * 1e3
+        runs = [run for run in runs if run == run]  # no step-begin stamps: NaN run and wait, NaN medians
+        if runs:
+            out[1] = statistics.median(runs) * 1e3
+        timed = [(wait, step) for step, wait in zip(steps, waits) if wait == wait]
+        if timed:
+            timed_waits, timed_steps = zip(*timed)
+            out[2] = statistics.median(timed_waits) * 1e3
+            out[3] = max(timed_waits) * 1e3
+            wait_share = math.fsum(timed_waits) / (math.fsum(timed_steps) or math.nan)
     out[4] = callback_s * 1e3
-    return out, wait_share
+    return np.array(out), wait_share
 
 
 def data_wait_values(timing: np.ndarray, wait_share: float) -> Dict[str, float]:
