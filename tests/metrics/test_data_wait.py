@@ -2,6 +2,8 @@
 single process, and ``throughput_drop`` naming the input pipeline or the step as what slowed."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from helpers.runs import monitor
 from helpers.slow_training import SLOW_FROM, Busy, Samples, train
@@ -55,6 +57,14 @@ def test_the_share_is_the_summed_wait_over_the_summed_step():
         last_end = end
     timing = timer.drain()
     assert timer.wait_share == pytest.approx(20 / 40) and timing[2] == pytest.approx(8.0)  # the median wait
+
+
+def test_steps_that_took_no_measurable_time_have_no_share():
+    timer = StepTimer()  # a clock coarser than the steps: every stamp equal
+    for _ in range(3):
+        timer.step(1.0, 1.0, 1.0)
+    timing = timer.drain()
+    assert math.isnan(timer.wait_share) and timing[0] == 0.0 and timing[2] == 0.0
 
 
 def test_cause_compares_the_waits_growth_with_the_steps():
