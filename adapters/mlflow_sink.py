@@ -10,9 +10,10 @@ dot keys plus msbridge's settings under ``msbridge.``; a value over 6000 charact
 and skips steps up to its ``msbridge.last_step``. The runs of a ``sweep_id`` are child runs of one parent run per
 sweep (``mlflow_tracker.run.sweep``), each tagged with its trial's state; as each ends, the sweep's saved view is written to
 the experiment for anyone on the server (``mlflow_tracker.run.view``). An unreachable tracker never stops training: one warning,
-a bounded backlog, retries with backoff, a last bounded try in ``close``. A ``sqlite:///`` store is made once and
-whole, however many runs start on it and whenever one is killed (``mlflow_tracker.store.local``). The ``run.json`` artifact is
-strict JSON (NaN and inf as strings).
+a bounded backlog, retries with backoff, a last bounded try in ``close``. Its host hands it the batches of
+``batch_seconds`` (5 s) in one ``write``: one transaction or round trip, not one a flush. A ``sqlite:///`` store is
+made once and whole, however many runs start on it and whenever one is killed (``mlflow_tracker.store.local``). The
+``run.json`` artifact is strict JSON (NaN and inf as strings).
 
 The run's start and end times are the training's (``run.progress``, kept by the sink's host), however late MLflow is
 reached, and the same when the run is replayed. The run README is the run's description (``mlflow.note.content``, cut to
@@ -55,8 +56,8 @@ from msbridge.masking import mask_secrets, mask_text
 from msbridge.names import objective_metric
 from msbridge.options import Option
 from msbridge.paths import free_space
-from msbridge.sinks.base import (EVERY_N_STEPS, FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record, RunInfo, Series,
-                                  Sink, json_safe)
+from msbridge.sinks.base import (BATCH_SECONDS, EVERY_N_STEPS, FINISHED, MAX_CLOSE_TIMEOUT, Behind, Event, Record,
+                                  RunInfo, Series, Sink, json_safe)
 from msbridge.sinks.registry import register_sink
 from msbridge.sinks.runlog import rank_file, read_event_lines, read_rank_file
 
@@ -115,6 +116,7 @@ class MlflowSink(Sink):
                                                "the objective so far kept under the run dir (best); none (off)",
                                   choices=("link", "upload", "best", "off")),
         "every_n_steps": EVERY_N_STEPS,
+        "batch_seconds": BATCH_SECONDS,
     }
     extra = "mlflow"
     requires = ("mlflow",)

@@ -45,6 +45,12 @@ DEFAULT_CLOSE_TIMEOUT = 10.0
 EVERY_N_STEPS = Option(int, 1, "hand this tracker only the steps divisible by N, and every record that holds a metric "
                        "the record before it lacked (an evaluation, a per-window metric); jsonl keeps every step. "
                        "For a tracker whose store costs too much a step (MLflow's sqlite: docs/benchmarks.md)", low=1)
+#: A tracker's ``batch_seconds`` option (MLflow declares it; its host reads it). A sink that declares it must catch
+#: up on a resumed run by itself (MLflow does, from ``held()``): what waited in its queue dies with a killed process.
+BATCH_SECONDS = Option(float, 5.0, "hand this tracker the batches flushed within N s of its last write together, in "
+                       "its next write; a flush of the run, its close and the first batch go at once. Nothing is "
+                       "dropped, and jsonl is written at every flush. 0: a write at every flush", low=0, high=3600,
+                       high_open=False)
 #: The sink that is the write-ahead log: written first, on its own host; a tracker is handed a batch once it holds it.
 WAL_NAME = "jsonl"
 
@@ -292,6 +298,8 @@ class Sink:
     - ``describe(run)``: where it writes (``{"where": ...}``), for the run README; asked again after the close,
       where a ``"url"`` (a page of the closed run) is named beside it;
     - ``every_n_steps``: an option declared as ``EVERY_N_STEPS``: the hand-off then thins the steps it is handed;
+    - ``batch_seconds``: an option declared as ``BATCH_SECONDS``: its host then hands it the batches of that many
+      seconds in one write (MLflow's, whose every write is a transaction or a round trip);
     - ``undelivered()``: what it gave up delivering ("30 records and status FINISHED ...");
     - ``observe(undelivered)`` with ``observer = True``: the others' final ``undelivered``;
     - ``hurry()``: training has ended and its close has run ``HURRY_AFTER`` s (a throwaway thread).

@@ -7,11 +7,13 @@ tracker then reads the write-ahead log with a cursor of its own, as Prometheus r
 no more batches from memory, and once its queue is empty it reads the jsonl from where it stopped
 (``runlog.read_from``), in chunks, each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the
 steps the sink holds or was handed already), then goes back to live batches once a read reached the end of the log
-with no batch left out meanwhile. No record waits in memory for a sink that is behind, and a sink is never left
-behind for the rest of a run; at the close it reads what is left within its close bound, and what it still lacks is
-named with the replay that fills it. Without a write-ahead log (``wal``), a full queue leaves the sink behind for the
-run, as one tail counted in ``missed``. ``lossless`` (jsonl itself) makes ``offer`` wait instead, at most the sink's
-bound. ``ask`` waits for one call, at most its bound.
+with no batch left out meanwhile. A tracker that declares ``batch_seconds`` (MLflow) takes its live batches at most
+that often: those queued meanwhile go in one ``write`` (a flush, the close, or a queue half full go at once). No
+record waits in memory for a sink that is behind, and a sink is never left behind for the rest of a run; at the
+close it reads what is left within its close bound, and what it still lacks is named with the replay that fills it.
+Without a write-ahead log (``wal``), a full queue leaves the sink behind for the run, as one tail counted in
+``missed``. ``lossless`` (jsonl itself) makes ``offer`` wait instead, at most the sink's bound. ``ask`` waits for one
+call, at most its bound.
 
 Whatever goes wrong with a call (a raise, a wrong return type, a call still running when its bound ran out
 while it was waited for) is a ``Failure``, kept in ``failures`` with the first one's text; the sink is then
@@ -95,6 +97,9 @@ class SinkHost:
         self._writes = 0  # write calls in ``_items``: what the bound counts
         self._ready = threading.Condition()
         self._running: Optional[Call] = None
+        # a tracker's batches of ``batch_seconds`` in one write (its option, base.BATCH_SECONDS); 0: each at once
+        self._batch_s = float(getattr(sink, "settings", {}).get("batch_seconds", 0.0)) if wal is not None else 0.0
+        self._last_write = -math.inf
         self._started_at = 0.0
         self._slow: Set[str] = set()  # the calls said to have returned after their bound
         self._dead = False  # failed to open, or a call hung: handed nothing more
@@ -224,10 +229,10 @@ class SinkHost:
             with self._ready:
                 while not self._items and not self._may_read():
                     self._ready.wait(self._cursor.wait())
+                self._pace()
                 call = self._items.popleft() if self._items else None
                 if call is not None and call.method == "write":
-                    self._writes -= 1
-                    self._ready.notify_all()
+                    self._merge(call)
             if call is None:
                 self._read_log()
                 continue
@@ -244,6 +249,8 @@ class SinkHost:
                 if not call.records and not call.events:  # all of it handed from the log already
                     call.done.set()
                     continue
+            if call.method == "write":
+                self._last_write = time.monotonic()
             if call is self.said:
                 self._ask_again(call)
             elif not self._dead or call is self._closing:
@@ -254,6 +261,31 @@ class SinkHost:
             if call is self._closing:
                 self.closed.set()
                 return
+
+    def _pace(self) -> None:
+        """A tracker's live batches at most once every ``batch_seconds``: while its queue holds only batches, under
+        half its bound, and its last write is more recent, it waits (a flush or the close goes at once). The caller
+        holds the lock."""
+        while (self._batch_s and self._items and self._closing is None and not self._dead
+               and self._writes < self.max_batches // 2 and all(c.method == "write" for c in self._items)):
+            left = self._last_write + self._batch_s - time.monotonic()
+            if left <= 0:
+                return
+            self._ready.wait(left)
+
+    def _merge(self, call: Call) -> None:
+        """A tracker's ``call`` (a write, just taken from the queue) with the writes queued right behind it from the
+        same source: their records and events join ``call``'s, and they are done. The caller holds the lock."""
+        merged = [call]
+        while (self._batch_s and self._items and self._items[0].method == "write"
+               and self._items[0].relayed_from == call.relayed_from):
+            merged.append(self._items.popleft())
+            merged[-1].done.set()
+        if len(merged) > 1:
+            call.records = [r for c in merged for r in c.records]
+            call.events = [e for c in merged for e in c.events]
+        self._writes -= len(merged)
+        self._ready.notify_all()
 
     def _ask_again(self, call: Call) -> None:
         """``describe`` after the close (``said``): what it returns, else nothing; never a failure of the sink's

@@ -13,7 +13,7 @@ from msbridge.adapters.jsonl_sink import JsonlSink
 from msbridge.config.load import load_config
 from msbridge.errors import ConfigError
 from msbridge.options import Option
-from msbridge.sinks.base import CLOSE_GRACE, GAP, HURRY_AFTER, Behind, Event, Sink
+from msbridge.sinks.base import BATCH_SECONDS, CLOSE_GRACE, GAP, HURRY_AFTER, Behind, Event, Sink
 from msbridge.sinks.dispatch import Dispatcher
 from msbridge.sinks.runlog import last_step
 
@@ -208,6 +208,71 @@ def test_submit_is_safe_from_many_threads():
         t.join()
     d.close()
     assert sorted(steps_of(journal, "jsonl")) == sorted(steps_of(journal, "tb")) == list(range(1, 201))
+
+
+class Batched(Recording):
+    """A tracker that declares ``batch_seconds``, as TensorBoard, MindInsight and MLflow do; ``began``: when each of
+    its writes began."""
+
+    options = {"batch_seconds": BATCH_SECONDS}
+
+    def write(self, records, events):
+        self.began = [*getattr(self, "began", []), time.monotonic()]
+        super().write(records, events)
+
+
+def writes_of(journal, name):
+    return [steps for who, steps in journal if who == name]
+
+
+def wait_until(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition(), f"not within {seconds} s"
+
+
+def test_batch_seconds_puts_a_trackers_batches_in_one_write_the_first_a_flush_and_the_close_at_once():
+    journal = []
+    d = Dispatcher([Recording("jsonl", journal), Batched("paced", journal, batch_seconds=60),
+                    Recording("each", journal)], RUN)
+    d.submit(make_records([1]))
+    wait_until(lambda: writes_of(journal, "paced") == [[1]])  # the first batch at once
+    for step in range(2, 6):
+        d.submit(make_records([step]))
+    wait_until(lambda: steps_of(journal, "each") == [1, 2, 3, 4, 5])
+    time.sleep(0.3)
+    assert writes_of(journal, "paced") == [[1]], "the batches within batch_seconds of its last write wait"
+    started = time.monotonic()
+    assert d.flush(timeout=30) and writes_of(journal, "paced") == [[1], [2, 3, 4, 5]], "a flush: at once, in one write"
+    d.submit(make_records([6]))
+    d.close()
+    assert time.monotonic() - started < 30, "neither the flush nor the close waited for batch_seconds"
+    assert writes_of(journal, "paced") == [[1], [2, 3, 4, 5], [6]]
+    assert writes_of(journal, "each") == [[1], [2], [3], [4], [5], [6]], "a sink without the option: each batch"
+    assert d.undelivered == {}
+
+
+def test_the_next_write_comes_batch_seconds_after_the_last_one_began_or_at_once_when_the_queue_is_half_full():
+    journal = []
+    paced = Batched("paced", journal, batch_seconds=0.5)
+    d = Dispatcher([Recording("jsonl", journal), paced], RUN)
+    d.submit(make_records([1]))
+    wait_until(lambda: writes_of(journal, "paced") == [[1]])
+    d.submit(make_records([2]))
+    wait_until(lambda: writes_of(journal, "paced") == [[1], [2]])
+    # begun at least batch_seconds apart (the clock's step aside)
+    assert paced.began[1] - paced.began[0] >= 0.5 - 0.01, paced.began
+    d.close()
+
+    journal = []
+    d = Dispatcher([Recording("jsonl", journal), Batched("paced", journal, batch_seconds=60)], RUN, tracker_batches=4)
+    d.submit(make_records([1]))
+    wait_until(lambda: writes_of(journal, "paced") == [[1]])
+    d.submit(make_records([2]))
+    d.submit(make_records([3]))  # two of its four batches queued: it takes them, not waiting 60 s
+    wait_until(lambda: steps_of(journal, "paced") == [1, 2, 3])
+    d.close()
 
 
 def test_flush_waits_for_every_sink():
