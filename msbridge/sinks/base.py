@@ -48,7 +48,7 @@ EVERY_N_STEPS = Option(int, 1, "hand this tracker only the steps divisible by N,
 #: A tracker's ``batch_seconds`` option (MLflow declares it; its host reads it). A sink that declares it must catch
 #: up on a resumed run by itself (MLflow does, from ``held()``): what waited in its queue dies with a killed process.
 BATCH_SECONDS = Option(float, 5.0, "hand this tracker the batches flushed within N s of its last write together, in "
-                       "its next write; a flush of the run, its close and the first batch go at once. Nothing is "
+                       "its next write; the first batch and what waits at the close go at once. Nothing is "
                        "dropped, and jsonl is written at every flush. 0: a write at every flush", low=0, high=3600,
                        high_open=False)
 #: The sink that is the write-ahead log: written first, on its own host; a tracker is handed a batch once it holds it.

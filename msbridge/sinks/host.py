@@ -8,9 +8,10 @@ no more batches from memory, and once its queue is empty it reads the jsonl from
 (``runlog.read_from``), in chunks, each handed to ``write`` through its ``Handoff`` (``handoff.py``: it skips the
 steps the sink holds or was handed already), then goes back to live batches once a read reached the end of the log
 with no batch left out meanwhile. A tracker that declares ``batch_seconds`` (MLflow) takes its live batches at most
-that often: those queued meanwhile go in one ``write`` (a flush, the close, or a queue half full go at once). No
-record waits in memory for a sink that is behind, and a sink is never left behind for the rest of a run; at the
-close it reads what is left within its close bound, and what it still lacks is named with the replay that fills it.
+that often: those queued meanwhile go in one ``write`` (before a ``flush`` call or the close, or with its queue
+half full, at once). No record waits in memory for a sink that is behind, and a sink is never left behind for the
+rest of a run; at the close it reads what is left within its close bound, and what it still lacks is named with the
+replay that fills it.
 Without a write-ahead log (``wal``), a full queue leaves the sink behind for the run, as one tail counted in
 ``missed``. ``lossless`` (jsonl itself) makes ``offer`` wait instead, at most the sink's bound. ``ask`` waits for one
 call, at most its bound.
@@ -264,8 +265,8 @@ class SinkHost:
 
     def _pace(self) -> None:
         """A tracker's live batches at most once every ``batch_seconds``: while its queue holds only batches, under
-        half its bound, and its last write is more recent, it waits (a flush or the close goes at once). The caller
-        holds the lock."""
+        half its bound, and its last write is more recent, it waits (a ``flush`` call or the close goes at once).
+        The caller holds the lock."""
         while (self._batch_s and self._items and self._closing is None and not self._dead
                and self._writes < self.max_batches // 2 and all(c.method == "write" for c in self._items)):
             left = self._last_write + self._batch_s - time.monotonic()
