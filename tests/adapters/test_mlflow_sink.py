@@ -32,6 +32,7 @@ from msbridge.errors import ConfigError, MissingDependencyError
 from msbridge.process_group import free_port
 from msbridge.sinks.base import FAILED, FINISHED, KILLED, Behind, Event, Record
 from msbridge.sinks.dispatch import Dispatcher
+from msbridge.sinks.runlog import last_step
 
 SECRET = "hunter2"
 LONG = "long prompt " * 600  # 7200 characters: over MLflow's 6000
@@ -430,6 +431,47 @@ def test_the_run_is_reached_at_start_and_mlflow_runs_in_a_child_process(shared_s
     mlrun = only_run(client, run.experiment)
     assert mlrun.info.status == FINISHED and steps(client, mlrun.info.run_id) == list(range(1, 41))
     assert_same_series(client, mlrun.info.run_id, run.run_dir)
+
+
+def _stored_steps(client, run):
+    """The run's ``train/loss`` steps in MLflow (none before its experiment and run exist)."""
+    experiment = client.get_experiment_by_name(run.experiment)
+    found = client.search_runs([experiment.experiment_id]) if experiment is not None else []
+    return steps(client, found[0].info.run_id) if found else []
+
+
+@pytest.mark.parametrize("batch_seconds", [60, 0])
+def test_batch_seconds_holds_later_batches_for_one_write_and_the_close_delivers_them(shared_sqlite, tmp_path,
+                                                                                    batch_seconds):
+    """Through the dispatcher, read back with MLflow's own client: the first batch is in MLflow at once; at
+    ``batch_seconds: 60`` the next two wait (jsonl holds them), at 0 they arrive without a close; the close delivers
+    every step once either way."""
+    run = mlflow_run(tmp_path)
+    wal = JsonlSink()
+    dispatcher = Dispatcher([wal, MlflowSink(tracking_uri=shared_sqlite, batch_seconds=batch_seconds)], run)
+    client = MlflowClient(shared_sqlite)
+
+    def wait_for(wanted):
+        deadline = time.monotonic() + 60
+        while _stored_steps(client, run) != wanted and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return _stored_steps(client, run)
+
+    dispatcher.submit(make_records(range(1, 11)))
+    assert wait_for(list(range(1, 11))) == list(range(1, 11)), "the first batch at once"
+    dispatcher.submit(make_records(range(11, 21)))
+    dispatcher.submit(make_records(range(21, 31)))
+    if batch_seconds:
+        time.sleep(2.0)
+        assert _stored_steps(client, run) == list(range(1, 11)), "later batches wait for batch_seconds"
+        assert last_step(wal.path) == 30, "jsonl holds them meanwhile"
+    else:
+        assert wait_for(list(range(1, 31))) == list(range(1, 31)), "at 0, each batch as it is flushed"
+    started = time.monotonic()
+    dispatcher.close(FINISHED)
+    assert time.monotonic() - started < 30 and dispatcher.failures == {}
+    assert _stored_steps(client, run) == list(range(1, 31)), "every step once, at the close"
+    assert_same_series(client, only_run(client, run.experiment).info.run_id, run.run_dir)
 
 
 def test_describe_masks_the_uri(tmp_path):
